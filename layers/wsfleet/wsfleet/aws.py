@@ -1,0 +1,49 @@
+"""boto3 clients configured the way wsfleet needs them.
+
+* Retries use botocore's own modes, not a loop of ours: ``adaptive`` for DynamoDB (standard
+  retries plus client-side rate limiting when throttled, which is what a heartbeat storm
+  needs) and ``standard`` for SQS.
+* Timeouts are short and explicit. A heartbeat that hangs for botocore's default 60 s read
+  timeout would outlive the lease it is renewing.
+* The endpoint is never passed here: boto3 reads the standard ``AWS_ENDPOINT_URL`` (and
+  ``AWS_ENDPOINT_URL_<SERVICE>``) itself, which is how the embedded moto backend is selected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+__all__ = ["client_config", "dynamodb_client", "sqs_client"]
+
+
+def client_config(
+    *,
+    retry_mode: str = "standard",
+    max_attempts: int = 4,
+    connect_timeout: float = 2.0,
+    read_timeout: float = 5.0,
+    max_pool_connections: int = 50,
+) -> Config:
+    """botocore Config with wsfleet's timeouts and a botocore retry mode."""
+    return Config(
+        retries={"mode": retry_mode, "max_attempts": max_attempts},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=max_pool_connections,
+        tcp_keepalive=True,
+    )
+
+
+def dynamodb_client(session: boto3.session.Session | None = None, **config: Any) -> Any:
+    """A DynamoDB client with adaptive retries (backs off on throttling)."""
+    config.setdefault("retry_mode", "adaptive")
+    return (session or boto3).client("dynamodb", config=client_config(**config))
+
+
+def sqs_client(session: boto3.session.Session | None = None, **config: Any) -> Any:
+    """An SQS client with standard retries. Long polls need a read timeout above 20 s."""
+    config.setdefault("read_timeout", 25.0)
+    return (session or boto3).client("sqs", config=client_config(**config))

@@ -1,0 +1,80 @@
+"""Every error wsfleet raises on purpose.
+
+One root, so callers can catch "anything wsfleet said" in one place::
+
+    WsfleetError
+    ├── ConfigurationError        a setting is missing or inconsistent
+    ├── StoreError                DynamoDB/SQS failed in a way we could not classify
+    ├── ConnectionNotFound        no connection item with that pk
+    └── LeaseError                a conditional lease write was refused; carries `current`
+        ├── LeaseConflict         acquire: someone else holds a live lease
+        ├── LeaseLost             renew/release/checkpoint: owner or epoch changed (we are fenced)
+        └── ConnectionStopped     desired_state is STOPPED
+
+Lease errors carry the record DynamoDB returned with the failed condition
+(``ReturnValuesOnConditionCheckFailure=ALL_OLD``), so the caller learns *why* without a re-read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .record import ConnectionRecord
+
+__all__ = [
+    "ConfigurationError",
+    "ConnectionNotFound",
+    "ConnectionStopped",
+    "LeaseConflict",
+    "LeaseError",
+    "LeaseLost",
+    "StoreError",
+    "WsfleetError",
+]
+
+
+class WsfleetError(Exception):
+    """Root of every wsfleet error."""
+
+
+class ConfigurationError(WsfleetError):
+    """A setting is missing, malformed, or inconsistent with another one."""
+
+
+class StoreError(WsfleetError):
+    """A DynamoDB or SQS call failed for a reason that is not a domain outcome.
+
+    The original botocore exception is chained (``raise ... from exc``).
+    """
+
+
+class ConnectionNotFound(WsfleetError):
+    """There is no connection item for ``pk``."""
+
+    def __init__(self, pk: str) -> None:
+        super().__init__(f"connection {pk} not found")
+        self.pk = pk
+
+
+class LeaseError(WsfleetError):
+    """A conditional write on a lease was refused.
+
+    ``current`` is the item as DynamoDB saw it when the condition failed (``None`` if absent).
+    """
+
+    def __init__(self, message: str, current: ConnectionRecord | None) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+class LeaseConflict(LeaseError):
+    """Acquire refused: another worker holds a lease that has not expired."""
+
+
+class LeaseLost(LeaseError):
+    """Our lease is gone: the owner or the epoch changed. Stop writing at once (fenced)."""
+
+
+class ConnectionStopped(LeaseError):
+    """The connection's desired_state is STOPPED; the holder must close it."""

@@ -1,0 +1,146 @@
+"""Lease rules: pure decisions over a record, a lease and a clock reading.
+
+Nothing here does I/O or reads a clock; callers pass ``now_ms``. The store turns the same rules
+into DynamoDB condition expressions, and :mod:`tests.unit.test_lease` pins both to one truth
+table.
+
+Vocabulary:
+
+* A record is **expired** when ``lease_expires_at_ms < now``. A free record (never acquired,
+  or released with expiry 0) is expired by definition, which is why released connections are
+  found by the orphan query at once.
+* A connection is **acquirable** when it is STARTED and expired.
+* A :class:`Lease` is what a holder remembers after acquiring: pk, owner, epoch and expiry.
+  The record is **ours** while owner *and* epoch still match. Checking the epoch, not only the
+  owner, fences a worker that lost a lease and then re-acquired it: its old session still holds
+  the old epoch and can no longer write.
+* A holder **self-fences** when no renewal has succeeded by ``expires_at - margin``: it closes the
+  socket before any peer may legally acquire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from .record import ConnectionRecord, DesiredState, WorkerRecord
+
+__all__ = [
+    "MAX_HINT_DELAY_SECONDS",
+    "Lease",
+    "RefusalReason",
+    "hint_delay_seconds",
+    "is_acquirable",
+    "is_expired",
+    "is_fenced",
+    "is_free",
+    "is_orphan",
+    "is_ours",
+    "is_worker_alive",
+    "refusal_reason",
+    "self_fence_at_ms",
+    "should_self_fence",
+    "will_expire_before",
+]
+
+#: SQS caps DelaySeconds at 15 minutes.
+MAX_HINT_DELAY_SECONDS = 900
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a holder knows about the lease it won. Immutable; renewals return a new one."""
+
+    pk: str
+    owner: str
+    epoch: int
+    expires_at_ms: int
+
+    @classmethod
+    def of(cls, record: ConnectionRecord) -> Lease:
+        """The lease described by a record the caller just acquired or renewed."""
+        return cls(record.pk, record.lease_owner, record.lease_epoch, record.lease_expires_at_ms)
+
+    def extended_to(self, expires_at_ms: int) -> Lease:
+        return replace(self, expires_at_ms=expires_at_ms)
+
+
+class RefusalReason(StrEnum):
+    """Why a holder's conditional write (renew, checkpoint, release) was refused."""
+
+    STOPPED = "stopped"  # still ours, but the API asked for the connection to stop
+    LOST = "lost"  # owner or epoch changed: someone else may be streaming now
+    GONE = "gone"  # the item no longer exists
+
+
+def is_free(record: ConnectionRecord) -> bool:
+    """Nobody has held the lease since it was created or released."""
+    return record.lease_owner == "" or record.lease_expires_at_ms == 0
+
+
+def is_expired(record: ConnectionRecord, now_ms: int) -> bool:
+    """The lease no longer protects its holder (free leases count as expired)."""
+    return record.lease_expires_at_ms < now_ms
+
+
+def is_acquirable(record: ConnectionRecord, now_ms: int) -> bool:
+    """A worker may take this connection now: it should run and nobody holds a live lease."""
+    return record.desired_state is DesiredState.STARTED and is_expired(record, now_ms)
+
+
+def is_orphan(record: ConnectionRecord, now_ms: int) -> bool:
+    """Should be streaming, but no live lease: the reconciler's target."""
+    return is_acquirable(record, now_ms)
+
+
+def will_expire_before(record: ConnectionRecord, deadline_ms: int) -> bool:
+    """STARTED and its lease ends before ``deadline_ms`` (early-hint window of a pass)."""
+    return record.desired_state is DesiredState.STARTED and record.lease_expires_at_ms < deadline_ms
+
+
+def is_ours(record: ConnectionRecord, lease: Lease) -> bool:
+    """The record still names our owner id and our epoch."""
+    return record.lease_owner == lease.owner and record.lease_epoch == lease.epoch
+
+
+def is_fenced(record: ConnectionRecord | None, lease: Lease) -> bool:
+    """Someone else acquired since we did (or the item is gone): we must not write again."""
+    return record is None or not is_ours(record, lease)
+
+
+def refusal_reason(current: ConnectionRecord | None, lease: Lease) -> RefusalReason:
+    """Classify a refused holder write from the item DynamoDB returned with the failure."""
+    if current is None:
+        return RefusalReason.GONE
+    if not is_ours(current, lease):
+        return RefusalReason.LOST
+    if current.desired_state is DesiredState.STOPPED:
+        return RefusalReason.STOPPED
+    # Ours and STARTED, yet refused: only possible if a stricter condition failed (e.g. the
+    # item changed between our read and write). Treat as lost: the safe direction.
+    return RefusalReason.LOST
+
+
+def self_fence_at_ms(lease: Lease, margin_ms: int) -> int:
+    """The moment a holder without a fresh renewal must have closed its socket."""
+    return lease.expires_at_ms - margin_ms
+
+
+def should_self_fence(lease: Lease, now_ms: int, margin_ms: int) -> bool:
+    return now_ms >= self_fence_at_ms(lease, margin_ms)
+
+
+def hint_delay_seconds(record: ConnectionRecord, now_ms: int) -> int:
+    """Delay for an early hint so it is delivered just after the lease expires.
+
+    Rounded up: a hint that lands before expiry would lose the acquire and be dropped.
+    """
+    remaining_ms = record.lease_expires_at_ms - now_ms
+    if remaining_ms < 0:
+        return 0
+    return min(MAX_HINT_DELAY_SECONDS, remaining_ms // 1000 + 1)
+
+
+def is_worker_alive(worker: WorkerRecord | None, now_ms: int) -> bool:
+    """A worker item counts as live until its own heartbeat-renewed expiry passes."""
+    return worker is not None and worker.expires_at_ms >= now_ms

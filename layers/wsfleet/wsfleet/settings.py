@@ -1,0 +1,205 @@
+"""Settings: every environment variable wsfleet reads, with its default, in one place.
+
+Each component builds one :class:`Settings` with :meth:`Settings.from_env` and reads the fields it
+needs. Units are in the names (``*_seconds``, ``*_ms``). Endpoint selection is deliberately absent:
+boto3 honours the standard ``AWS_ENDPOINT_URL`` itself (that is how the embedded moto backend is
+selected locally).
+
+The table :data:`ENVIRONMENT` documents each variable; the README's configuration table is
+generated from it and a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+__all__ = ["ENVIRONMENT", "EnvVar", "Settings", "default_worker_id"]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, the Settings field it fills, default and meaning."""
+
+    name: str
+    field: str
+    default: str
+    doc: str
+    used_by: str
+
+
+ENVIRONMENT: tuple[EnvVar, ...] = (
+    EnvVar("CONNECTIONS_TABLE", "connections_table", "wsfleet-connections",
+           "DynamoDB table of connection and worker items.", "all"),
+    EnvVar("MESSAGES_TABLE", "messages_table", "wsfleet-messages",
+           "DynamoDB table the worker stores upstream frames in.", "worker"),
+    EnvVar("HINT_QUEUE_URL", "hint_queue_url", "",
+           "SQS queue URL for work hints (required by router, reconciler, worker).", "all"),
+    EnvVar("LEASE_SECONDS", "lease_seconds", "20",
+           "Lease duration. Must be at least twice HEARTBEAT_EVERY.", "all"),
+    EnvVar("HEARTBEAT_EVERY", "heartbeat_seconds", "5",
+           "Seconds between lease renewals (each also carries the checkpoint).", "all"),
+    EnvVar("LEASE_SAFETY_MARGIN_SECONDS", "lease_safety_margin_seconds", "2",
+           "Self-fence: a worker closes a socket this long before its unrenewed lease expires.",
+           "worker"),
+    EnvVar("MAX_CONNECTIONS", "max_connections", "100",
+           "Connections one worker process holds at most.", "worker"),
+    EnvVar("WORKER_ID", "worker_id", "<hostname>-<pid>-<random>",
+           "Identity written as lease_owner.", "worker"),
+    EnvVar("DRAIN_TIMEOUT_SECONDS", "drain_timeout_seconds", "20",
+           "Upper bound for graceful shutdown; keep below ECS stopTimeout.", "worker"),
+    EnvVar("CONTROL_QUEUE_PREFIX", "control_queue_prefix", "wsfleet-ctl-",
+           "Name prefix of per-worker control queues (the stack sets <stack>-ctl-).",
+           "worker, reconciler, stream_notifier"),
+    EnvVar("SEQ_FIELD", "seq_field", "seq",
+           "Field of each upstream JSON frame that holds its sequence number.", "worker"),
+    EnvVar("RESUME_PARAM", "resume_param", "from_seq",
+           "Query parameter that asks the upstream to resume from a sequence number.", "worker"),
+    EnvVar("MESSAGE_FLUSH_MS", "message_flush_ms", "100",
+           "A message batch is written at least this often (or at 25 frames).", "worker"),
+    EnvVar("MESSAGE_RETENTION_DAYS", "message_retention_days", "30",
+           "Stored frames get a TTL (expires_at) this many days ahead; 0 keeps them.", "worker"),
+    EnvVar("STOPPED_RETENTION_DAYS", "stopped_retention_days", "7",
+           "STOPPED connection items expire (TTL) this many days after the stop; 0 keeps them.",
+           "router, worker"),
+    EnvVar("HEALTH_FILE", "health_file", "/tmp/wsfleet-worker.health",
+           "File the worker touches on every healthy loop, for the container health check.",
+           "worker"),
+    EnvVar("SERVICE_NAME", "service_name", "wsfleet-worker",
+           "ServiceName dimension of the ActiveConnections metric (autoscaling).", "worker"),
+    EnvVar("RECONCILE_PASS_SECONDS", "reconcile_pass_seconds", "10",
+           "Seconds between reconcile passes inside one reconciler invocation.", "reconciler"),
+    EnvVar("RECONCILE_PAGE_SIZE", "reconcile_page_size", "500",
+           "GSI query page size for the orphan scan.", "reconciler"),
+    EnvVar("ALLOWED_UPSTREAM_HOSTS", "allowed_upstream_hosts", "",
+           "Comma-separated host suffixes ws_url may use; empty allows any public host. "
+           "Private/loopback IP literals are refused unless listed.", "router"),
+    EnvVar("ALLOW_INSECURE_WS", "allow_insecure_ws", "false",
+           "Accept ws:// upstream URLs (wss:// is always accepted).", "router"),
+)
+
+
+def default_worker_id() -> str:
+    """A worker identity unique across restarts: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Typed, validated settings. Build with :meth:`from_env`; override in tests with kwargs."""
+
+    connections_table: str = "wsfleet-connections"
+    messages_table: str = "wsfleet-messages"
+    hint_queue_url: str = ""
+    lease_seconds: float = 20.0
+    heartbeat_seconds: float = 5.0
+    lease_safety_margin_seconds: float = 2.0
+    max_connections: int = 100
+    worker_id: str = field(default_factory=default_worker_id)
+    drain_timeout_seconds: float = 20.0
+    control_queue_prefix: str = "wsfleet-ctl-"
+    seq_field: str = "seq"
+    resume_param: str = "from_seq"
+    message_flush_ms: int = 100
+    message_retention_days: float = 30.0
+    stopped_retention_days: float = 7.0
+    health_file: str = "/tmp/wsfleet-worker.health"
+    service_name: str = "wsfleet-worker"
+    reconcile_pass_seconds: float = 10.0
+    reconcile_page_size: int = 500
+    allowed_upstream_hosts: tuple[str, ...] = ()
+    allow_insecure_ws: bool = False
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_seconds <= 0:
+            raise ConfigurationError("HEARTBEAT_EVERY must be positive")
+        if self.lease_seconds < 2 * self.heartbeat_seconds:
+            raise ConfigurationError(
+                f"LEASE_SECONDS ({self.lease_seconds}) must be at least twice HEARTBEAT_EVERY "
+                f"({self.heartbeat_seconds}) so one late renewal does not lose the lease"
+            )
+        if not 0 <= self.lease_safety_margin_seconds < self.lease_seconds - self.heartbeat_seconds:
+            raise ConfigurationError(
+                "LEASE_SAFETY_MARGIN_SECONDS must be >= 0 and below LEASE_SECONDS - HEARTBEAT_EVERY"
+            )
+        if self.max_connections < 1:
+            raise ConfigurationError("MAX_CONNECTIONS must be at least 1")
+        if not 1 <= self.reconcile_page_size <= 10_000:
+            raise ConfigurationError("RECONCILE_PAGE_SIZE must be between 1 and 10000")
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    @property
+    def safety_margin_ms(self) -> int:
+        return int(self.lease_safety_margin_seconds * 1000)
+
+    def check_reconcile_pass(self) -> None:
+        """Refuse a pass interval that would put live leases in the early-hint window.
+
+        A pass hints leases expiring before the next pass. A lease renewed every heartbeat
+        always expires more than ``lease - heartbeat`` ahead, so as long as the pass interval is
+        shorter than that, early hints only ever name leases whose owner stopped renewing.
+        """
+        if self.reconcile_pass_seconds >= self.lease_seconds - self.heartbeat_seconds:
+            raise ConfigurationError(
+                f"RECONCILE_PASS_SECONDS ({self.reconcile_pass_seconds}) must be shorter than "
+                f"LEASE_SECONDS - HEARTBEAT_EVERY ({self.lease_seconds - self.heartbeat_seconds})"
+            )
+
+    def require_hint_queue_url(self) -> str:
+        """The hint queue URL, or a ConfigurationError naming the variable."""
+        if not self.hint_queue_url:
+            raise ConfigurationError("HINT_QUEUE_URL is not set")
+        return self.hint_queue_url
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read every variable in :data:`ENVIRONMENT`; unset ones keep their defaults.
+
+        >>> Settings.from_env({"LEASE_SECONDS": "4", "HEARTBEAT_EVERY": "1"}).lease_ms
+        4000
+        """
+        env = os.environ if environ is None else environ
+        types = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for var in ENVIRONMENT:
+            raw = env.get(var.name)
+            if raw is None or (raw == "" and var.field == "worker_id"):
+                continue
+            values[var.field] = _convert(var.name, raw, types[var.field])
+        values.update(overrides)
+        return cls(**values)
+
+
+def _convert(name: str, raw: str, annotation: Any) -> Any:
+    kind = str(annotation)
+    try:
+        if kind == "float":
+            return float(raw)
+        if kind == "int":
+            return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+    if kind == "bool":
+        return _parse_bool(name, raw)
+    if kind.startswith("tuple"):
+        return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
+    return raw

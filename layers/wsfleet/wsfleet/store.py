@@ -1,0 +1,575 @@
+"""LeaseStore: the only place that speaks DynamoDB for the connections table.
+
+Every lease rule in :mod:`wsfleet.lease` has its conditional-write twin here. Writes that can be
+refused ask for ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` so a refusal arrives with the
+item that caused it and is turned into a domain error from :mod:`wsfleet.exceptions` carrying
+that record; no second read is needed to tell "STOPPED" from "lost to another owner".
+
+The store is synchronous (boto3). The worker calls it from a bounded thread pool so the event
+loop never blocks; Lambdas call it directly. It takes its client, so tests hand it one that
+talks to the embedded moto server.
+
+Example::
+
+    store = LeaseStore(dynamodb_client(), "wsfleet-connections", lease_ms=20_000)
+    record = store.acquire("CONN#abc", owner="worker-1")
+    lease = Lease.of(record)
+    lease = store.renew(lease, last_seq=42)      # heartbeat + checkpoint in one write
+    store.release(lease)                         # graceful hand-off: expiry 0
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .backoff import backoff, is_ambiguous
+from .clock import Clock, now_ms
+from .exceptions import (
+    ConnectionNotFound,
+    ConnectionStopped,
+    LeaseConflict,
+    LeaseLost,
+    StoreError,
+)
+from .lease import Lease, RefusalReason, is_ours, refusal_reason
+from .record import ConnectionRecord, DesiredState, WorkerRecord, worker_pk
+
+__all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult"]
+
+GSI_NAME = "gsi_desired_state_lease"
+_MAX_ERROR_CHARS = 1024
+_BATCH_GET_LIMIT = 100
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def _dump(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _serializer.serialize(v) for k, v in item.items()}
+
+
+def _load(item: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not item:
+        return None
+    return {k: _deserializer.deserialize(v) for k, v in item.items()}
+
+
+def _values(**values: Any) -> dict[str, Any]:
+    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}
+
+
+def _is_condition_failure(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """Outcome of :meth:`LeaseStore.start`: the record as it now stands and what happened."""
+
+    record: ConnectionRecord
+    created: bool = False
+    restarted: bool = False
+
+
+@dataclass(frozen=True)
+class ConnectionPage:
+    """One page of :meth:`LeaseStore.list_connections`; ``next_key`` is None on the last."""
+
+    records: list[ConnectionRecord]
+    next_key: dict[str, Any] | None
+
+
+class LeaseStore:
+    """Conditional reads and writes of connection and worker items.
+
+    :param client: a boto3 DynamoDB client (see :func:`wsfleet.aws.dynamodb_client`).
+    :param table_name: the connections table.
+    :param lease_ms: how far ahead acquire and renew push the expiry.
+    :param stopped_retention_ms: TTL given to STOPPED items (``expires_at``); 0 keeps them.
+    :param clock: wall clock in epoch ms, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        lease_ms: int = 20_000,
+        stopped_retention_ms: int = 0,
+        clock: Clock = now_ms,
+    ) -> None:
+        self._client = client
+        self.table_name = table_name
+        self.lease_ms = lease_ms
+        self.stopped_retention_ms = stopped_retention_ms
+        self._clock = clock
+
+    @classmethod
+    def from_settings(cls, settings: Any, client: Any = None) -> LeaseStore:
+        """Build from :class:`wsfleet.settings.Settings`, creating a client if none is given."""
+        if client is None:
+            from .aws import dynamodb_client
+
+            client = dynamodb_client()
+        return cls(
+            client,
+            settings.connections_table,
+            lease_ms=settings.lease_ms,
+            stopped_retention_ms=int(settings.stopped_retention_days * 86_400_000),
+        )
+
+    # ------------------------------------------------------------------ low level
+    def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return getattr(self._client, operation)(TableName=self.table_name, **kwargs)
+        except ClientError as exc:
+            if _is_condition_failure(exc):
+                raise
+            raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
+
+    def _conditional_update(self, pk: str, **kwargs: Any) -> dict[str, Any]:
+        """UpdateItem returning ALL_NEW; a refusal raises ClientError with ``Item`` = ALL_OLD."""
+        response = self._call(
+            "update_item",
+            Key=_dump({"pk": pk}),
+            ReturnValues="ALL_NEW",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            **kwargs,
+        )
+        return _load(response.get("Attributes")) or {}
+
+    @staticmethod
+    def _refused_record(exc: ClientError) -> ConnectionRecord | None:
+        item = _load(exc.response.get("Item"))
+        return ConnectionRecord.from_item(item) if item else None
+
+    def _stopped_ttl(self, now: int) -> dict[str, Any]:
+        if self.stopped_retention_ms <= 0:
+            return {}
+        return {"expires_at": (now + self.stopped_retention_ms) // 1000}
+
+    # ------------------------------------------------------------------ reads
+    def get(self, pk: str, *, consistent: bool = True) -> ConnectionRecord | None:
+        """The connection item for ``pk``, or None."""
+        response = self._call("get_item", Key=_dump({"pk": pk}), ConsistentRead=consistent)
+        item = _load(response.get("Item"))
+        return ConnectionRecord.from_item(item) if item else None
+
+    def batch_get(
+        self, pks: Iterable[str], *, consistent: bool = False
+    ) -> dict[str, ConnectionRecord]:
+        """Many connection items in as few BatchGetItem calls as possible (100 keys each).
+
+        Unprocessed keys are retried with jittered backoff; missing items are simply absent
+        from the result.
+        """
+        return {
+            pk: ConnectionRecord.from_item(item)
+            for pk, item in self._batch_get_items(pks, consistent=consistent).items()
+        }
+
+    def _batch_get_items(
+        self, pks: Iterable[str], *, consistent: bool
+    ) -> dict[str, dict[str, Any]]:
+        unique = list(dict.fromkeys(pks))
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(unique), _BATCH_GET_LIMIT):
+            request: dict[str, Any] = {
+                self.table_name: {
+                    "Keys": [_dump({"pk": pk}) for pk in unique[start:start + _BATCH_GET_LIMIT]],
+                    "ConsistentRead": consistent,
+                }
+            }
+            delays = backoff()
+            while request:
+                try:
+                    response = self._client.batch_get_item(RequestItems=request)
+                except (ClientError, BotoCoreError) as exc:
+                    raise StoreError(f"batch_get_item on {self.table_name} failed: {exc}") from exc
+                for raw in response.get("Responses", {}).get(self.table_name, []):
+                    item = _load(raw)
+                    assert item is not None
+                    found[str(item["pk"])] = item
+                request = response.get("UnprocessedKeys") or {}
+                if request:
+                    time.sleep(next(delays))
+        return found
+
+    # ------------------------------------------------------------------ API-side writes
+    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> StartResult:
+        """Create a STARTED connection, or leave a live one exactly as it is.
+
+        * New id: the item is created with no lease (``created=True``).
+        * Already STARTED: nothing is written. Re-sending START must never reset a live lease,
+          which would move a healthy stream to another worker.
+        * STOPPED: flipped back to STARTED (``restarted=True``). ``last_seq`` is kept when the
+          URL is unchanged, so the stream resumes where it stopped; a new URL starts from 0.
+        """
+        now = self._clock()
+        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(resume=resume)
+        try:
+            self._call(
+                "put_item",
+                Item=_dump(record.to_item()),
+                ConditionExpression="attribute_not_exists(pk)",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+            return StartResult(record, created=True)
+        except ClientError as exc:
+            current = self._refused_record(exc)
+        if current is None:  # deleted between our write and now: try once more from scratch
+            return self.start(connection_id, ws_url, resume=resume)
+        if current.desired_state is DesiredState.STARTED:
+            return StartResult(current)
+        try:
+            item = self._conditional_update(
+                current.pk,
+                UpdateExpression=(
+                    "SET desired_state = :started, ws_url = :url, updated_at_ms = :now, "
+                    "#resume = :resume, last_seq = :seq REMOVE stop_reason, last_error, expires_at"
+                ),
+                ConditionExpression="desired_state = :stopped",
+                ExpressionAttributeNames={"#resume": "resume"},
+                ExpressionAttributeValues=_values(
+                    started=DesiredState.STARTED.value,
+                    stopped=DesiredState.STOPPED.value,
+                    url=ws_url,
+                    now=now,
+                    resume=resume,
+                    seq=current.last_seq if current.ws_url == ws_url else 0,
+                ),
+            )
+        except ClientError as exc:  # a concurrent START won the restart: report its result
+            winner = self._refused_record(exc)
+            if winner is None:
+                raise ConnectionNotFound(current.pk) from exc
+            return StartResult(winner)
+        return StartResult(ConnectionRecord.from_item(item), restarted=True)
+
+    def stop(self, pk: str, *, reason: str = "stopped") -> ConnectionRecord:
+        """Set desired_state to STOPPED (idempotent). Raises ConnectionNotFound for unknown pk.
+
+        The lease is left alone: its holder learns of the STOP from its control channel or its
+        next renewal, closes, and releases.
+        """
+        now = self._clock()
+        ttl = self._stopped_ttl(now)
+        set_ttl = ", expires_at = :ttl" if ttl else ""
+        try:
+            item = self._conditional_update(
+                pk,
+                UpdateExpression=(
+                    "SET desired_state = :stopped, stop_reason = :reason, updated_at_ms = :now"
+                    + set_ttl
+                ),
+                ConditionExpression="attribute_exists(pk) AND desired_state <> :stopped",
+                ExpressionAttributeValues=_values(
+                    stopped=DesiredState.STOPPED.value,
+                    reason=reason,
+                    now=now,
+                    **({"ttl": ttl["expires_at"]} if ttl else {}),
+                ),
+            )
+        except ClientError as exc:
+            current = self._refused_record(exc)
+            if current is None:
+                raise ConnectionNotFound(pk) from exc
+            return current  # already STOPPED
+        return ConnectionRecord.from_item(item)
+
+    def list_connections(
+        self,
+        state: DesiredState,
+        *,
+        limit: int = 50,
+        start_key: Mapping[str, Any] | None = None,
+    ) -> ConnectionPage:
+        """One page of connections in ``state`` (via the GSI, oldest lease expiry first)."""
+        kwargs: dict[str, Any] = {}
+        if start_key:
+            kwargs["ExclusiveStartKey"] = _dump(start_key)
+        response = self._call(
+            "query",
+            IndexName=GSI_NAME,
+            KeyConditionExpression="desired_state = :state",
+            ExpressionAttributeValues=_values(state=state.value),
+            Limit=limit,
+            **kwargs,
+        )
+        records = [ConnectionRecord.from_item(_load(raw) or {}) for raw in response.get("Items", [])]
+        return ConnectionPage(records, _load(response.get("LastEvaluatedKey")))
+
+    # ------------------------------------------------------------------ holder writes
+    def acquire(self, pk: str, owner: str) -> ConnectionRecord:
+        """Take the lease if the connection is STARTED and nobody holds a live lease.
+
+        Bumps ``lease_epoch`` so every later write of the previous holder is fenced.
+        Raises LeaseConflict (live lease elsewhere), ConnectionStopped, or ConnectionNotFound.
+        """
+        now = self._clock()
+        try:
+            item = self._conditional_update(
+                pk,
+                UpdateExpression=(
+                    "SET lease_owner = :owner, lease_expires_at_ms = :expires, updated_at_ms = :now "
+                    "ADD lease_epoch :one"
+                ),
+                ConditionExpression=(
+                    "attribute_exists(pk) AND desired_state = :started AND "
+                    "(attribute_not_exists(lease_expires_at_ms) OR lease_expires_at_ms < :now)"
+                ),
+                ExpressionAttributeValues=_values(
+                    owner=owner,
+                    expires=now + self.lease_ms,
+                    now=now,
+                    one=1,
+                    started=DesiredState.STARTED.value,
+                ),
+            )
+        except ClientError as exc:
+            current = self._refused_record(exc)
+            if current is None:
+                raise ConnectionNotFound(pk) from exc
+            if current.desired_state is DesiredState.STOPPED:
+                raise ConnectionStopped(f"{pk} is STOPPED", current) from exc
+            raise LeaseConflict(f"{pk} is held by {current.lease_owner!r}", current) from exc
+        return ConnectionRecord.from_item(item)
+
+    def renew(self, lease: Lease, *, last_seq: int | None = None) -> Lease:
+        """Extend our lease; optionally checkpoint ``last_seq`` in the same write.
+
+        Raises ConnectionStopped (still ours, but STOP was requested) or LeaseLost (fenced).
+        An ambiguous failure (timeout, 5xx) re-reads the item: if owner and epoch are still
+        ours the lease is accepted with the expiry actually stored, since the write may or may
+        not have landed. Anything else raises StoreError; the caller keeps its old lease and
+        its self-fence deadline.
+        """
+        now = self._clock()
+        set_seq = ", last_seq = :seq" if last_seq is not None else ""
+        values: dict[str, Any] = {
+            "owner": lease.owner,
+            "epoch": lease.epoch,
+            "expires": now + self.lease_ms,
+            "now": now,
+            "started": DesiredState.STARTED.value,
+        }
+        if last_seq is not None:
+            values["seq"] = last_seq
+        try:
+            self._conditional_update(
+                lease.pk,
+                UpdateExpression="SET lease_expires_at_ms = :expires, updated_at_ms = :now" + set_seq,
+                ConditionExpression=(
+                    "lease_owner = :owner AND lease_epoch = :epoch AND desired_state = :started"
+                ),
+                ExpressionAttributeValues=_values(**values),
+            )
+        except ClientError as exc:
+            self._raise_refusal(lease, self._refused_record(exc), exc)
+        except StoreError as exc:
+            if exc.__cause__ is None or not is_ambiguous(exc.__cause__):
+                raise
+            return self._settle_ambiguous_renew(lease, exc)
+        return lease.extended_to(values["expires"])
+
+    def _settle_ambiguous_renew(self, lease: Lease, original: StoreError) -> Lease:
+        try:
+            current = self.get(lease.pk, consistent=True)
+        except StoreError:
+            raise original from None
+        if current is not None and current.desired_state is DesiredState.STARTED and is_ours(
+            current, lease
+        ):
+            return lease.extended_to(current.lease_expires_at_ms)
+        self._raise_refusal(lease, current, original)
+
+    @staticmethod
+    def _raise_refusal(
+        lease: Lease, current: ConnectionRecord | None, cause: BaseException
+    ) -> NoReturn:
+        reason = refusal_reason(current, lease)
+        if reason is RefusalReason.STOPPED:
+            raise ConnectionStopped(f"{lease.pk} was stopped", current) from cause
+        raise LeaseLost(
+            f"{lease.pk} lease epoch {lease.epoch} of {lease.owner!r} is no longer held ({reason})",
+            current,
+        ) from cause
+
+    def _holder_write(self, lease: Lease, update: str, **values: Any) -> ConnectionRecord:
+        """An UpdateItem allowed only while owner and epoch are ours (STOPPED or not)."""
+        try:
+            item = self._conditional_update(
+                lease.pk,
+                UpdateExpression=update,
+                ConditionExpression="lease_owner = :owner AND lease_epoch = :epoch",
+                ExpressionAttributeValues=_values(owner=lease.owner, epoch=lease.epoch, **values),
+            )
+        except ClientError as exc:
+            current = self._refused_record(exc)
+            raise LeaseLost(
+                f"{lease.pk} lease epoch {lease.epoch} of {lease.owner!r} is no longer held",
+                current,
+            ) from exc
+        return ConnectionRecord.from_item(item)
+
+    def checkpoint(self, lease: Lease, last_seq: int) -> None:
+        """Record ``last_seq`` as durable. Fenced by owner and epoch; raises LeaseLost."""
+        self._holder_write(
+            lease, "SET last_seq = :seq, updated_at_ms = :now", seq=last_seq, now=self._clock()
+        )
+
+    def release(self, lease: Lease, *, last_seq: int | None = None) -> ConnectionRecord:
+        """Give the lease up now (owner "", expiry 0; the epoch is kept so it keeps counting).
+
+        The final checkpoint can ride along. Raises LeaseLost if it was not ours any more.
+        """
+        set_seq = ", last_seq = :seq" if last_seq is not None else ""
+        extra = {"seq": last_seq} if last_seq is not None else {}
+        return self._holder_write(
+            lease,
+            "SET lease_owner = :empty, lease_expires_at_ms = :zero, updated_at_ms = :now" + set_seq,
+            empty="",
+            zero=0,
+            now=self._clock(),
+            **extra,
+        )
+
+    def mark_stopped(
+        self, lease: Lease, reason: str, *, last_seq: int | None = None
+    ) -> ConnectionRecord:
+        """The holder ends the connection for good (e.g. the upstream closed normally).
+
+        STOPPED + stop_reason + release, in one write conditional on owner and epoch.
+        """
+        now = self._clock()
+        ttl = self._stopped_ttl(now)
+        set_seq = ", last_seq = :seq" if last_seq is not None else ""
+        set_ttl = ", expires_at = :ttl" if ttl else ""
+        extra: dict[str, Any] = {}
+        if last_seq is not None:
+            extra["seq"] = last_seq
+        if ttl:
+            extra["ttl"] = ttl["expires_at"]
+        return self._holder_write(
+            lease,
+            "SET desired_state = :stopped, stop_reason = :reason, lease_owner = :empty, "
+            "lease_expires_at_ms = :zero, updated_at_ms = :now" + set_seq + set_ttl,
+            stopped=DesiredState.STOPPED.value,
+            reason=reason,
+            empty="",
+            zero=0,
+            now=now,
+            **extra,
+        )
+
+    def record_error(self, lease: Lease, message: str) -> None:
+        """Note the latest upstream trouble on the record (truncated), fenced by owner+epoch."""
+        self._holder_write(
+            lease,
+            "SET last_error = :error, updated_at_ms = :now",
+            error=message[:_MAX_ERROR_CHARS],
+            now=self._clock(),
+        )
+
+    # ------------------------------------------------------------------ reconciler
+    def query_orphans(self, before_ms: int, *, page_size: int = 500) -> Iterator[ConnectionRecord]:
+        """Every STARTED connection whose lease expires before ``before_ms``, all GSI pages.
+
+        With ``before_ms = now`` these are orphans; with ``now + pass interval`` the reconciler
+        also sees leases that will lapse before its next pass (early hints).
+        """
+        start_key: dict[str, Any] | None = None
+        while True:
+            kwargs: dict[str, Any] = {"ExclusiveStartKey": start_key} if start_key else {}
+            response = self._call(
+                "query",
+                IndexName=GSI_NAME,
+                KeyConditionExpression="desired_state = :started AND lease_expires_at_ms < :before",
+                ExpressionAttributeValues=_values(
+                    started=DesiredState.STARTED.value, before=before_ms
+                ),
+                Limit=page_size,
+                **kwargs,
+            )
+            for raw in response.get("Items", []):
+                yield ConnectionRecord.from_item(_load(raw) or {})
+            start_key = response.get("LastEvaluatedKey")
+            if not start_key:
+                return
+
+    def claim_hint(self, record: ConnectionRecord, *, rehint_after_ms: int) -> bool:
+        """Mark that a hint is going out for this lease expiry; False if one already did.
+
+        Keeps the hint queue to at most one pending hint per orphan: a hint is claimed once per
+        (pk, lease_expires_at_ms) and again only after ``rehint_after_ms`` (a lost hint must
+        not strand a connection forever). The condition also re-checks that the lease is the
+        one the caller saw, so a lease renewed meanwhile is not hinted.
+        """
+        now = self._clock()
+        try:
+            self._conditional_update(
+                record.pk,
+                UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
+                ConditionExpression=(
+                    "desired_state = :started AND lease_expires_at_ms = :expiry AND "
+                    "(attribute_not_exists(hinted_expiry_ms) OR hinted_expiry_ms <> :expiry "
+                    "OR hinted_at_ms < :stale)"
+                ),
+                ExpressionAttributeValues=_values(
+                    expiry=record.lease_expires_at_ms,
+                    now=now,
+                    stale=now - rehint_after_ms,
+                    started=DesiredState.STARTED.value,
+                ),
+            )
+        except ClientError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ worker items
+    def register_worker(self, worker: WorkerRecord) -> None:
+        """Create or replace this worker's item (control queue URL, liveness expiry)."""
+        self._call("put_item", Item=_dump(worker.to_item()))
+
+    def heartbeat_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
+        """Keep the worker item alive; refused (StoreError-free) if it was cleaned up meanwhile."""
+        try:
+            self._call(
+                "update_item",
+                Key=_dump({"pk": worker_pk(worker_id)}),
+                UpdateExpression=(
+                    "SET heartbeat_at_ms = :now, expires_at_ms = :expires, connection_count = :n"
+                ),
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues=_values(
+                    now=self._clock(), expires=expires_at_ms, n=connection_count
+                ),
+            )
+        except ClientError as exc:
+            raise StoreError(f"worker item {worker_id} is gone") from exc
+
+    def deregister_worker(self, worker_id: str) -> None:
+        self._call("delete_item", Key=_dump({"pk": worker_pk(worker_id)}))
+
+    def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        response = self._call(
+            "get_item", Key=_dump({"pk": worker_pk(worker_id)}), ConsistentRead=False
+        )
+        item = _load(response.get("Item"))
+        return WorkerRecord.from_item(item) if item else None
+
+    def get_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRecord]:
+        """Worker items by id (absent ids are missing from the result)."""
+        items = self._batch_get_items((worker_pk(w) for w in worker_ids), consistent=False)
+        return {
+            str(item["worker_id"]): WorkerRecord.from_item(item) for item in items.values()
+        }
+

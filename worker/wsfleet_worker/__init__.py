@@ -1,0 +1,1 @@
+"""wsfleet Fargate worker: SQS hints, lease acquisition, heartbeats and WebSocket sessions."""
