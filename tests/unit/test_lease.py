@@ -1,0 +1,148 @@
+"""Lease rules as a truth table: pure functions over (record, lease, now), no I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsfleet.lease import (
+    MAX_HINT_DELAY_SECONDS,
+    Lease,
+    RefusalReason,
+    hint_delay_seconds,
+    is_acquirable,
+    is_expired,
+    is_fenced,
+    is_free,
+    is_orphan,
+    is_ours,
+    is_worker_alive,
+    refusal_reason,
+    self_fence_at_ms,
+    should_self_fence,
+    will_expire_before,
+)
+from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord
+
+NOW = 1_000_000
+
+
+def record(**changes) -> ConnectionRecord:
+    base = ConnectionRecord(pk="CONN#a", desired_state=DesiredState.STARTED, ws_url="wss://h/x")
+    return base.with_changes(**changes)
+
+
+HELD = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 5_000)
+LEASE = Lease.of(HELD)
+
+
+class TestFreeAndExpired:
+    def test_new_record_is_free_and_expired(self):
+        fresh = record()
+        assert is_free(fresh)
+        assert is_expired(fresh, NOW)
+
+    def test_released_record_is_free_even_with_history(self):
+        released = record(lease_owner="", lease_epoch=7, lease_expires_at_ms=0)
+        assert is_free(released)
+        assert is_expired(released, NOW)
+
+    def test_held_record_is_neither(self):
+        assert not is_free(HELD)
+        assert not is_expired(HELD, NOW)
+
+    def test_expiry_is_strict(self):
+        # DynamoDB condition is `lease_expires_at_ms < :now`; the rule must agree at the edge.
+        edge = record(lease_owner="w1", lease_expires_at_ms=NOW)
+        assert not is_expired(edge, NOW)
+        assert is_expired(edge, NOW + 1)
+
+
+class TestAcquirable:
+    @pytest.mark.parametrize(
+        ("desired", "expires", "expected"),
+        [
+            (DesiredState.STARTED, 0, True),
+            (DesiredState.STARTED, NOW - 1, True),
+            (DesiredState.STARTED, NOW + 1, False),
+            (DesiredState.STOPPED, 0, False),
+            (DesiredState.STOPPED, NOW - 1, False),
+        ],
+    )
+    def test_truth_table(self, desired, expires, expected):
+        candidate = record(desired_state=desired, lease_owner="w1", lease_expires_at_ms=expires)
+        assert is_acquirable(candidate, NOW) is expected
+        assert is_orphan(candidate, NOW) is expected
+
+    def test_will_expire_before_window(self):
+        assert will_expire_before(HELD, NOW + 5_001)
+        assert not will_expire_before(HELD, NOW + 5_000)
+        assert not will_expire_before(HELD.with_changes(desired_state=DesiredState.STOPPED), NOW * 2)
+
+
+class TestOwnership:
+    def test_ours_requires_owner_and_epoch(self):
+        assert is_ours(HELD, LEASE)
+        assert not is_ours(HELD.with_changes(lease_owner="w2"), LEASE)
+        # Same owner, newer epoch: a later acquire by the same worker still fences the old session.
+        assert not is_ours(HELD.with_changes(lease_epoch=4), LEASE)
+
+    def test_fenced_when_gone_or_not_ours(self):
+        assert is_fenced(None, LEASE)
+        assert is_fenced(HELD.with_changes(lease_epoch=4), LEASE)
+        assert not is_fenced(HELD, LEASE)
+
+    @pytest.mark.parametrize(
+        ("current", "expected"),
+        [
+            (None, RefusalReason.GONE),
+            (HELD.with_changes(lease_owner="w2", lease_epoch=4), RefusalReason.LOST),
+            (HELD.with_changes(lease_owner="", lease_expires_at_ms=0), RefusalReason.LOST),
+            (HELD.with_changes(desired_state=DesiredState.STOPPED), RefusalReason.STOPPED),
+            # stopped *and* taken over: fenced wins, we must not write a final checkpoint
+            (
+                HELD.with_changes(desired_state=DesiredState.STOPPED, lease_epoch=4),
+                RefusalReason.LOST,
+            ),
+            (HELD, RefusalReason.LOST),
+        ],
+    )
+    def test_refusal_reason(self, current, expected):
+        assert refusal_reason(current, LEASE) is expected
+
+
+class TestSelfFence:
+    def test_deadline_is_expiry_minus_margin(self):
+        assert self_fence_at_ms(LEASE, 2_000) == NOW + 3_000
+
+    def test_should_self_fence_at_and_after_deadline(self):
+        assert not should_self_fence(LEASE, NOW + 2_999, 2_000)
+        assert should_self_fence(LEASE, NOW + 3_000, 2_000)
+
+    def test_extended_lease_moves_deadline(self):
+        renewed = LEASE.extended_to(NOW + 20_000)
+        assert renewed.epoch == LEASE.epoch
+        assert not should_self_fence(renewed, NOW + 3_000, 2_000)
+
+
+class TestHintDelay:
+    def test_expired_lease_hints_now(self):
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW - 10), NOW) == 0
+
+    def test_rounds_up_to_land_after_expiry(self):
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1), NOW) == 1
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1_000), NOW) == 2
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 2_500), NOW) == 3
+
+    def test_capped_at_sqs_maximum(self):
+        far = record(lease_expires_at_ms=NOW + 3_600_000)
+        assert hint_delay_seconds(far, NOW) == MAX_HINT_DELAY_SECONDS
+
+
+def test_worker_alive_until_its_expiry():
+    worker = WorkerRecord(
+        worker_id="w1", control_queue_url="q", started_at_ms=0, heartbeat_at_ms=0,
+        expires_at_ms=NOW,
+    )
+    assert is_worker_alive(worker, NOW)
+    assert not is_worker_alive(worker, NOW + 1)
+    assert not is_worker_alive(None, NOW)
