@@ -1,0 +1,1081 @@
+"""A fake upstream: a WebSocket server that streams numbered frames, for tests, demos and chaos.
+
+wsfleet workers are WebSocket *clients*; this module is the server they connect to. It stands in
+for a real upstream feed so we can check, from outside, that the fleet kept every stream alive,
+resumed without gaps and never had two owners at once.
+
+What a stream looks like
+    ``GET /<stream_id>?from_seq=N`` upgrades to WebSocket. Each stream has a live sequence that
+    starts when the stream is first seen (first connection or :meth:`UpstreamSimulator.open_stream`)
+    and produces seq 1, 2, 3, ... at ``rate`` frames per second *whether or not anyone is
+    connected*, like a real feed. Frames are JSON text, ``{"seq": n, "data": "<stream_id>:<n>"}``:
+    the content is a function of (stream, seq), so a checker can verify what the fleet stored
+    without asking the simulator (see :func:`frame_data`).
+
+    With ``from_seq=N`` a session replays N..current from a bounded replay window (default
+    10,000 frames; older requests start at the oldest frame still available and the session
+    records the ``gap``), then sends live frames as they become due. Without ``from_seq`` it
+    starts at the next live frame; a ``from_seq`` in the future waits for it. An optional
+    ``max_seq`` ends the stream: after sending it the session closes with 1000.
+
+Why it is cheap per stream
+    Nothing is stored per frame and nothing runs per idle stream. A stream is a
+    :class:`StreamClock` (an anchor time, an anchor seq, a rate): the current seq is computed from
+    elapsed time when someone asks, and replayed frames are recomputed, so the "replay buffer"
+    is only a window rule. Each connection is served by the one handler task websockets starts
+    for it, which sleeps until its next frame is due or something wakes it (a fault, a rate
+    change, the end of the stream, the peer going away). Compression is off by default: a
+    permessage-deflate context costs far more memory per connection than the frames ever will.
+
+Faults (one-shot, per stream; :class:`Fault`)
+    ``drop`` aborts the TCP connection without a close frame, ``close_normal`` closes 1000,
+    ``close_error`` closes 1011, ``garbage`` sends one non-JSON text frame, ``noseq`` sends one
+    JSON frame without ``seq`` (both then continue), ``reject`` answers the next handshake with
+    HTTP 503. A fault applies to a session open on the stream now, else to the next one.
+
+Introspection
+    Every accepted session is logged as a :class:`SessionRecord` (bounded log). Checkers use
+    :meth:`~UpstreamSimulator.overlaps` (two sessions of one stream open at the same time: a
+    split brain) and :meth:`~UpstreamSimulator.first_frame_at` (when streaming resumed after a
+    failover). The same data is served over plain HTTP on the WebSocket port, so another
+    process can read it with :class:`SimulatorClient`::
+
+        GET  /_sim/streams                    {"streams": {id: {...stream info...}}}
+        GET  /_sim/streams/<id>               one stream's info (404 if never seen)
+        GET  /_sim/sessions?stream=<id>&open=1 {"sessions": [...session records...]}
+        POST /_sim/streams/<id>/fault?kind=drop
+        POST /_sim/streams/<id>/end           max_seq = current: the stream ends normally
+        POST /_sim/streams/<id>/open?rate=R&max_seq=M
+
+Example::
+
+    async with UpstreamSimulator(rate=50) as sim:
+        async with websockets.connect(sim.url_for("s1") + "?from_seq=1") as ws:
+            assert json.loads(await ws.recv()) == {"seq": 1, "data": "s1:1"}
+
+From synchronous code, ``with SimulatorThread(rate=50) as sim: ...`` runs the same server on
+its own event loop. ``python -m wsfleet_local.simulator --port 0`` runs it in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import enum
+import http
+import itertools
+import json
+import math
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from typing import Any, Self, TypeVar
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+from wsfleet.exceptions import WsfleetError
+
+__all__ = [
+    "Fault",
+    "InvalidRequest",
+    "SessionRecord",
+    "SimulatorClient",
+    "SimulatorError",
+    "SimulatorThread",
+    "StreamClock",
+    "UnknownStream",
+    "UpstreamSimulator",
+    "find_overlaps",
+    "first_frame_after",
+    "frame_data",
+    "frame_text",
+    "main",
+    "plan_start",
+]
+
+CONTROL_PREFIX = "/_sim"
+RESUME_PARAM = "from_seq"
+DEFAULT_RATE = 10.0
+DEFAULT_BUFFER_FRAMES = 10_000
+DEFAULT_MAX_SESSIONS_LOGGED = 100_000
+#: Frames sent back to back before the sender yields and looks for faults again. Bounds how long
+#: a 10,000-frame replay can hold the event loop.
+SEND_BATCH_FRAMES = 256
+#: Floats are not exact: (due_time - anchor) * rate may land a hair below an integer.
+_SEQ_EPSILON = 1e-9
+#: Never sleep less than this when a frame is not yet due (guards against a zero-delay spin).
+_MIN_SLEEP_SECONDS = 0.0005
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+class SimulatorError(WsfleetError):
+    """Root of the simulator's own errors (under the wsfleet root)."""
+
+
+class UnknownStream(SimulatorError):
+    """The simulator has never seen this stream (no connection, no ``open_stream``)."""
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"unknown stream {stream_id!r}")
+        self.stream_id = stream_id
+
+
+class InvalidRequest(SimulatorError, ValueError):
+    """An argument is out of range: unknown fault kind, negative rate, bad query parameter."""
+
+
+# --------------------------------------------------------------------------------------------
+# Core: pure rules, no I/O, no clock reads (``now`` is always passed in)
+
+
+class Fault(enum.StrEnum):
+    """One-shot faults a test can inject into a stream."""
+
+    DROP = "drop"
+    CLOSE_NORMAL = "close_normal"
+    CLOSE_ERROR = "close_error"
+    GARBAGE = "garbage"
+    NOSEQ = "noseq"
+    REJECT = "reject"
+
+    @classmethod
+    def parse(cls, kind: str | Fault) -> Fault:
+        """``Fault(kind)``, raising :class:`InvalidRequest` with the valid kinds listed."""
+        try:
+            return cls(kind)
+        except ValueError:
+            valid = ", ".join(f.value for f in cls)
+            raise InvalidRequest(
+                f"unknown fault kind {kind!r} (expected one of: {valid})"
+            ) from None
+
+
+def frame_data(stream_id: str, seq: int) -> str:
+    """The ``data`` field of frame ``seq`` on ``stream_id``: what a checker expects stored."""
+    return f"{stream_id}:{seq}"
+
+
+def frame_text(stream_id: str, seq: int) -> str:
+    """The exact text frame the simulator sends for ``seq`` on ``stream_id``."""
+    return json.dumps({"seq": seq, "data": frame_data(stream_id, seq)})
+
+
+def garbage_text(stream_id: str) -> str:
+    """The text of a ``garbage`` fault frame: deliberately not JSON."""
+    return f"<<garbage for {stream_id}>>"
+
+
+def noseq_text(stream_id: str) -> str:
+    """The text of a ``noseq`` fault frame: valid JSON, no ``seq``."""
+    return json.dumps({"data": f"{stream_id}:noseq"})
+
+
+def _check_rate(rate: float) -> float:
+    if not (math.isfinite(rate) and rate >= 0):
+        raise InvalidRequest(f"rate must be a finite number >= 0 frames/s, got {rate!r}")
+    return float(rate)
+
+
+@dataclasses.dataclass(slots=True)
+class StreamClock:
+    """When each seq of one stream exists, computed from elapsed time (no per-frame state).
+
+    ``anchor_seq`` was the latest seq at monotonic time ``anchor_time``; seq ``anchor_seq + k``
+    becomes current at ``anchor_time + k / rate``. A rate change re-anchors at "now" so the
+    frames already produced stay produced. ``rate == 0`` pauses the stream. ``max_seq`` (if
+    set) is the last seq the stream will ever produce.
+    """
+
+    rate: float
+    anchor_time: float
+    anchor_seq: int = 0
+    max_seq: int | None = None
+
+    def current(self, now: float) -> int:
+        """The latest seq produced at ``now`` (0 before the first frame)."""
+        produced = self.anchor_seq
+        if self.rate > 0 and now > self.anchor_time:
+            produced += int((now - self.anchor_time) * self.rate + _SEQ_EPSILON)
+        return produced if self.max_seq is None else min(produced, self.max_seq)
+
+    def due_at(self, seq: int) -> float:
+        """Monotonic time at which ``seq`` is produced (``inf``: never, paused or past the end)."""
+        if seq <= self.anchor_seq:
+            return -math.inf
+        if self.rate <= 0 or (self.max_seq is not None and seq > self.max_seq):
+            return math.inf
+        return self.anchor_time + (seq - self.anchor_seq) / self.rate
+
+    def ended(self, now: float) -> bool:
+        """True once ``max_seq`` has been produced: no frame will follow."""
+        return self.max_seq is not None and self.current(now) >= self.max_seq
+
+    def set_rate(self, rate: float, now: float) -> None:
+        """Change the rate from ``now`` on, keeping what was already produced."""
+        self.anchor_seq = self.current(now)
+        self.anchor_time = now
+        self.rate = _check_rate(rate)
+
+    def set_max_seq(self, max_seq: int, now: float) -> None:
+        """End the stream at ``max_seq`` (never below what was already produced)."""
+        self.max_seq = max(max_seq, self.current(now))
+
+
+def plan_start(from_seq: int | None, current: int, buffer_frames: int) -> tuple[int, int]:
+    """First seq a new session sends, and the gap forced by the replay window.
+
+    Without ``from_seq`` a session starts live (``current + 1``). With it, it starts at
+    ``from_seq`` unless that is older than the window of the last ``buffer_frames`` frames, in
+    which case it starts at the oldest one kept and reports how many frames it skipped.
+    Seqs start at 1, so ``from_seq <= 1`` means "everything" and is never a gap.
+
+    >>> [plan_start(None, 41, 100), plan_start(5, 41, 100), plan_start(5, 41, 10)]
+    [(42, 0), (5, 0), (32, 27)]
+    >>> plan_start(50, 41, 10)  # in the future: wait for it
+    (50, 0)
+    """
+    if from_seq is None:
+        return current + 1, 0
+    wanted = max(from_seq, 1)
+    oldest = max(1, current - buffer_frames + 1)
+    if wanted < oldest:
+        return oldest, oldest - wanted
+    return wanted, 0
+
+
+@dataclasses.dataclass(slots=True)
+class SessionRecord:
+    """What one accepted WebSocket session did. Times are wall clock (``time.time()``).
+
+    ``close_code`` is the code of the closing handshake, ``"abort"`` when the TCP connection
+    ended without one (a ``drop`` fault, a killed client), ``None`` while open. ``frames_sent``
+    counts sequence frames only; fault frames are listed in ``faults``.
+    """
+
+    stream_id: str
+    session_id: int
+    peer: str
+    from_seq: int | None
+    opened_at: float
+    gap: int = 0
+    first_seq_sent: int | None = None
+    last_seq_sent: int | None = None
+    frames_sent: int = 0
+    first_frame_at: float | None = None
+    closed_at: float | None = None
+    close_code: int | str | None = None
+    faults: tuple[str, ...] = ()
+
+    @property
+    def is_open(self) -> bool:
+        """True until the TCP connection is gone."""
+        return self.closed_at is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the /_sim/sessions wire format)."""
+        data = dataclasses.asdict(self)
+        data["faults"] = list(self.faults)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionRecord:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored so old clients keep working."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["faults"] = tuple(kwargs.get("faults", ()))
+        return cls(**kwargs)
+
+
+def find_overlaps(records: Iterable[SessionRecord]) -> list[tuple[SessionRecord, SessionRecord]]:
+    """Pairs of sessions whose open intervals intersect, earlier-opened first.
+
+    A session is open on ``[opened_at, closed_at)``; one still open extends to infinity. Pass
+    the sessions of one stream: an overlap there means two clients streamed it at once.
+    """
+    pairs: list[tuple[SessionRecord, SessionRecord]] = []
+    active: list[SessionRecord] = []
+    for record in sorted(records, key=lambda r: (r.opened_at, r.session_id)):
+        active = [a for a in active if a.closed_at is None or a.closed_at > record.opened_at]
+        pairs.extend((earlier, record) for earlier in active)
+        active.append(record)
+    return pairs
+
+
+def first_frame_after(records: Iterable[SessionRecord], after: float) -> float | None:
+    """Earliest first-frame wall time among sessions opened strictly after ``after``.
+
+    With ``after`` = the moment a worker was killed, this is when the stream was flowing
+    again somewhere else; ``None`` if no such session has sent a frame yet.
+    """
+    times = [
+        r.first_frame_at for r in records if r.opened_at > after and r.first_frame_at is not None
+    ]
+    return min(times, default=None)
+
+
+# --------------------------------------------------------------------------------------------
+# Request routing (pure): what an HTTP request path asks for
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StreamTarget:
+    stream_id: str
+    from_seq: int | None
+
+
+def _query_value(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[-1] if values else None
+
+
+def _int_param(query: dict[str, list[str]], name: str) -> int | None:
+    raw = _query_value(query, name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float_param(query: dict[str, list[str]], name: str) -> float | None:
+    raw = _query_value(query, name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be a number, got {raw!r}") from None
+
+
+def _parse_stream_path(raw_path: str, query: dict[str, list[str]]) -> _StreamTarget:
+    stream_id = urllib.parse.unquote(raw_path.removeprefix("/"))
+    if not stream_id:
+        raise InvalidRequest("the path must name a stream: /<stream_id>")
+    return _StreamTarget(stream_id, _int_param(query, RESUME_PARAM))
+
+
+def _is_control_path(raw_path: str) -> bool:
+    return raw_path == CONTROL_PREFIX or raw_path.startswith(CONTROL_PREFIX + "/")
+
+
+def _json_response(status: http.HTTPStatus, payload: Any) -> Response:
+    body = json.dumps(payload).encode()
+    headers = Headers(
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)
+
+
+# --------------------------------------------------------------------------------------------
+# Shell: the asyncio server
+
+
+class _SimConnection(ServerConnection):
+    """A websockets server connection that tells the simulator the moment its socket is gone.
+
+    Without this hook a sender asleep until its next frame (a second away at 1 frame/s) would
+    notice a dead client only at that send, and the session log would show it open for too
+    long, i.e. a false overlap with the client that replaced it.
+    """
+
+    target: _StreamTarget | None = None
+    on_lost: Callable[[], None] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _LiveSession:
+    """An open session: its log record, its socket, and the event that interrupts its sleep."""
+
+    record: SessionRecord
+    ws: _SimConnection
+    wake: asyncio.Event
+    closed: bool = False
+
+
+def _format_peer(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
+class UpstreamSimulator:
+    """The WebSocket upstream: streams, faults, session log, HTTP control endpoints.
+
+    Not thread-safe: call it from the event loop it was started on (or use
+    :class:`SimulatorThread`). Settings:
+
+    - ``rate``: default frames/s for new streams (overridable per stream).
+    - ``buffer_frames``: replay window per stream; older ``from_seq`` values record a gap.
+    - ``max_sessions_logged``: the session log keeps the most recent N records.
+    - ``compression``: ``"deflate"`` to negotiate permessage-deflate; off by default (memory).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        rate: float = DEFAULT_RATE,
+        buffer_frames: int = DEFAULT_BUFFER_FRAMES,
+        max_sessions_logged: int = DEFAULT_MAX_SESSIONS_LOGGED,
+        compression: str | None = None,
+    ) -> None:
+        if buffer_frames < 1:
+            raise InvalidRequest(f"buffer_frames must be >= 1, got {buffer_frames}")
+        self.host = host
+        self.rate = _check_rate(rate)
+        self.buffer_frames = buffer_frames
+        self._requested_port = port
+        self._compression = compression
+        self._streams: dict[str, StreamClock] = {}
+        self._live: dict[str, set[_LiveSession]] = {}
+        self._faults: dict[str, collections.deque[Fault]] = {}
+        self._rejects: collections.Counter[str] = collections.Counter()
+        self._log: collections.deque[SessionRecord] = collections.deque(maxlen=max_sessions_logged)
+        self._session_ids = itertools.count(1)
+        self._server: Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind and start serving. ``port`` is known once this returns."""
+        if self._server is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._server = await serve(
+            self._handle_session,
+            self.host,
+            self._requested_port,
+            process_request=self._process_request,
+            create_connection=_SimConnection,
+            compression=self._compression,
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, close every open session with 1001, wait for the handlers. Idempotent."""
+        server = self._server
+        if server is None:
+            return
+        server.close()
+        await server.wait_closed()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        """The TCP port actually bound (useful with ``port=0``)."""
+        if self._server is None:
+            raise SimulatorError("the simulator is not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL, ``ws://host:port``."""
+        return f"ws://{self.host}:{self.port}"
+
+    def url_for(self, stream_id: str) -> str:
+        """WebSocket URL of one stream (append ``?from_seq=N`` to resume)."""
+        return f"{self.url}/{urllib.parse.quote(stream_id, safe='')}"
+
+    def _now(self) -> float:
+        loop = self._loop
+        return loop.time() if loop is not None else time.monotonic()
+
+    # -- streams -------------------------------------------------------------------------
+
+    def open_stream(
+        self, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
+    ) -> None:
+        """Start a stream now (if new), or change its rate / end seq (if known)."""
+        if max_seq is not None and max_seq < 0:
+            raise InvalidRequest(f"max_seq must be >= 0, got {max_seq}")
+        now = self._now()
+        clock = self._streams.get(stream_id)
+        if clock is None:
+            self._streams[stream_id] = StreamClock(
+                rate=_check_rate(self.rate if rate is None else rate),
+                anchor_time=now,
+                max_seq=max_seq,
+            )
+            return
+        if rate is not None:
+            clock.set_rate(rate, now)
+        if max_seq is not None:
+            clock.set_max_seq(max_seq, now)
+        self._wake(stream_id)
+
+    def end_stream(self, stream_id: str) -> None:
+        """Freeze the stream at its current seq; sessions send what they still owe, then 1000."""
+        clock, now = self._clock(stream_id), self._now()
+        clock.set_max_seq(clock.current(now), now)
+        self._wake(stream_id)
+
+    def current_seq(self, stream_id: str) -> int:
+        """Latest seq produced on ``stream_id`` (0 if nothing yet or the stream is unknown)."""
+        clock = self._streams.get(stream_id)
+        return 0 if clock is None else clock.current(self._now())
+
+    def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
+        """Arm a one-shot fault on a session open now, else on the next session (or handshake)."""
+        fault = Fault.parse(kind)
+        if fault is Fault.REJECT:
+            self._rejects[stream_id] += 1
+            return
+        self._faults.setdefault(stream_id, collections.deque()).append(fault)
+        self._wake(stream_id)
+
+    def stream_info(self, stream_id: str) -> dict[str, Any]:
+        """JSON-ready state of one stream (the /_sim/streams entry)."""
+        clock = self._clock(stream_id)
+        now = self._now()
+        return {
+            "stream_id": stream_id,
+            "current_seq": clock.current(now),
+            "rate": clock.rate,
+            "max_seq": clock.max_seq,
+            "ended": clock.ended(now),
+            "open_sessions": len(self._live.get(stream_id, ())),
+            "pending_faults": [f.value for f in self._faults.get(stream_id, ())],
+            "pending_rejects": self._rejects.get(stream_id, 0),
+        }
+
+    def streams(self) -> dict[str, dict[str, Any]]:
+        """Info for every stream seen so far, keyed by stream id."""
+        return {stream_id: self.stream_info(stream_id) for stream_id in self._streams}
+
+    def _clock(self, stream_id: str) -> StreamClock:
+        try:
+            return self._streams[stream_id]
+        except KeyError:
+            raise UnknownStream(stream_id) from None
+
+    def _wake(self, stream_id: str) -> None:
+        for session in self._live.get(stream_id, ()):
+            session.wake.set()
+
+    # -- session log ---------------------------------------------------------------------
+
+    def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """Snapshots of logged sessions (oldest first), optionally for one stream."""
+        return [
+            dataclasses.replace(r)
+            for r in self._log
+            if stream_id is None or r.stream_id == stream_id
+        ]
+
+    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """Snapshots of the sessions still open, optionally for one stream."""
+        return [r for r in self.sessions(stream_id) if r.is_open]
+
+    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
+        """Pairs of sessions on ``stream_id`` that were open at the same time."""
+        return find_overlaps(self.sessions(stream_id))
+
+    def first_frame_at(self, stream_id: str, after: float) -> float | None:
+        """Wall time of the first frame sent by a session opened after ``after`` (or None)."""
+        return first_frame_after(self.sessions(stream_id), after)
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Answer /_sim control requests; validate stream requests; apply ``reject`` faults."""
+        raw_path, _, raw_query = request.path.partition("?")
+        query = urllib.parse.parse_qs(raw_query, keep_blank_values=True)
+        if _is_control_path(raw_path):
+            return self._control(request.method, raw_path, query)
+        if "Upgrade" not in request.headers:
+            return None  # plain HTTP to a stream path: websockets answers 426 Upgrade Required
+        try:
+            target = _parse_stream_path(raw_path, query)
+        except InvalidRequest as exc:
+            return _json_response(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        if self._rejects.get(target.stream_id, 0) > 0:
+            self._rejects[target.stream_id] -= 1
+            return connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE, "rejected by an injected fault\n"
+            )
+        assert isinstance(connection, _SimConnection)
+        connection.target = target
+        return None
+
+    def _control(self, method: str, raw_path: str, query: dict[str, list[str]]) -> Response:
+        try:
+            status, payload = self._route(method, raw_path.split("/")[2:], query)
+        except UnknownStream as exc:
+            status, payload = http.HTTPStatus.NOT_FOUND, {"error": str(exc)}
+        except InvalidRequest as exc:
+            status, payload = http.HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        return _json_response(status, payload)
+
+    def _route(
+        self, method: str, parts: list[str], query: dict[str, list[str]]
+    ) -> tuple[http.HTTPStatus, Any]:
+        ok = http.HTTPStatus.OK
+        match method, parts:
+            case "GET", ["streams"]:
+                return ok, {"streams": self.streams()}
+            case "GET", ["streams", quoted]:
+                return ok, self.stream_info(urllib.parse.unquote(quoted))
+            case "GET", ["sessions"]:
+                only_open = _query_value(query, "open") in ("1", "true")
+                found = (self.open_sessions if only_open else self.sessions)(
+                    _query_value(query, "stream")
+                )
+                return ok, {"sessions": [r.to_dict() for r in found]}
+            case "POST", ["streams", quoted, "fault"]:
+                self.inject_fault(urllib.parse.unquote(quoted), _query_value(query, "kind") or "")
+                return ok, {"ok": True}
+            case "POST", ["streams", quoted, "end"]:
+                stream_id = urllib.parse.unquote(quoted)
+                self.end_stream(stream_id)
+                return ok, self.stream_info(stream_id)
+            case "POST", ["streams", quoted, "open"]:
+                stream_id = urllib.parse.unquote(quoted)
+                self.open_stream(
+                    stream_id,
+                    rate=_float_param(query, "rate"),
+                    max_seq=_int_param(query, "max_seq"),
+                )
+                return ok, self.stream_info(stream_id)
+            case (("GET" | "POST"), _):
+                return http.HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {method} {parts}"}
+            case _:
+                return http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"method {method} not allowed"}
+
+    # -- WebSocket sessions ------------------------------------------------------------------
+
+    async def _handle_session(self, connection: ServerConnection) -> None:
+        """The one task per connection: register the session, stream until it ends."""
+        assert isinstance(connection, _SimConnection) and connection.target is not None
+        target = connection.target
+        if target.stream_id not in self._streams:
+            self.open_stream(target.stream_id)
+        clock = self._streams[target.stream_id]
+        next_seq, gap = plan_start(target.from_seq, clock.current(self._now()), self.buffer_frames)
+        record = SessionRecord(
+            stream_id=target.stream_id,
+            session_id=next(self._session_ids),
+            peer=_format_peer(connection.remote_address),
+            from_seq=target.from_seq,
+            opened_at=time.time(),
+            gap=gap,
+        )
+        self._log.append(record)
+        session = _LiveSession(record, connection, asyncio.Event())
+        self._live.setdefault(target.stream_id, set()).add(session)
+        connection.on_lost = lambda: self._session_lost(session)
+        if connection.state is State.CLOSED:  # lost before we could hook it
+            self._session_lost(session)
+        with contextlib.suppress(ConnectionClosed):  # the peer left: _session_lost logged it
+            await self._stream_frames(session, clock, next_seq)
+        await connection.wait_closed()
+
+    def _session_lost(self, session: _LiveSession) -> None:
+        """Close the log record at the moment the socket went away, and wake the sender."""
+        if session.closed:
+            return
+        session.closed = True
+        code = session.ws.close_code
+        session.record.closed_at = time.time()
+        session.record.close_code = "abort" if code in (None, 1006) else code
+        live = self._live.get(session.record.stream_id)
+        if live is not None:
+            live.discard(session)
+            if not live:
+                del self._live[session.record.stream_id]
+        session.wake.set()
+
+    def _take_fault(self, stream_id: str) -> Fault | None:
+        pending = self._faults.get(stream_id)
+        if not pending:
+            return None
+        fault = pending.popleft()
+        if not pending:
+            del self._faults[stream_id]
+        return fault
+
+    async def _apply_fault(self, session: _LiveSession, fault: Fault) -> bool:
+        """Carry out ``fault``; True if the session is over."""
+        ws, record = session.ws, session.record
+        record.faults = (*record.faults, fault.value)
+        match fault:
+            case Fault.DROP:
+                ws.transport.abort()
+                return True
+            case Fault.CLOSE_NORMAL:
+                await ws.close(1000, "fault: close_normal")
+                return True
+            case Fault.CLOSE_ERROR:
+                await ws.close(1011, "fault: close_error")
+                return True
+            case Fault.GARBAGE:
+                await ws.send(garbage_text(record.stream_id))
+            case Fault.NOSEQ:
+                await ws.send(noseq_text(record.stream_id))
+        return False
+
+    async def _stream_frames(
+        self, session: _LiveSession, clock: StreamClock, next_seq: int
+    ) -> None:
+        """Send due frames, apply faults, sleep until the next frame is due; repeat until closed."""
+        ws, record = session.ws, session.record
+        stream_id = record.stream_id
+        while not session.closed:
+            fault = self._take_fault(stream_id)
+            if fault is not None:
+                if await self._apply_fault(session, fault):
+                    return
+                continue
+            now = self._now()
+            current = clock.current(now)
+            if next_seq <= current:
+                last = min(current, next_seq + SEND_BATCH_FRAMES - 1)
+                for seq in range(next_seq, last + 1):
+                    await ws.send(frame_text(stream_id, seq))
+                    if record.first_seq_sent is None:
+                        record.first_seq_sent = seq
+                        record.first_frame_at = time.time()
+                    record.last_seq_sent = seq
+                    record.frames_sent += 1
+                next_seq = last + 1
+                await asyncio.sleep(0)  # a long replay must not starve other sessions
+                continue
+            if clock.max_seq is not None and next_seq > clock.max_seq:
+                await ws.close(1000, "end of stream")
+                return
+            delay = clock.due_at(next_seq) - now
+            session.wake.clear()
+            try:
+                async with asyncio.timeout(
+                    None if math.isinf(delay) else max(delay, _MIN_SLEEP_SECONDS)
+                ):
+                    await session.wake.wait()
+            except TimeoutError:
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# Sync wrapper: the simulator on its own loop in a daemon thread
+
+_T = TypeVar("_T")
+
+
+class SimulatorThread:
+    """Run an :class:`UpstreamSimulator` in a daemon thread, for synchronous tests and tools.
+
+    Every wrapper runs on the simulator's loop and waits for the result, so it is safe to call
+    from any thread::
+
+        with SimulatorThread(rate=100) as sim:
+            with websockets.sync.client.connect(sim.url_for("s1")) as ws:
+                ws.recv()
+            assert sim.sessions("s1")[0].frames_sent == 1
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **settings: Any) -> None:
+        self.sim = UpstreamSimulator(host, port, **settings)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the thread and wait until the server is listening (re-raises start errors)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="upstream-simulator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise SimulatorError(f"simulator did not start within {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the simulator (sessions close with 1001) and join the thread. Idempotent."""
+        thread, loop, stop = self._thread, self._loop, self._stop
+        if thread is None:
+            return
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout)
+        self._thread = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaced to start() if it happened before ready
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        await self.sim.start()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.sim.stop()
+
+    def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            raise SimulatorError("the simulator thread is not running")
+
+        async def call() -> _T:
+            return fn(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=30)
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port."""
+        return self.sim.port
+
+    @property
+    def url(self) -> str:
+        """Base URL, ``ws://host:port``."""
+        return self.sim.url
+
+    def url_for(self, stream_id: str) -> str:
+        """WebSocket URL of one stream."""
+        return self.sim.url_for(stream_id)
+
+    def open_stream(
+        self, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
+    ) -> None:
+        """Thread-safe :meth:`UpstreamSimulator.open_stream`."""
+        self._call(self.sim.open_stream, stream_id, rate=rate, max_seq=max_seq)
+
+    def end_stream(self, stream_id: str) -> None:
+        """Thread-safe :meth:`UpstreamSimulator.end_stream`."""
+        self._call(self.sim.end_stream, stream_id)
+
+    def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
+        """Thread-safe :meth:`UpstreamSimulator.inject_fault`."""
+        self._call(self.sim.inject_fault, stream_id, kind)
+
+    def current_seq(self, stream_id: str) -> int:
+        """Thread-safe :meth:`UpstreamSimulator.current_seq`."""
+        return self._call(self.sim.current_seq, stream_id)
+
+    def streams(self) -> dict[str, dict[str, Any]]:
+        """Thread-safe :meth:`UpstreamSimulator.streams`."""
+        return self._call(self.sim.streams)
+
+    def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """Thread-safe :meth:`UpstreamSimulator.sessions`."""
+        return self._call(self.sim.sessions, stream_id)
+
+    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """Thread-safe :meth:`UpstreamSimulator.open_sessions`."""
+        return self._call(self.sim.open_sessions, stream_id)
+
+    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
+        """Thread-safe :meth:`UpstreamSimulator.overlaps`."""
+        return self._call(self.sim.overlaps, stream_id)
+
+    def first_frame_at(self, stream_id: str, after: float) -> float | None:
+        """Thread-safe :meth:`UpstreamSimulator.first_frame_at`."""
+        return self._call(self.sim.first_frame_at, stream_id, after)
+
+
+# --------------------------------------------------------------------------------------------
+# Remote client: a simulator in another process, over /_sim (stdlib only)
+
+
+class SimulatorClient:
+    """Drive and inspect a simulator running in another process, over its /_sim endpoints.
+
+    ``base_url`` may be the ws:// URL the simulator printed; it is turned into http://::
+
+        client = SimulatorClient("ws://127.0.0.1:8765")
+        client.inject_fault("s1", "drop")
+        assert not client.overlaps("s1")
+    """
+
+    def __init__(self, base_url: str, *, timeout: float = 10.0) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+        self.ws_url = urllib.parse.urlunsplit(
+            ({"http": "ws", "https": "wss"}[scheme], parts.netloc, "", "", "")
+        )
+        self.http_url = urllib.parse.urlunsplit((scheme, parts.netloc, "", "", ""))
+        self.timeout = timeout
+
+    def url_for(self, stream_id: str) -> str:
+        """WebSocket URL of one stream."""
+        return f"{self.ws_url}/{urllib.parse.quote(stream_id, safe='')}"
+
+    def _request(self, method: str, path: str, **params: Any) -> Any:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        url = f"{self.http_url}{CONTROL_PREFIX}/{path}" + (f"?{query}" if query else "")
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(url, data=data, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            if exc.code == http.HTTPStatus.NOT_FOUND and path.startswith("streams/"):
+                raise UnknownStream(urllib.parse.unquote(path.split("/")[1])) from exc
+            if exc.code == http.HTTPStatus.BAD_REQUEST:
+                raise InvalidRequest(detail) from exc
+            raise SimulatorError(f"{method} {url} -> HTTP {exc.code}: {detail}") from exc
+        except urllib.error.URLError as exc:
+            raise SimulatorError(f"{method} {url} failed: {exc.reason}") from exc
+
+    @staticmethod
+    def _quote(stream_id: str) -> str:
+        return urllib.parse.quote(stream_id, safe="")
+
+    def streams(self) -> dict[str, dict[str, Any]]:
+        """Info for every stream the simulator has seen."""
+        return dict(self._request("GET", "streams")["streams"])
+
+    def stream_info(self, stream_id: str) -> dict[str, Any]:
+        """Info for one stream (raises :class:`UnknownStream`)."""
+        return dict(self._request("GET", f"streams/{self._quote(stream_id)}"))
+
+    def current_seq(self, stream_id: str) -> int:
+        """Latest seq produced (0 if the stream is unknown), like the in-process API."""
+        try:
+            return int(self.stream_info(stream_id)["current_seq"])
+        except UnknownStream:
+            return 0
+
+    def open_stream(
+        self, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
+    ) -> dict[str, Any]:
+        """Start or retune a stream; returns its info."""
+        return dict(
+            self._request(
+                "POST", f"streams/{self._quote(stream_id)}/open", rate=rate, max_seq=max_seq
+            )
+        )
+
+    def end_stream(self, stream_id: str) -> dict[str, Any]:
+        """End a stream at its current seq; returns its info."""
+        return dict(self._request("POST", f"streams/{self._quote(stream_id)}/end"))
+
+    def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
+        """Arm a one-shot fault (see :class:`Fault`)."""
+        self._request("POST", f"streams/{self._quote(stream_id)}/fault", kind=str(kind))
+
+    def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """The session log, optionally for one stream."""
+        payload = self._request("GET", "sessions", stream=stream_id)
+        return [SessionRecord.from_dict(item) for item in payload["sessions"]]
+
+    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """Sessions still open, optionally for one stream."""
+        payload = self._request("GET", "sessions", stream=stream_id, open=1)
+        return [SessionRecord.from_dict(item) for item in payload["sessions"]]
+
+    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
+        """Pairs of sessions on ``stream_id`` that were open at the same time."""
+        return find_overlaps(self.sessions(stream_id))
+
+    def first_frame_at(self, stream_id: str, after: float) -> float | None:
+        """Wall time of the first frame sent by a session opened after ``after`` (or None)."""
+        return first_frame_after(self.sessions(stream_id), after)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: python -m wsfleet_local.simulator
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m wsfleet_local.simulator",
+        description="Run the upstream WebSocket simulator in the foreground.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="frames/s per stream")
+    parser.add_argument("--buffer-frames", type=int, default=DEFAULT_BUFFER_FRAMES)
+    parser.add_argument("--max-sessions-logged", type=int, default=DEFAULT_MAX_SESSIONS_LOGGED)
+    parser.add_argument("--compression", action="store_true", help="offer permessage-deflate")
+    return parser.parse_args(argv)
+
+
+async def _serve_until_signalled(args: argparse.Namespace) -> None:
+    """Print the URL once listening; the first SIGTERM/SIGINT stops gracefully, a second forces."""
+    sim = UpstreamSimulator(
+        args.host,
+        args.port,
+        rate=args.rate,
+        buffer_frames=args.buffer_frames,
+        max_sessions_logged=args.max_sessions_logged,
+        compression="deflate" if args.compression else None,
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    main_task = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set() and main_task is not None:
+            main_task.cancel()  # second signal: stop waiting for sessions to close
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
+    await sim.start()
+    print(json.dumps({"url": sim.url}), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await sim.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code (0 after a graceful stop)."""
+    args = _parse_args(argv)
+    try:
+        asyncio.run(_serve_until_signalled(args))
+    except asyncio.CancelledError:
+        print("simulator: forced stop", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,477 @@
+"""The upstream simulator, driven by plain websockets clients over loopback.
+
+Every test starts its own simulator on port 0 and stops it before returning. Streams run at a
+few hundred frames/s so the tests are quick; nothing asserts on elapsed time: waits are
+bounded polls on the simulator's own state, and assertions are on sequence numbers, close
+codes and the session log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
+from websockets.sync.client import connect as sync_connect
+from wsfleet_local.simulator import (
+    InvalidRequest,
+    SessionRecord,
+    SimulatorClient,
+    SimulatorThread,
+    StreamClock,
+    UnknownStream,
+    UpstreamSimulator,
+    find_overlaps,
+    first_frame_after,
+    frame_data,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+FAST = 200.0  # frames/s: quick tests, still slow enough that "live" is distinguishable
+WAIT = 10.0  # upper bound for any single wait; a healthy run never gets near it
+
+_T = TypeVar("_T")
+
+
+def run(coro: Coroutine[Any, Any, _T]) -> _T:
+    return asyncio.run(coro)
+
+
+async def recv_json(ws: ClientConnection) -> dict[str, Any]:
+    async with asyncio.timeout(WAIT):
+        return json.loads(await ws.recv())
+
+
+async def recv_seqs(ws: ClientConnection, count: int) -> list[int]:
+    return [(await recv_json(ws))["seq"] for _ in range(count)]
+
+
+async def recv_until_closed(ws: ClientConnection) -> tuple[list[str], ConnectionClosed]:
+    """Every message until the connection closes, and the exception that said so."""
+    messages: list[str] = []
+    try:
+        async with asyncio.timeout(WAIT):
+            while True:
+                messages.append(str(await ws.recv()))
+    except ConnectionClosed as exc:
+        return messages, exc
+    raise AssertionError("unreachable")
+
+
+async def wait_until(predicate: Callable[[], bool | Awaitable[bool]]) -> None:
+    async with asyncio.timeout(WAIT):
+        while True:
+            result = predicate()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            await asyncio.sleep(0.01)
+
+
+def wait_until_sync(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def assert_frame(message: dict[str, Any], stream_id: str, seq: int) -> None:
+    assert message == {"seq": seq, "data": frame_data(stream_id, seq)}
+
+
+# -- sequence and resume ---------------------------------------------------------------------
+
+
+def test_a_new_stream_starts_at_seq_1_and_advances() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            # GIVEN a stream nobody has seen / WHEN a client connects without from_seq
+            async with connect(sim.url_for("fresh")) as ws:
+                frames = [await recv_json(ws) for _ in range(5)]
+            # THEN it gets 1, 2, 3, ... with deterministic content
+            for seq, frame in enumerate(frames, start=1):
+                assert_frame(frame, "fresh", seq)
+
+    run(scenario())
+
+
+def test_resume_replays_exactly_from_the_requested_seq() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            sim.open_stream("s")
+            await wait_until(lambda: sim.current_seq("s") >= 30)
+            async with connect(sim.url_for("s") + "?from_seq=10") as ws:
+                seqs = await recv_seqs(ws, 40)  # replayed, then live
+            assert seqs == list(range(10, 50))
+            await wait_until(lambda: not sim.open_sessions("s"))
+            [record] = sim.sessions("s")
+            assert (record.from_seq, record.first_seq_sent, record.gap) == (10, 10, 0)
+            assert record.frames_sent >= 40
+            assert record.last_seq_sent == record.first_seq_sent + record.frames_sent - 1
+
+    run(scenario())
+
+
+def test_the_sequence_advances_while_no_client_is_connected() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            async with connect(sim.url_for("s")) as ws:
+                assert await recv_seqs(ws, 3) == [1, 2, 3]
+            await wait_until(lambda: not sim.open_sessions("s"))
+            at_disconnect = sim.current_seq("s")
+            # WHEN nobody is connected for a while
+            await wait_until(lambda: sim.current_seq("s") >= at_disconnect + 20)
+            assert not sim.open_sessions("s")
+            # THEN a client resuming from 4 gets every frame it missed, in order
+            target = sim.current_seq("s") + 5
+            async with connect(sim.url_for("s") + "?from_seq=4") as ws:
+                seqs = await recv_seqs(ws, target - 3)
+            assert seqs == list(range(4, target + 1))
+
+    run(scenario())
+
+
+def test_from_seq_older_than_the_buffer_starts_at_the_oldest_and_records_the_gap() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST, buffer_frames=5) as sim:
+            sim.open_stream("s")
+            await wait_until(lambda: sim.current_seq("s") >= 20)
+            sim.open_stream("s", rate=0)  # freeze it so "oldest" is a fixed number
+            current = sim.current_seq("s")
+            async with connect(sim.url_for("s") + "?from_seq=2") as ws:
+                seqs = await recv_seqs(ws, 5)
+            assert seqs == list(range(current - 4, current + 1))
+            [record] = sim.sessions("s")
+            assert record.gap == (current - 4) - 2
+
+    run(scenario())
+
+
+def test_from_seq_in_the_future_waits_for_that_frame() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            sim.open_stream("s")
+            wanted = sim.current_seq("s") + 20
+            async with connect(sim.url_for("s") + f"?from_seq={wanted}") as ws:
+                assert await recv_seqs(ws, 2) == [wanted, wanted + 1]
+
+    run(scenario())
+
+
+# -- end of stream ---------------------------------------------------------------------------
+
+
+def test_max_seq_ends_the_session_with_1000_after_the_last_frame() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            sim.open_stream("s", max_seq=5)
+            async with connect(sim.url_for("s") + "?from_seq=1") as ws:
+                messages, closed = await recv_until_closed(ws)
+            assert [json.loads(m)["seq"] for m in messages] == [1, 2, 3, 4, 5]
+            assert closed.rcvd is not None and closed.rcvd.code == 1000
+
+    run(scenario())
+
+
+def test_end_stream_sends_what_is_owed_then_closes_1000() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            async with connect(sim.url_for("s")) as ws:
+                await recv_seqs(ws, 2)
+                sim.end_stream("s")
+                last = sim.current_seq("s")
+                messages, closed = await recv_until_closed(ws)
+            seqs = [1, 2] + [json.loads(m)["seq"] for m in messages]
+            assert seqs == list(range(1, last + 1))
+            assert closed.rcvd is not None and closed.rcvd.code == 1000
+            with pytest.raises(UnknownStream):
+                sim.end_stream("never-seen")
+
+    run(scenario())
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "code"), [("close_normal", 1000), ("close_error", 1011)])
+def test_close_faults_close_the_current_session_with_their_code(kind: str, code: int) -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            async with connect(sim.url_for("s")) as ws:
+                await recv_json(ws)
+                sim.inject_fault("s", kind)
+                _, closed = await recv_until_closed(ws)
+            assert closed.rcvd is not None and closed.rcvd.code == code
+            await wait_until(lambda: not sim.open_sessions("s"))
+            [record] = sim.sessions("s")
+            assert (record.close_code, record.faults) == (code, (kind,))
+
+    run(scenario())
+
+
+def test_drop_aborts_the_connection_without_a_close_frame() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            async with connect(sim.url_for("s")) as ws:
+                await recv_json(ws)
+                sim.inject_fault("s", "drop")
+                _, closed = await recv_until_closed(ws)
+            assert isinstance(closed, ConnectionClosedError)
+            assert closed.rcvd is None  # no close frame: the TCP connection just went away
+            await wait_until(lambda: not sim.open_sessions("s"))
+            assert sim.sessions("s")[0].close_code == "abort"
+
+    run(scenario())
+
+
+def test_a_fault_armed_while_nobody_is_connected_hits_the_next_session() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            sim.inject_fault("s", "close_error")
+            async with connect(sim.url_for("s")) as ws:
+                _, closed = await recv_until_closed(ws)
+            assert closed.rcvd is not None and closed.rcvd.code == 1011
+            async with connect(sim.url_for("s")) as ws:  # one-shot: the next one is fine
+                await recv_json(ws)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("kind", ["garbage", "noseq"])
+def test_bad_frame_faults_send_one_bad_frame_then_continue(kind: str) -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            async with connect(sim.url_for("s")) as ws:
+                await recv_json(ws)
+                sim.inject_fault("s", kind)
+                bad: list[str] = []
+                seqs: list[int] = []
+                async with asyncio.timeout(WAIT):
+                    while len(seqs) < 10 or not bad:
+                        text = str(await ws.recv())
+                        try:
+                            frame = json.loads(text)
+                        except json.JSONDecodeError:
+                            bad.append(text)
+                            continue
+                        if "seq" in frame:
+                            seqs.append(frame["seq"])
+                        else:
+                            bad.append(text)
+            assert len(bad) == 1
+            is_json = kind == "noseq"
+            assert bad[0].startswith("{") is is_json
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing lost around it
+
+    run(scenario())
+
+
+def test_reject_refuses_the_next_handshake_with_503_once() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            sim.inject_fault("s", "reject")
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(sim.url_for("s")):
+                    pass
+            assert refused.value.response.status_code == 503
+            assert sim.sessions("s") == []  # a refused handshake is not a session
+            async with connect(sim.url_for("s")) as ws:
+                await recv_json(ws)
+
+    run(scenario())
+
+
+def test_unknown_fault_kind_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="unknown fault kind"):
+        UpstreamSimulator().inject_fault("s", "explode")
+
+
+# -- session log -----------------------------------------------------------------------------
+
+
+def test_session_log_and_overlaps_for_two_concurrent_sessions() -> None:
+    async def scenario() -> None:
+        async with UpstreamSimulator(rate=FAST) as sim:
+            # GIVEN sessions A and B open at the same time, then C after both closed
+            a = await connect(sim.url_for("s"))
+            b = await connect(sim.url_for("s") + "?from_seq=1")
+            await recv_json(a)
+            await recv_json(b)
+            assert len(sim.open_sessions("s")) == 2
+            await a.close()
+            await b.close()
+            await wait_until(lambda: not sim.open_sessions("s"))
+            both_closed = time.time()
+            async with connect(sim.url_for("s")) as c:
+                await recv_json(c)
+            await wait_until(lambda: not sim.open_sessions("s"))
+
+            rec_a, rec_b, rec_c = sim.sessions("s")
+            # THEN the log says what each session did
+            assert rec_a.from_seq is None and rec_b.from_seq == 1
+            assert rec_b.first_seq_sent == 1
+            assert len({rec_a.session_id, rec_b.session_id, rec_c.session_id}) == 3
+            assert len({rec_a.peer, rec_b.peer}) == 2
+            for record in (rec_a, rec_b, rec_c):
+                assert record.close_code == 1000
+                assert record.closed_at is not None and record.first_frame_at is not None
+                assert record.opened_at <= record.first_frame_at <= record.closed_at
+                assert record.frames_sent == record.last_seq_sent - record.first_seq_sent + 1
+            # AND only A and B overlap; C is the first to stream after both closed
+            pairs = sim.overlaps("s")
+            assert [(x.session_id, y.session_id) for x, y in pairs] == [
+                (rec_a.session_id, rec_b.session_id)
+            ]
+            assert sim.first_frame_at("s", after=both_closed) == rec_c.first_frame_at
+            assert sim.first_frame_at("s", after=time.time()) is None
+
+    run(scenario())
+
+
+def test_stop_closes_open_sessions_with_1001() -> None:
+    async def scenario() -> None:
+        sim = UpstreamSimulator(rate=FAST)
+        await sim.start()
+        try:
+            async with connect(sim.url_for("s")) as ws:
+                await recv_json(ws)
+                stopping = asyncio.create_task(sim.stop())
+                _, closed = await recv_until_closed(ws)
+                await stopping
+        finally:
+            await sim.stop()
+        assert closed.rcvd is not None and closed.rcvd.code == 1001
+        assert sim.sessions("s")[0].close_code == 1001
+
+    run(scenario())
+
+
+# -- from synchronous code and other processes ----------------------------------------------
+
+
+def test_simulator_thread_works_from_sync_code() -> None:
+    with SimulatorThread(rate=FAST) as sim:
+        with sync_connect(sim.url_for("s")) as ws:
+            first = json.loads(ws.recv(timeout=WAIT))
+            sim.inject_fault("s", "drop")
+            with pytest.raises(ConnectionClosedError):
+                while True:
+                    ws.recv(timeout=WAIT)
+        assert_frame(first, "s", 1)
+        wait_until_sync(lambda: not sim.open_sessions("s"))
+        [record] = sim.sessions("s")
+        assert record.close_code == "abort"
+        assert sim.current_seq("s") >= record.last_seq_sent
+        assert sim.overlaps("s") == []
+
+
+def test_http_control_endpoints_through_simulator_client() -> None:
+    with SimulatorThread(rate=FAST) as sim:
+        client = SimulatorClient(sim.url)
+        # open with a rate and an end
+        info = client.open_stream("a b/c", rate=FAST, max_seq=3)  # id needs quoting
+        assert (info["stream_id"], info["rate"], info["max_seq"]) == ("a b/c", FAST, 3)
+        assert client.url_for("a b/c") == sim.url_for("a b/c")
+        with sync_connect(client.url_for("a b/c") + "?from_seq=1") as ws:
+            seqs = [json.loads(ws.recv(timeout=WAIT))["seq"] for _ in range(3)]
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=WAIT)
+        assert seqs == [1, 2, 3]
+        assert client.current_seq("a b/c") == 3
+        assert client.streams()["a b/c"]["ended"] is True
+
+        # faults and end over HTTP
+        client.inject_fault("s", "reject")
+        assert client.streams().get("s") is None  # arming a fault does not start a stream
+        with pytest.raises(InvalidStatus):
+            sync_connect(client.url_for("s"))
+        with sync_connect(client.url_for("s")) as ws:
+            ws.recv(timeout=WAIT)
+            assert client.stream_info("s")["open_sessions"] == 1
+            assert [r.stream_id for r in client.open_sessions("s")] == ["s"]
+            info = client.end_stream("s")
+            assert info["ended"] is True
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    ws.recv(timeout=WAIT)
+        wait_until_sync(lambda: not client.open_sessions("s"))
+
+        # the session log, as records
+        records = client.sessions("s")
+        assert len(records) == 1 and isinstance(records[0], SessionRecord)
+        assert records[0].close_code == 1000
+        assert records[0].last_seq_sent == info["current_seq"]
+        assert client.overlaps("s") == []
+        assert client.first_frame_at("s", after=0) == records[0].first_frame_at
+        assert {r.stream_id for r in client.sessions()} == {"a b/c", "s"}
+
+        # errors map to domain errors
+        with pytest.raises(UnknownStream):
+            client.end_stream("never-seen")
+        with pytest.raises(InvalidRequest):
+            client.inject_fault("s", "explode")
+        assert client.current_seq("never-seen") == 0
+
+
+def test_module_entry_point_prints_its_url_and_exits_0_on_sigterm() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "wsfleet_local.simulator", "--port", "0", "--rate", "50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        url = json.loads(process.stdout.readline())["url"]
+        assert url.startswith("ws://127.0.0.1:")
+        with sync_connect(f"{url}/s") as ws:
+            assert_frame(json.loads(ws.recv(timeout=WAIT)), "s", 1)
+            process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=WAIT)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+        assert process.wait(timeout=WAIT) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+# -- the pure core -----------------------------------------------------------------------------
+
+
+def test_stream_clock_keeps_produced_frames_across_a_rate_change() -> None:
+    clock = StreamClock(rate=10.0, anchor_time=100.0)
+    assert [clock.current(t) for t in (100.0, 100.09, 100.1, 101.0)] == [0, 0, 1, 10]
+    clock.set_rate(1.0, now=101.05)
+    assert clock.current(101.05) == 10
+    assert clock.due_at(11) == pytest.approx(102.05)
+    clock.set_rate(0.0, now=150.0)  # paused: 10 + 48 frames at 1/s, then nothing
+    assert clock.current(1e9) == 58 and clock.due_at(59) == float("inf")
+    clock.set_max_seq(3, now=150.0)  # an end cannot un-produce frames
+    assert clock.max_seq == 58 and clock.ended(150.0)
+
+
+def test_overlap_and_failover_helpers_on_hand_made_records() -> None:
+    def rec(sid: int, opened: float, closed: float | None, first: float | None) -> SessionRecord:
+        return SessionRecord("s", sid, "p", None, opened, closed_at=closed, first_frame_at=first)
+
+    a, b, c, d = rec(1, 0, 10, 1), rec(2, 10, 20, 11), rec(3, 15, None, 16), rec(4, 30, None, None)
+    pairs = find_overlaps([d, c, b, a])
+    assert [(x.session_id, y.session_id) for x, y in pairs] == [(2, 3), (3, 4)]
+    assert first_frame_after([a, b, c, d], after=10) == 16
+    assert first_frame_after([a, b, c, d], after=30) is None
+    assert SessionRecord.from_dict(c.to_dict()) == c
