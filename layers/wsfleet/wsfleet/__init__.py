@@ -4,38 +4,38 @@ Shipped as the SAM layer ``SharedLayer`` and installed into the worker image fro
 source. Handlers and the worker import it; nothing here knows which of them is calling.
 """
 
-from .exceptions import (
-    ConfigurationError,
-    ConnectionNotFound,
-    ConnectionStopped,
-    LeaseConflict,
-    LeaseError,
-    LeaseLost,
-    StoreError,
-    WsfleetError,
-)
-from .hints import Hint, HintSender
-from .lease import Lease
-from .record import ConnectionRecord, DesiredState, WorkerRecord, connection_pk
-from .settings import Settings
-from .store import LeaseStore
+from __future__ import annotations
 
-__all__ = [
-    "ConfigurationError",
-    "ConnectionNotFound",
-    "ConnectionRecord",
-    "ConnectionStopped",
-    "DesiredState",
-    "Hint",
-    "HintSender",
-    "Lease",
-    "LeaseConflict",
-    "LeaseError",
-    "LeaseLost",
-    "LeaseStore",
-    "Settings",
-    "StoreError",
-    "WorkerRecord",
-    "WsfleetError",
-    "connection_pk",
-]
+import importlib
+from typing import Any
+
+# Exports resolve lazily: importing wsfleet.exceptions (e.g. from the simulator) must not drag
+# boto3 and botocore in, which costs ~12 MB and 0.2 s per process.
+_EXPORTS = {
+    "ConfigurationError": "exceptions",
+    "ConnectionNotFound": "exceptions",
+    "ConnectionStopped": "exceptions",
+    "LeaseConflict": "exceptions",
+    "LeaseError": "exceptions",
+    "LeaseLost": "exceptions",
+    "StoreError": "exceptions",
+    "WsfleetError": "exceptions",
+    "Hint": "hints",
+    "HintSender": "hints",
+    "Lease": "lease",
+    "ConnectionRecord": "record",
+    "DesiredState": "record",
+    "WorkerRecord": "record",
+    "connection_pk": "record",
+    "Settings": "settings",
+    "LeaseStore": "store",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wsfleet' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
