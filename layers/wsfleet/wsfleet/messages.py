@@ -1,0 +1,316 @@
+"""MessageStore: the messages table, written in batches by workers and read back by tools.
+
+Every upstream frame a worker receives becomes one item ``(pk = "CONN#<id>", sk)``:
+
+* ``sk`` is the frame's sequence number zero-padded to 20 digits (:func:`seq_sk`), so the sort
+  order is the stream order and a frame received twice (a resumed session replays a few) lands
+  on the same key and simply overwrites itself: writes are idempotent, duplicates impossible.
+* A frame without a usable sequence number still gets stored, under a worker-local key from
+  :func:`local_sk`: ``"L<epoch>-<received_ms>-<counter>"``, zero-padded. ``"L"`` sorts after
+  every digit, so these keys form their own range after all numbered frames of the connection
+  and are ordered by lease epoch, then arrival time. They cannot be deduplicated across a
+  resume (nothing identifies them), which is the price of never dropping a frame.
+
+Attributes: ``pk, sk, seq`` (absent for unnumbered frames), ``message_data`` (the frame's
+``data`` field, else the whole frame), ``received_at_ms``, ``worker_id``, ``lease_epoch`` and
+``expires_at`` (epoch seconds, the table's TTL attribute; left out when retention is 0).
+
+Writes go through BatchWriteItem, 25 items per request. ``UnprocessedItems`` (DynamoDB's way of
+saying "throttled, try these again") are retried with full-jitter backoff up to a bound; what is
+still unwritten after that is handed back to the caller, which owns the retry policy (the worker
+re-queues them, because its checkpoint must not pass an unwritten frame). A request DynamoDB
+refuses as invalid (an item over 400 KB, say) is split until the offending item is isolated and
+reported as rejected, so one poison frame never blocks the 24 others.
+
+Example::
+
+    store = MessageStore(dynamodb_client(), "wsfleet-messages", retention_days=30)
+    result = store.put_batch([Message("CONN#a", seq_sk(1), '{"x": 1}', 1_700_000_000_000,
+                                      "worker-1", 3, seq=1)])
+    assert not result.unwritten and not result.rejected
+    store.read_all("CONN#a")[0]["seq"]   # 1
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from boto3.dynamodb.types import Binary, TypeDeserializer
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .backoff import backoff, is_ambiguous, is_throttling
+from .exceptions import StoreError
+
+__all__ = [
+    "BATCH_WRITE_LIMIT",
+    "LOCAL_SK_PREFIX",
+    "SEQ_DIGITS",
+    "Message",
+    "MessageStore",
+    "PutResult",
+    "local_sk",
+    "seq_sk",
+]
+
+#: BatchWriteItem accepts at most 25 put/delete requests.
+BATCH_WRITE_LIMIT = 25
+#: Sequence numbers are stored as 20-digit keys: every unsigned 64-bit value fits.
+SEQ_DIGITS = 20
+MAX_SEQ = 10**SEQ_DIGITS - 1
+#: Prefix of keys for frames without a sequence number; sorts after all digits.
+LOCAL_SK_PREFIX = "L"
+
+_SECONDS_PER_DAY = 86_400
+_deserializer = TypeDeserializer()
+
+
+def seq_sk(seq: int) -> str:
+    """The sort key of frame ``seq``: 20 digits, so string order is numeric order.
+
+    >>> seq_sk(42)
+    '00000000000000000042'
+    """
+    if not 0 <= seq <= MAX_SEQ:
+        raise ValueError(f"seq {seq} does not fit in {SEQ_DIGITS} digits")
+    return f"{seq:0{SEQ_DIGITS}d}"
+
+
+def local_sk(epoch: int, received_ms: int, counter: int) -> str:
+    """A worker-local sort key for a frame without a sequence number.
+
+    Unique per connection because the epoch is unique per lease holder and the counter is
+    unique within one holder's session; zero-padded so keys sort by (epoch, time, counter).
+
+    >>> local_sk(3, 1_700_000_000_123, 7)
+    'L0000000003-1700000000123-0000000007'
+    """
+    return f"{LOCAL_SK_PREFIX}{epoch:010d}-{received_ms:013d}-{counter:010d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One frame to store. ``seq`` is None for frames stored under a :func:`local_sk`."""
+
+    pk: str
+    sk: str
+    message_data: str | bytes
+    received_at_ms: int
+    worker_id: str
+    lease_epoch: int
+    seq: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.pk, self.sk)
+
+    def to_wire(self, expires_at: int | None) -> dict[str, Any]:
+        """The low-level DynamoDB item (built by hand: TypeSerializer costs CPU per frame)."""
+        data = self.message_data
+        item: dict[str, Any] = {
+            "pk": {"S": self.pk},
+            "sk": {"S": self.sk},
+            "message_data": {"B": data} if isinstance(data, bytes) else {"S": data},
+            "received_at_ms": {"N": str(self.received_at_ms)},
+            "worker_id": {"S": self.worker_id},
+            "lease_epoch": {"N": str(self.lease_epoch)},
+        }
+        if self.seq is not None:
+            item["seq"] = {"N": str(self.seq)}
+        if expires_at is not None:
+            item["expires_at"] = {"N": str(expires_at)}
+        return item
+
+
+@dataclass
+class PutResult:
+    """What :meth:`MessageStore.put_batch` achieved.
+
+    ``unwritten``: still throttled after the retry bound (safe to retry later).
+    ``rejected``: refused as invalid on its own; retrying cannot help.
+    ``requests``: BatchWriteItem/PutItem calls made (the request-cost benchmark reads it).
+    """
+
+    written: int = 0
+    unwritten: list[Message] = field(default_factory=list)
+    rejected: list[Message] = field(default_factory=list)
+    requests: int = 0
+
+
+class MessageStore:
+    """Batched, idempotent writes to the messages table and paginated reads.
+
+    :param client: a boto3 DynamoDB client (see :func:`wsfleet.aws.dynamodb_client`).
+    :param table_name: the messages table.
+    :param retention_days: TTL for stored frames (``expires_at``); 0 keeps them forever.
+    :param attempts: BatchWriteItem rounds per chunk before leftovers are handed back.
+    :param sleep: how to wait between rounds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        retention_days: float = 0,
+        attempts: int = 6,
+        backoff_initial: float = 0.05,
+        backoff_cap: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self.table_name = table_name
+        self.retention_seconds = int(retention_days * _SECONDS_PER_DAY)
+        self._attempts = max(1, attempts)
+        self._backoff_initial = backoff_initial
+        self._backoff_cap = backoff_cap
+        self._sleep = sleep
+        self._rng = rng
+
+    @classmethod
+    def from_settings(cls, settings: Any, client: Any = None) -> MessageStore:
+        """Build from :class:`wsfleet.settings.Settings`, creating a client if none is given."""
+        if client is None:
+            from .aws import dynamodb_client
+
+            client = dynamodb_client()
+        return cls(client, settings.messages_table, retention_days=settings.message_retention_days)
+
+    def expires_at(self, received_at_ms: int) -> int | None:
+        """TTL (epoch seconds) for a frame received at ``received_at_ms``; None keeps it."""
+        if self.retention_seconds <= 0:
+            return None
+        return received_at_ms // 1000 + self.retention_seconds
+
+    # ------------------------------------------------------------------ writes
+    def put_batch(self, messages: Iterable[Message]) -> PutResult:
+        """Write every message, 25 per BatchWriteItem; see :class:`PutResult`.
+
+        Two messages with the same key in one call keep the last one (DynamoDB refuses
+        duplicate keys inside one request, and the later frame is the one to keep).
+        Raises StoreError for failures that are not about throughput or single items
+        (a missing table, bad credentials).
+        """
+        unique = list({m.key: m for m in messages}.values())
+        result = PutResult()
+        for start in range(0, len(unique), BATCH_WRITE_LIMIT):
+            self._put_chunk(unique[start:start + BATCH_WRITE_LIMIT], result)
+        return result
+
+    def _put_chunk(self, chunk: Sequence[Message], result: PutResult) -> None:
+        pending = {m.key: m for m in chunk}
+        delays = self._delays()
+        for attempt in range(self._attempts):
+            if attempt:
+                self._sleep(next(delays))
+            request = [
+                {"PutRequest": {"Item": m.to_wire(self.expires_at(m.received_at_ms))}}
+                for m in pending.values()
+            ]
+            result.requests += 1
+            try:
+                response = self._client.batch_write_item(
+                    RequestItems={self.table_name: request}
+                )
+            except ClientError as exc:
+                if _is_validation(exc):
+                    self._isolate_invalid(list(pending.values()), result)
+                    return
+                if is_throttling(exc) or is_ambiguous(exc):
+                    continue  # nothing (or something idempotent) was written: go again
+                raise StoreError(f"batch_write_item on {self.table_name} failed: {exc}") from exc
+            except BotoCoreError as exc:
+                if is_ambiguous(exc):
+                    continue
+                raise StoreError(f"batch_write_item on {self.table_name} failed: {exc}") from exc
+            left = _unprocessed_keys(response, self.table_name)
+            result.written += len(pending) - len(left)
+            pending = {key: pending[key] for key in left if key in pending}
+            if not pending:
+                return
+        result.unwritten.extend(pending.values())
+
+    def _isolate_invalid(self, messages: list[Message], result: PutResult) -> None:
+        """A request was refused as invalid: find the item(s) responsible by halving."""
+        if len(messages) == 1:
+            message = messages[0]
+            result.requests += 1
+            try:
+                self._client.put_item(
+                    TableName=self.table_name,
+                    Item=message.to_wire(self.expires_at(message.received_at_ms)),
+                )
+            except ClientError as exc:
+                if _is_validation(exc):
+                    result.rejected.append(message)
+                    return
+                result.unwritten.append(message)
+                return
+            except BotoCoreError:
+                result.unwritten.append(message)
+                return
+            result.written += 1
+            return
+        middle = len(messages) // 2
+        for half in (messages[:middle], messages[middle:]):
+            sub = PutResult()
+            self._put_chunk(half, sub)
+            result.written += sub.written
+            result.unwritten.extend(sub.unwritten)
+            result.rejected.extend(sub.rejected)
+            result.requests += sub.requests
+
+    def _delays(self) -> Iterator[float]:
+        return backoff(initial=self._backoff_initial, cap=self._backoff_cap, rng=self._rng)
+
+    # ------------------------------------------------------------------ reads
+    def read_all(self, pk: str, *, consistent: bool = True) -> list[dict[str, Any]]:
+        """Every stored frame of one connection in key order (all Query pages).
+
+        Numbers come back as ``int``. Meant for tests, the demo and benchmarks: a live
+        connection's partition can be large.
+        """
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            try:
+                response = self._client.query(
+                    TableName=self.table_name,
+                    KeyConditionExpression="pk = :pk",
+                    ExpressionAttributeValues={":pk": {"S": pk}},
+                    ConsistentRead=consistent,
+                    **kwargs,
+                )
+            except (ClientError, BotoCoreError) as exc:
+                raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
+            items.extend(_plain(raw) for raw in response.get("Items", []))
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return items
+            kwargs["ExclusiveStartKey"] = last
+
+
+def _is_validation(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ValidationException"
+
+
+def _unprocessed_keys(response: dict[str, Any], table: str) -> list[tuple[str, str]]:
+    keys = []
+    for request in (response.get("UnprocessedItems") or {}).get(table, []):
+        item = request.get("PutRequest", {}).get("Item", {})
+        keys.append((item["pk"]["S"], item["sk"]["S"]))
+    return keys
+
+
+def _plain(raw: dict[str, Any]) -> dict[str, Any]:
+    item = {k: _deserializer.deserialize(v) for k, v in raw.items()}
+    for name in ("seq", "received_at_ms", "lease_epoch", "expires_at"):
+        if name in item:
+            item[name] = int(item[name])
+    if isinstance(item.get("message_data"), Binary):
+        item["message_data"] = bytes(item["message_data"])
+    return item
