@@ -1,1 +1,45 @@
-"""wsfleet Fargate worker: SQS hints, lease acquisition, heartbeats and WebSocket sessions."""
+"""wsfleet Fargate worker: SQS hints, lease acquisition, heartbeats and WebSocket sessions.
+
+Run it with ``python -m wsfleet_worker`` (configuration only from the environment; see
+:mod:`wsfleet.settings` and :mod:`wsfleet_worker.config`). The health check is
+``python -m wsfleet_worker.health``.
+
+Layout, sans-I/O core first:
+
+* :mod:`.frames`, :mod:`.checkpoint`, :mod:`.protocol` - pure decisions (frame parsing,
+  resume URLs, checkpoint rule, lease timing, exit plans, backoff, hint triage);
+* :mod:`.session` - one connection as one task group;
+* :mod:`.flusher` - one BatchWriteItem writer for all sessions;
+* :mod:`.heartbeat` - one renewal scheduler for all leases;
+* :mod:`.poller`, :mod:`.control_channel` - the hint queue and the worker's STOP queue;
+* :mod:`.worker` - start, run, graceful shutdown; :mod:`.health` - container health check.
+
+Names resolve lazily so ``python -m wsfleet_worker.health`` does not import boto3.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointTracker": "checkpoint",
+    "ExitReason": "protocol",
+    "Frame": "frames",
+    "FrameKind": "frames",
+    "Session": "session",
+    "Worker": "worker",
+    "WorkerConfig": "config",
+    "main": "worker",
+    "parse_frame": "frames",
+    "resume_url": "frames",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wsfleet_worker' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,0 +1,278 @@
+"""Helpers for tests that run real worker processes against the embedded backend.
+
+Reusable by the worker integration tests, the chaos suite and local tooling:
+
+* :func:`wait_until` - poll a condition with a generous deadline (the only kind of timing a
+  test may rely on);
+* :class:`WorkerProcess` - ``python -m wsfleet_worker`` as a child process with its own log
+  file, signals (SIGTERM/SIGKILL/SIGSTOP/SIGCONT), and parsers for its JSON log and EMF lines;
+* :class:`Fleet` - boto3 clients bound to one set of resources (explicit endpoint, so it works
+  in module-scoped fixtures without monkeypatching), with the operations tests need: start a
+  connection and hint it, act as the reconciler, read records and stored messages;
+* :func:`check_stream` - the loss/duplicate check: every seq ``1..upto`` stored exactly once
+  with the simulator's content for it.
+
+Short timings are the defaults of :data:`FAST_WORKER_ENV` (lease 2 s, heartbeat 0.5 s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+from wsfleet.hints import Hint, HintSender
+from wsfleet.messages import MessageStore
+from wsfleet.record import ConnectionRecord, connection_pk
+from wsfleet.store import LeaseStore
+
+__all__ = [
+    "FAST_WORKER_ENV",
+    "Fleet",
+    "StreamCheck",
+    "WorkerProcess",
+    "check_stream",
+    "wait_until",
+]
+
+_T = TypeVar("_T")
+
+#: Worker settings for tests: short lease and heartbeat, quick polls, frequent metrics.
+FAST_WORKER_ENV: dict[str, str] = {
+    "LEASE_SECONDS": "2",
+    "HEARTBEAT_EVERY": "0.5",
+    "LEASE_SAFETY_MARGIN_SECONDS": "0.5",
+    "MESSAGE_FLUSH_MS": "50",
+    "DRAIN_TIMEOUT_SECONDS": "10",
+    "MESSAGE_RETENTION_DAYS": "1",
+    "WORKER_HINT_WAIT_SECONDS": "1",
+    "WORKER_CONTROL_WAIT_SECONDS": "1",
+    "WORKER_METRICS_FLUSH_SECONDS": "1",
+    "WORKER_IO_THREADS": "8",
+    "WORKER_WRITE_THREADS": "2",
+    "POWERTOOLS_LOG_LEVEL": "INFO",
+    "PYTHONUNBUFFERED": "1",
+}
+
+_names = itertools.count(1)
+
+
+def wait_until(
+    condition: Callable[[], _T],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "condition not met",
+) -> _T:
+    """Return the first truthy value of ``condition()``; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout} s: {text}")
+        time.sleep(interval)
+
+
+# ============================================================================ worker processes
+
+
+class WorkerProcess:
+    """One ``python -m wsfleet_worker`` child. Always :meth:`stop` it (or use ``with``)."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        log_dir: Path,
+        worker_id: str | None = None,
+        **overrides: str,
+    ) -> None:
+        self.worker_id = worker_id or f"w{next(_names)}-{uuid.uuid4().hex[:6]}"
+        self.log_path = Path(log_dir) / f"{self.worker_id}.log"
+        full_env = {**os.environ, **FAST_WORKER_ENV, **env, **overrides}
+        full_env["WORKER_ID"] = self.worker_id
+        full_env.setdefault("HEALTH_FILE", str(Path(log_dir) / f"{self.worker_id}.health"))
+        full_env.setdefault("CONTROL_QUEUE_PREFIX", f"ctl-{uuid.uuid4().hex[:6]}-")
+        self.env = full_env
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "wsfleet_worker"],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def is_running(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.is_running():
+            os.kill(self.pid, signum)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGCONT (in case it is paused), SIGTERM, wait, then SIGKILL. Idempotent."""
+        if self.is_running():
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        if not self._log.closed:
+            self._log.close()
+        return self.process.returncode
+
+    # -- output -------------------------------------------------------------------------
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every JSON line of stdout (log records and EMF documents)."""
+        lines = []
+        for line in self.output().splitlines():
+            if line.startswith("{"):
+                try:
+                    lines.append(json.loads(line))
+                except ValueError:
+                    continue
+        return lines
+
+    def logs(self, message: str | None = None) -> list[dict[str, Any]]:
+        """Log records (optionally only those with this ``message``)."""
+        return [
+            r for r in self.records()
+            if "_aws" not in r and (message is None or r.get("message") == message)
+        ]
+
+    def metric_total(self, name: str) -> float:
+        """Sum of a counter over every EMF document printed so far."""
+        total = 0.0
+        for document in self.records():
+            if "_aws" in document and name in document:
+                value = document[name]
+                total += sum(value) if isinstance(value, list) else value
+        return total
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+
+# ============================================================================ the fleet's data
+
+
+class Fleet:
+    """Clients and operations over one set of wsfleet resources (tables + hint queue)."""
+
+    def __init__(self, env: Mapping[str, str], *, lease_ms: int = 2000) -> None:
+        self.env = dict(env)
+        session = boto3.session.Session(
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID", "testing"),
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY", "testing"),
+            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+        endpoint = env["AWS_ENDPOINT_URL"]
+        self.dynamodb = session.client("dynamodb", endpoint_url=endpoint)
+        self.sqs = session.client("sqs", endpoint_url=endpoint)
+        self.store = LeaseStore(self.dynamodb, env["CONNECTIONS_TABLE"], lease_ms=lease_ms)
+        self.messages = MessageStore(self.dynamodb, env["MESSAGES_TABLE"])
+        self.hint_queue_url = env["HINT_QUEUE_URL"]
+        self.hints = HintSender(self.sqs, self.hint_queue_url)
+
+    # -- connections ----------------------------------------------------------------------
+    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> ConnectionRecord:
+        """What the router does for START: write the record, then hint it."""
+        result = self.store.start(connection_id, ws_url, resume=resume)
+        self.hints.send(Hint(result.record.pk))
+        return result.record
+
+    def record(self, connection_id: str) -> ConnectionRecord:
+        record = self.store.get(connection_pk(connection_id))
+        assert record is not None, f"no record for {connection_id}"
+        return record
+
+    def hint_orphans(self) -> list[str]:
+        """One reconciler pass: hint every STARTED connection whose lease has expired."""
+        orphans = list(self.store.query_orphans(int(time.time() * 1000)))
+        self.hints.send_many(Hint(r.pk, epoch=r.lease_epoch) for r in orphans)
+        return [r.connection_id for r in orphans]
+
+    def worker_item(self, worker_id: str) -> Any:
+        return self.store.get_worker(worker_id)
+
+    # -- stored frames --------------------------------------------------------------------
+    def stored(self, connection_id: str) -> list[dict[str, Any]]:
+        return self.messages.read_all(connection_pk(connection_id))
+
+    def stored_seqs(self, connection_id: str) -> list[int]:
+        return [item["seq"] for item in self.stored(connection_id) if "seq" in item]
+
+    def purge_hints(self) -> None:
+        self.sqs.purge_queue(QueueUrl=self.hint_queue_url)
+
+
+@dataclass
+class StreamCheck:
+    """Outcome of :func:`check_stream` (empty lists mean clean)."""
+
+    upto: int
+    missing: list[int] = field(default_factory=list)
+    wrong_content: list[int] = field(default_factory=list)
+    bad_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.wrong_content or self.bad_keys)
+
+
+def check_stream(
+    items: Iterable[Mapping[str, Any]], stream_id: str, upto: int
+) -> StreamCheck:
+    """Every seq 1..upto stored once (keys are unique per table), with its own content.
+
+    ``data`` of frame n on stream s is ``"s:n"`` (see ``wsfleet_local.simulator.frame_data``),
+    and an item's sk must be its seq zero-padded: then a replayed frame can only have
+    overwritten itself, never added a second copy.
+    """
+    check = StreamCheck(upto)
+    seen: dict[int, Mapping[str, Any]] = {}
+    for item in items:
+        if "seq" not in item:
+            continue
+        seq = int(item["seq"])
+        if item["sk"] != f"{seq:020d}":
+            check.bad_keys.append(item["sk"])
+        seen[seq] = item
+    for seq in range(1, upto + 1):
+        item = seen.get(seq)
+        if item is None:
+            check.missing.append(seq)
+        elif item.get("message_data") != f"{stream_id}:{seq}":
+            check.wrong_content.append(seq)
+    return check

@@ -1,0 +1,192 @@
+"""MessageFlusher: one writer per worker process, batching frames of every connection.
+
+Sessions hand each received frame to :meth:`MessageFlusher.put`; the flusher writes them with
+BatchWriteItem, 25 per request, from all connections together. That coalescing is what keeps
+the request count per message low: at 100 frames/s a worker sends about 4 requests per second
+(<= 1 per 25 frames) instead of 100. A batch is sent when it is full or when its oldest frame
+has waited ``flush_ms`` (MESSAGE_FLUSH_MS), whichever comes first, and up to ``max_in_flight``
+batches are written concurrently.
+
+Acknowledgement flows back per frame (:meth:`FrameOwner.on_written`), which is what advances a
+session's checkpoint. Frames DynamoDB did not take (throttling beyond the store's retry bound,
+or an outage) go back to the front of the line after a pause; they are never silently dropped,
+because the checkpoint must not pass them.
+
+Fencing: right before a batch is sent, each frame's owner is asked :meth:`FrameOwner.may_write`.
+A session that lost its lease, or whose self-fence deadline has passed (e.g. the process was
+paused past its lease), gets its frames dropped here: a fenced worker writes nothing more.
+
+Backpressure: the queue is bounded. When it is full, :meth:`put` waits, the session stops
+reading its socket, websockets stops reading TCP, and the upstream's sends block. Memory stays
+flat under any inbound rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from wsfleet.clock import Clock, now_ms
+from wsfleet.exceptions import StoreError
+from wsfleet.messages import BATCH_WRITE_LIMIT, Message, MessageStore, PutResult
+
+from .observability import WorkerMetrics
+from .offload import Offloader
+
+__all__ = ["FrameOwner", "MessageFlusher", "QueuedFrame"]
+
+
+class FrameOwner(Protocol):
+    """What the flusher needs from the session a frame belongs to."""
+
+    def may_write(self, now_ms: int) -> bool: ...
+
+    def on_written(self, message: Message) -> None: ...
+
+    def on_rejected(self, message: Message) -> None: ...
+
+
+@dataclass(slots=True)
+class QueuedFrame:
+    message: Message
+    owner: FrameOwner
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
+class MessageFlusher:
+    """Coalesces frames of all sessions into BatchWriteItem requests.
+
+    :param store: the messages table.
+    :param offloader: runs ``put_batch`` on its ``write`` pool.
+    :param flush_ms: the longest a frame waits for its batch to fill.
+    :param capacity: frames queued at most before :meth:`put` blocks (backpressure).
+    :param max_in_flight: batches being written at the same time.
+    """
+
+    def __init__(
+        self,
+        store: MessageStore,
+        offloader: Offloader,
+        metrics: WorkerMetrics,
+        *,
+        flush_ms: int = 100,
+        capacity: int = 10_000,
+        max_in_flight: int = 4,
+        logger: Any = None,
+        clock: Clock = now_ms,
+    ) -> None:
+        self._store = store
+        self._offloader = offloader
+        self._metrics = metrics
+        self._flush_seconds = max(0, flush_ms) / 1000
+        self._queue: asyncio.Queue[QueuedFrame] = asyncio.Queue(capacity)
+        self._retry: collections.deque[QueuedFrame] = collections.deque()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._urgent = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()
+        self._logger = logger
+        self._clock = clock
+
+    @property
+    def queued(self) -> int:
+        """Frames waiting for a batch (not counting batches being written)."""
+        return self._queue.qsize() + len(self._retry)
+
+    async def put(self, frame: QueuedFrame) -> None:
+        """Queue a frame; waits while the queue is full (the caller stops reading)."""
+        await self._queue.put(frame)
+
+    def flush_now(self) -> None:
+        """Send what is queued without waiting for batches to fill (shutdown, STOP)."""
+        self._urgent.set()
+
+    async def run(self) -> None:
+        """Collect and send batches forever (cancel to stop; in-flight writes finish)."""
+        while True:
+            batch = await self._collect()
+            await self._slots.acquire()
+            task = asyncio.create_task(self._write(batch))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    async def _collect(self) -> list[QueuedFrame]:
+        batch: list[QueuedFrame] = []
+        while self._retry and len(batch) < BATCH_WRITE_LIMIT:
+            batch.append(self._retry.popleft())
+        if not batch:
+            batch.append(await self._queue.get())
+        deadline = batch[0].enqueued_at + self._flush_seconds
+        while len(batch) < BATCH_WRITE_LIMIT:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._urgent.is_set():
+                break
+            try:
+                async with asyncio.timeout(remaining):
+                    batch.append(await self._queue.get())
+            except TimeoutError:
+                break
+        if self._queue.empty() and not self._retry:
+            self._urgent.clear()
+        return batch
+
+    async def _write(self, batch: list[QueuedFrame]) -> None:
+        try:
+            now = self._clock()
+            live = [frame for frame in batch if frame.owner.may_write(now)]
+            if len(live) < len(batch):
+                self._metrics.count("FencedFramesDropped", len(batch) - len(live))
+            if not live:
+                return
+            try:
+                result: PutResult = await self._offloader.write(
+                    self._store.put_batch, [frame.message for frame in live]
+                )
+            except StoreError as exc:
+                self._log_warning("message batch failed; will retry", exc)
+                result = PutResult(unwritten=[frame.message for frame in live], requests=1)
+            self._settle(live, result)
+            if result.unwritten:
+                await asyncio.sleep(random.uniform(0.05, 0.25))  # let DynamoDB recover
+                self._retry.extend(
+                    frame for frame in live if frame.message.key in _keys(result.unwritten)
+                )
+        finally:
+            self._slots.release()
+
+    def _settle(self, live: list[QueuedFrame], result: PutResult) -> None:
+        unwritten, rejected = _keys(result.unwritten), _keys(result.rejected)
+        oldest = min(frame.enqueued_at for frame in live)
+        self._metrics.observe("FlushLatencyMs", (time.monotonic() - oldest) * 1000)
+        self._metrics.count("MessageWriteRequests", result.requests)
+        self._metrics.count("MessagesWritten", result.written)
+        for frame in live:
+            key = frame.message.key
+            if key in unwritten:
+                continue
+            if key in rejected:
+                self._metrics.count("MessagesRejected")
+                frame.owner.on_rejected(frame.message)
+            else:
+                frame.owner.on_written(frame.message)
+
+    async def aclose(self) -> None:
+        """Wait for batches already being written (the caller cancels :meth:`run`)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    def _log_warning(self, message: str, exc: BaseException) -> None:
+        if self._logger is not None:
+            self._logger.warning(message, extra={"error": str(exc)})
+
+
+def _keys(messages: list[Message]) -> set[tuple[str, str]]:
+    return {m.key for m in messages}

@@ -1,0 +1,82 @@
+"""Blocking boto3 calls, run off the event loop on bounded thread pools.
+
+boto3 is synchronous. Calling it on the event loop would stall every connection of the worker
+for the length of each HTTP round trip (the article's worker did exactly that). Three small
+pools keep the kinds of work from starving each other:
+
+* ``io``: lease and control writes (acquire, renew, release, worker heartbeat, SQS deletes and
+  sends). Renewals must never queue behind a flood of message writes.
+* ``write``: message batches (BatchWriteItem), bounded so a burst of frames cannot take every
+  thread.
+* ``poll``: SQS long polls, which park a thread for up to 20 s each. Each runs on its own
+  daemon thread: at exit the interpreter joins pool threads, and a process that has finished
+  draining must not wait up to 20 s for a receive whose answer it no longer wants.
+
+A call cancelled on the loop side still finishes in its thread; callers treat the outcome as
+unknown, which every wsfleet write tolerates (conditional or idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+__all__ = ["Offloader"]
+
+_T = TypeVar("_T")
+
+
+class Offloader:
+    """Three bounded thread pools and ``await``-able helpers to run calls on them."""
+
+    def __init__(self, *, io_threads: int = 16, write_threads: int = 4) -> None:
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="wsfleet-io")
+        self._write = ThreadPoolExecutor(write_threads, thread_name_prefix="wsfleet-write")
+
+    @staticmethod
+    async def _run(pool: ThreadPoolExecutor, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
+
+    async def io(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await self._run(self._io, fn, *args, **kwargs)
+
+    async def write(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await self._run(self._write, fn, *args, **kwargs)
+
+    async def poll(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run a long poll on a fresh daemon thread (never joined at exit)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+
+        def settle(outcome: Callable[[], None]) -> None:
+            if not future.done():
+                outcome()
+
+        def target() -> None:
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the awaiting coroutine
+                error = exc
+                _call_soon(loop, settle, lambda: future.set_exception(error))
+            else:
+                _call_soon(loop, settle, lambda: future.set_result(result))
+
+        threading.Thread(target=target, name="wsfleet-poll", daemon=True).start()
+        return await future
+
+    def shutdown(self) -> None:
+        """Stop accepting work; calls still running are not waited for."""
+        for pool in (self._io, self._write):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass

@@ -1,0 +1,155 @@
+"""HintPoller: turns hint-queue messages into acquired leases and running sessions.
+
+Each round long-polls the hint queue for at most as many messages as the worker has free
+slots (never more than 10, the SQS maximum); at MAX_CONNECTIONS it does not receive at all and
+waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_hints`):
+
+* unparseable hints are counted (``InvalidHints``) and deleted;
+* hints for connections this worker already runs (and repeats within the batch) are deleted;
+* the rest are acquired concurrently. ``acquire`` is the real decision: it succeeds only for a
+  STARTED connection whose lease is free or expired, so stale, duplicate or early hints cost
+  one refused conditional write (``AcquireConflicts``) and are deleted;
+* a hint whose acquire failed for an unclassified reason (DynamoDB trouble) is left in the
+  queue, to come back after its visibility timeout;
+* hints over capacity (only possible if capacity shrank meanwhile) are made visible again at
+  once for a peer.
+
+Handled messages are deleted with one DeleteMessageBatch per round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from wsfleet.hints import Hint
+
+from .observability import WorkerMetrics
+from .offload import Offloader
+from .protocol import triage_hints
+
+__all__ = ["HintPoller"]
+
+#: SQS returns at most 10 messages per ReceiveMessage.
+RECEIVE_LIMIT = 10
+
+
+class HintPoller:
+    """Long-polls the hint queue on behalf of a worker.
+
+    :param free_slots: how many more sessions the worker may start now.
+    :param running: pks of the connections the worker holds.
+    :param acquire: try to acquire and start one connection; True when the hint is handled
+        (started, or refused for good), False to leave it for redelivery.
+    """
+
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        offloader: Offloader,
+        metrics: WorkerMetrics,
+        logger: Any,
+        *,
+        free_slots: Callable[[], int],
+        running: Callable[[], set[str]],
+        acquire: Callable[[Hint], Awaitable[bool]],
+        wait_seconds: int = 20,
+    ) -> None:
+        self._sqs = sqs
+        self.queue_url = queue_url
+        self._offloader = offloader
+        self._metrics = metrics
+        self._logger = logger
+        self._free_slots = free_slots
+        self._running = running
+        self._acquire = acquire
+        self._wait_seconds = wait_seconds
+        self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the current round (releasing what it received) and return from :meth:`run`."""
+        self._stopping.set()
+        self._slot_freed.set()
+
+    def slot_freed(self) -> None:
+        """A session ended: a worker at capacity may receive again."""
+        self._slot_freed.set()
+
+    async def run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            free = self._free_slots()
+            if free <= 0:
+                self._slot_freed.clear()
+                try:
+                    async with asyncio.timeout(1.0):
+                        await self._slot_freed.wait()
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                response = await self._offloader.poll(
+                    self._sqs.receive_message,
+                    QueueUrl=self.queue_url,
+                    MaxNumberOfMessages=min(RECEIVE_LIMIT, free),
+                    WaitTimeSeconds=self._wait_seconds,
+                )
+            except (ClientError, BotoCoreError) as exc:
+                failures += 1
+                self._logger.warning("hint queue receive failed", extra={"error": str(exc)})
+                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+                continue
+            failures = 0
+            messages = response.get("Messages", [])
+            if not messages:
+                continue
+            if self._stopping.is_set():  # received after stop: give them straight back
+                await self._release([m["ReceiptHandle"] for m in messages])
+                return
+            await self._handle(messages)
+
+    async def _handle(self, messages: list[dict[str, Any]]) -> None:
+        triage = triage_hints(
+            ((m["ReceiptHandle"], m.get("Body", "")) for m in messages),
+            self._running(),
+            self._free_slots(),
+        )
+        if triage.invalid:
+            self._metrics.count("InvalidHints", triage.invalid)
+            self._logger.warning("deleting unparseable hints", extra={"count": triage.invalid})
+        outcomes = await asyncio.gather(*(self._acquire(hint) for hint, _ in triage.acquire))
+        handled = triage.drop + [
+            receipt for (_, receipt), ok in zip(triage.acquire, outcomes, strict=True) if ok
+        ]
+        if handled:
+            await self._delete(handled)
+        if triage.release:
+            await self._release(triage.release)
+
+    async def _delete(self, receipts: list[str]) -> None:
+        entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]
+        try:
+            await self._offloader.io(
+                self._sqs.delete_message_batch, QueueUrl=self.queue_url, Entries=entries
+            )
+        except (ClientError, BotoCoreError) as exc:  # redelivered hints only cost a refused acquire
+            self._logger.warning("hint delete failed", extra={"error": str(exc)})
+
+    async def _release(self, receipts: list[str]) -> None:
+        """Make messages visible again now, for a peer."""
+        entries = [
+            {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": 0}
+            for i, r in enumerate(receipts)
+        ]
+        try:
+            await self._offloader.io(
+                self._sqs.change_message_visibility_batch,
+                QueueUrl=self.queue_url,
+                Entries=entries,
+            )
+        except (ClientError, BotoCoreError) as exc:
+            self._logger.warning("hint release failed", extra={"error": str(exc)})

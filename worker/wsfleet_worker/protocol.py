@@ -1,0 +1,319 @@
+"""Per-connection decisions of the worker, as pure functions and small state machines.
+
+The asyncio shell (:mod:`wsfleet_worker.session`, :mod:`wsfleet_worker.heartbeat`) feeds these
+with clock readings and outcomes and carries out what they return. Nothing here sleeps, reads
+a clock, or talks to the network, so every branch is unit-tested without I/O.
+
+* :class:`LeaseTimer` - when to renew a lease and when to self-fence.
+* :func:`renew_outcome` - what a renewal's result means for the session.
+* :class:`ExitReason` / :func:`exit_plan` - how a session ends: flush or not, which final
+  write, how to close the socket, whether to hint a peer.
+* :func:`close_action` - an upstream close: end the connection, or reconnect and resume.
+* :class:`ReconnectPolicy` - jittered exponential backoff between reconnects.
+* :func:`triage_hints` - which hint messages of a receive batch to act on.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum, StrEnum
+
+from wsfleet.backoff import backoff
+from wsfleet.exceptions import ConnectionNotFound, ConnectionStopped, LeaseLost
+from wsfleet.hints import Hint
+from wsfleet.lease import Lease
+
+__all__ = [
+    "NORMAL_CLOSE_CODES",
+    "CloseAction",
+    "ExitPlan",
+    "ExitReason",
+    "FinalWrite",
+    "HintTriage",
+    "LeaseTimer",
+    "ReconnectPolicy",
+    "RenewOutcome",
+    "SessionState",
+    "TimerAction",
+    "close_action",
+    "exit_plan",
+    "renew_outcome",
+    "supersedes",
+    "triage_hints",
+]
+
+
+class SessionState(IntEnum):
+    """Where a session is in its life (for status and logs; transitions are in the shell)."""
+
+    CONNECTING = 0
+    STREAMING = 1
+    BACKING_OFF = 2
+    CLOSING = 3
+    CLOSED = 4
+
+
+# ============================================================================ lease timing
+
+
+class TimerAction(Enum):
+    WAIT = "wait"
+    RENEW = "renew"
+    FENCE = "fence"
+
+
+@dataclass(slots=True)
+class LeaseTimer:
+    """Renewal schedule and self-fence deadline of one held lease (wall-clock epoch ms).
+
+    * A renewal is due ``heartbeat_ms`` after the previous one *started* (the expiry it wrote
+      was computed from that moment), and a failed one is retried after ``retry_ms``.
+    * Self-fence: once ``lease.expires_at_ms - margin_ms`` passes without a successful renewal
+      the session must close its socket and stop writing, before a peer may legally acquire.
+      The same deadline gates message writes (:meth:`may_write`).
+    """
+
+    lease: Lease
+    heartbeat_ms: int
+    margin_ms: int
+    renew_due_ms: int
+    retry_ms: int = 250
+    renewing: bool = False
+
+    @classmethod
+    def start(
+        cls,
+        lease: Lease,
+        now_ms: int,
+        *,
+        heartbeat_ms: int,
+        margin_ms: int,
+        first_renew_fraction: float = 1.0,
+    ) -> LeaseTimer:
+        """A timer for a lease just acquired at ``now_ms``.
+
+        ``first_renew_fraction`` (0-1] pulls the first renewal forward: a worker that acquires
+        a thousand leases in one burst would otherwise renew them all in the same burst forever;
+        a random fraction spreads them over the heartbeat interval.
+        """
+        fraction = min(1.0, max(0.0, first_renew_fraction))
+        return cls(
+            lease=lease,
+            heartbeat_ms=heartbeat_ms,
+            margin_ms=margin_ms,
+            renew_due_ms=now_ms + int(heartbeat_ms * fraction),
+            retry_ms=max(50, min(heartbeat_ms // 4, 1000)),
+        )
+
+    @property
+    def fence_at_ms(self) -> int:
+        return self.lease.expires_at_ms - self.margin_ms
+
+    def action(self, now_ms: int) -> TimerAction:
+        if now_ms >= self.fence_at_ms:
+            return TimerAction.FENCE
+        if not self.renewing and now_ms >= self.renew_due_ms:
+            return TimerAction.RENEW
+        return TimerAction.WAIT
+
+    def next_wakeup_ms(self) -> int:
+        """When :meth:`action` may next return something other than WAIT."""
+        if self.renewing:
+            return self.fence_at_ms
+        return min(self.renew_due_ms, self.fence_at_ms)
+
+    def may_write(self, now_ms: int) -> bool:
+        """Writes under this lease are allowed only before the self-fence deadline."""
+        return now_ms < self.fence_at_ms
+
+    def renew_started(self) -> None:
+        self.renewing = True
+
+    def renew_succeeded(self, lease: Lease, started_ms: int) -> None:
+        self.renewing = False
+        self.lease = lease
+        self.renew_due_ms = started_ms + self.heartbeat_ms
+
+    def renew_failed(self, now_ms: int) -> None:
+        """A renewal failed for a reason that may pass (throttling, timeout): try again soon."""
+        self.renewing = False
+        self.renew_due_ms = now_ms + self.retry_ms
+
+
+class RenewOutcome(Enum):
+    RENEWED = "renewed"
+    STOPPED = "stopped"  # still ours, but desired_state is STOPPED: finish and release
+    FENCED = "fenced"  # owner/epoch changed or the item is gone: close, write nothing more
+    RETRY = "retry"  # unclassified failure: keep the old lease and its self-fence deadline
+
+
+def renew_outcome(error: BaseException | None) -> RenewOutcome:
+    """What the result of ``LeaseStore.renew`` means for the session."""
+    if error is None:
+        return RenewOutcome.RENEWED
+    if isinstance(error, ConnectionStopped):
+        return RenewOutcome.STOPPED
+    if isinstance(error, (LeaseLost, ConnectionNotFound)):
+        return RenewOutcome.FENCED
+    return RenewOutcome.RETRY
+
+
+# ============================================================================ session exits
+
+
+class ExitReason(StrEnum):
+    """Why a session ended; :func:`exit_plan` says what that implies."""
+
+    STOPPED = "stopped"  # renew saw STOPPED, or a control-channel STOP
+    FENCED = "fenced"  # lease lost (or self-fence deadline passed)
+    UPSTREAM_CLOSED = "upstream_closed"  # the upstream closed normally (1000/1001)
+    INVALID_URL = "invalid_ws_url"  # the stored ws_url can never be connected to
+    SHUTDOWN = "shutdown"  # the worker is draining (SIGTERM/SIGINT)
+    CRASHED = "crashed"  # a bug in the session: hand the connection to a peer
+
+
+class FinalWrite(Enum):
+    NONE = "none"
+    RELEASE = "release"  # owner "", expiry 0, final checkpoint: a peer may take it at once
+    MARK_STOPPED = "mark_stopped"  # STOPPED + stop_reason + release, final checkpoint
+
+
+@dataclass(frozen=True)
+class ExitPlan:
+    """How to end a session.
+
+    ``flush``: wait (bounded) for the session's queued frames to be written so the final
+    checkpoint covers them. ``abort``: drop the TCP connection without a closing handshake.
+    ``close_code``: otherwise, the close code to send (None: the upstream already closed).
+    ``hint``: send a hint so a peer takes the released lease right away.
+    """
+
+    final_write: FinalWrite
+    flush: bool = True
+    close_code: int | None = 1000
+    abort: bool = False
+    hint: bool = False
+    stop_reason: str | None = None
+
+
+_PLANS: dict[ExitReason, ExitPlan] = {
+    ExitReason.STOPPED: ExitPlan(FinalWrite.RELEASE, close_code=1000),
+    ExitReason.FENCED: ExitPlan(FinalWrite.NONE, flush=False, close_code=None, abort=True),
+    ExitReason.UPSTREAM_CLOSED: ExitPlan(
+        FinalWrite.MARK_STOPPED, close_code=None, stop_reason="upstream_closed"
+    ),
+    ExitReason.INVALID_URL: ExitPlan(
+        FinalWrite.MARK_STOPPED, close_code=None, stop_reason="invalid_ws_url"
+    ),
+    ExitReason.SHUTDOWN: ExitPlan(FinalWrite.RELEASE, close_code=1001, hint=True),
+    ExitReason.CRASHED: ExitPlan(FinalWrite.RELEASE, close_code=1011, hint=True),
+}
+
+
+def exit_plan(reason: ExitReason) -> ExitPlan:
+    """The plan for ``reason``.
+
+    >>> exit_plan(ExitReason.FENCED).final_write
+    <FinalWrite.NONE: 'none'>
+    """
+    return _PLANS[reason]
+
+
+def supersedes(new: ExitReason, current: ExitReason | None) -> bool:
+    """Whether ``new`` replaces the reason a session is already ending for.
+
+    The first reason wins, except FENCED, which wins over everything: once the lease is known
+    to be lost, no final write may be attempted whatever the session was doing.
+    """
+    if current is None:
+        return True
+    return new is ExitReason.FENCED and current is not ExitReason.FENCED
+
+
+# ============================================================================ upstream
+
+
+NORMAL_CLOSE_CODES = frozenset({1000, 1001})
+
+
+class CloseAction(Enum):
+    END = "end"  # the upstream ended the stream: mark the connection STOPPED
+    RECONNECT = "reconnect"  # trouble: back off and resume from the checkpoint
+
+
+def close_action(received_code: int | None) -> CloseAction:
+    """Decide from the close code the upstream sent (None: no close frame, the TCP link died).
+
+    >>> close_action(1000), close_action(1011), close_action(None)
+    (<CloseAction.END: 'end'>, <CloseAction.RECONNECT: 'reconnect'>, <CloseAction.RECONNECT: 'reconnect'>)
+    """
+    return CloseAction.END if received_code in NORMAL_CLOSE_CODES else CloseAction.RECONNECT
+
+
+@dataclass
+class ReconnectPolicy:
+    """Full-jitter exponential delays between reconnect attempts, reset once frames flow."""
+
+    initial: float = 0.1
+    factor: float = 2.0
+    cap: float = 10.0
+    rng: random.Random | None = None
+    attempts: int = 0
+    _delays: Iterator[float] | None = field(default=None, repr=False)
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next attempt (the ceiling doubles each time)."""
+        if self._delays is None:
+            self._delays = backoff(
+                initial=self.initial, factor=self.factor, cap=self.cap, rng=self.rng
+            )
+        self.attempts += 1
+        return next(self._delays)
+
+    def reset(self) -> None:
+        """The upstream delivered a frame: the next trouble starts from the smallest delay."""
+        self.attempts = 0
+        self._delays = None
+
+
+# ============================================================================ hints
+
+
+@dataclass
+class HintTriage:
+    """A receive batch sorted by what to do with each message (values are receipt handles).
+
+    ``acquire``: try these hints (at most the free capacity, one per connection).
+    ``drop``: delete without acting (duplicates, connections already running, unparseable).
+    ``release``: over capacity - make visible again at once so a peer can take them.
+    """
+
+    acquire: list[tuple[Hint, str]] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)
+    invalid: int = 0
+
+
+def triage_hints(
+    messages: Iterable[tuple[str, str]], running: set[str] | frozenset[str], free_slots: int
+) -> HintTriage:
+    """Sort ``(receipt_handle, body)`` pairs; see :class:`HintTriage`."""
+    triage = HintTriage()
+    seen: set[str] = set()
+    for receipt, body in messages:
+        try:
+            hint = Hint.parse(body)
+        except (ValueError, TypeError, AttributeError):
+            triage.invalid += 1
+            triage.drop.append(receipt)
+            continue
+        if hint.pk in running or hint.pk in seen:
+            triage.drop.append(receipt)
+        elif len(triage.acquire) >= free_slots:
+            triage.release.append(receipt)
+        else:
+            seen.add(hint.pk)
+            triage.acquire.append((hint, receipt))
+    return triage

@@ -1,0 +1,441 @@
+"""Session: one leased upstream connection, as one structured task group with one way out.
+
+A session starts right after its lease was acquired and lives until one of these happens:
+
+==================  =========================================  ================================
+Trigger             Reason                                     Ending
+==================  =========================================  ================================
+renew: STOPPED      :attr:`ExitReason.STOPPED`                 flush, release + checkpoint
+control STOP        :attr:`ExitReason.STOPPED`                 flush, release + checkpoint
+renew: lease lost   :attr:`ExitReason.FENCED`                  abort socket, write nothing
+self-fence          :attr:`ExitReason.FENCED`                  abort socket, write nothing
+upstream 1000/1001  :attr:`ExitReason.UPSTREAM_CLOSED`         flush, mark STOPPED
+worker draining     :attr:`ExitReason.SHUTDOWN`                flush, release, hint a peer
+bug                 :attr:`ExitReason.CRASHED`                 flush, release, hint a peer
+==================  =========================================  ================================
+
+Shape: :meth:`Session.run` opens a task group holding the streaming task (connect, receive,
+reconnect with backoff) and waits for the *done* signal that :meth:`Session.finish` raises from
+anywhere (the heartbeat scheduler, the control channel, the worker's shutdown, or the streaming
+task itself). Whatever comes first, the streaming task is cancelled, the socket is closed at
+once, and the ending in :func:`~wsfleet_worker.protocol.exit_plan` runs. There is no path where
+a STOP or a lost lease leaves the socket open (the seed worker's ``asyncio.gather`` did).
+
+Abnormal upstream trouble (a dropped link, close codes other than 1000/1001, a failed
+connect) does not end the session: it records ``last_error``, backs off with jitter and
+reconnects with ``from_seq = checkpoint + 1``. Frames replayed that way are recognised by the
+:class:`~wsfleet_worker.checkpoint.CheckpointTracker` (or overwrite themselves in the table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+from wsfleet.clock import Clock, now_ms
+from wsfleet.exceptions import LeaseLost, StoreError, WsfleetError
+from wsfleet.lease import Lease
+from wsfleet.messages import Message, local_sk, seq_sk
+from wsfleet.record import ConnectionRecord
+from wsfleet.store import LeaseStore
+
+from .checkpoint import CheckpointTracker
+from .config import WorkerConfig
+from .flusher import MessageFlusher, QueuedFrame
+from .frames import FrameKind, parse_frame, resume_url
+from .heartbeat import HeartbeatScheduler
+from .observability import WorkerMetrics
+from .offload import Offloader
+from .protocol import (
+    CloseAction,
+    ExitReason,
+    FinalWrite,
+    LeaseTimer,
+    ReconnectPolicy,
+    RenewOutcome,
+    SessionState,
+    close_action,
+    exit_plan,
+    renew_outcome,
+    supersedes,
+)
+from .upstream import Connector, describe_error, is_permanent
+
+__all__ = ["Session", "SessionContext", "SessionResult"]
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """Everything a session shares with the rest of its worker."""
+
+    config: WorkerConfig
+    worker_id: str
+    leases: LeaseStore
+    offloader: Offloader
+    flusher: MessageFlusher
+    scheduler: HeartbeatScheduler
+    metrics: WorkerMetrics
+    logger: Any
+    connect: Connector
+    clock: Clock = now_ms
+    rng: random.Random = random.Random()
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    """How a session ended. ``released``: the lease is free now (a peer may take it)."""
+
+    pk: str
+    epoch: int
+    reason: ExitReason
+    via: str
+    released: bool
+    last_seq: int
+    hint: bool
+
+
+class Session:
+    """One connection held under one lease epoch. See the module docstring."""
+
+    def __init__(self, record: ConnectionRecord, context: SessionContext) -> None:
+        self.record = record
+        self.pk = record.pk
+        self._ctx = context
+        settings = context.config.settings
+        lease = Lease.of(record)
+        self.timer = LeaseTimer.start(
+            lease,
+            context.clock(),
+            heartbeat_ms=context.config.heartbeat_ms,
+            margin_ms=settings.safety_margin_ms,
+            first_renew_fraction=context.rng.uniform(0.5, 1.0),
+        )
+        self.tracker = CheckpointTracker(record.last_seq)
+        self.persisted_seq = record.last_seq
+        self.state = SessionState.CONNECTING
+        self.reason: ExitReason | None = None
+        self.via = ""
+        self.fenced = False
+        self._done = asyncio.Event()
+        self._progress = asyncio.Event()  # set on every acknowledgement (and on fencing)
+        self._ws: ClientConnection | None = None
+        self._local_count = 0  # frames without seq stored so far (their sk counter)
+        self._local_unacked = 0
+        self._uncovered_since_ms: int | None = None
+        self._warned_invalid = False
+        self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def lease(self) -> Lease:
+        return self.timer.lease
+
+    @property
+    def epoch(self) -> int:
+        return self.timer.lease.epoch
+
+    @property
+    def connection_id(self) -> str:
+        return self.record.connection_id
+
+    def __repr__(self) -> str:
+        return f"<Session {self.pk} epoch={self.epoch} state={self.state.name}>"
+
+    # ------------------------------------------------------------------ the way out
+    def finish(self, reason: ExitReason, *, via: str = "") -> None:
+        """Ask the session to end (idempotent; see :func:`~wsfleet_worker.protocol.supersedes`).
+
+        Fencing takes effect synchronously: the socket is aborted and the session's queued
+        frames will be dropped by the flusher before this returns.
+        """
+        if not supersedes(reason, self.reason):
+            return
+        self.reason = reason
+        self.via = via
+        if reason is ExitReason.FENCED:
+            self.fenced = True
+            self._progress.set()
+            ws = self._ws
+            if ws is not None:
+                ws.transport.abort()
+        self._done.set()
+
+    def self_fence(self) -> None:
+        """The scheduler saw the self-fence deadline pass without a renewal."""
+        self.finish(ExitReason.FENCED, via="self-fence")
+
+    def stop_command(self, epoch: int) -> bool:
+        """A control-channel STOP; applies only to the epoch it names."""
+        if epoch != self.epoch:
+            return False
+        self.finish(ExitReason.STOPPED, via="control")
+        return True
+
+    async def run(self) -> SessionResult:
+        """Stream until :meth:`finish` is called, then end as the exit plan says."""
+        ctx = self._ctx
+        ctx.scheduler.add(self)
+        self._info("session started", last_seq=self.tracker.durable)
+        try:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    streaming = group.create_task(self._stream())
+                    await self._done.wait()
+                    streaming.cancel()
+            except* Exception as errors:  # a bug in the streaming code: hand the stream over
+                ctx.logger.error(
+                    "session crashed",
+                    extra={**self._log, "error": describe_error(errors.exceptions[0])},
+                    exc_info=errors.exceptions[0],
+                )
+                self.finish(ExitReason.CRASHED, via="exception")
+            assert self.reason is not None
+            self.state = SessionState.CLOSING
+            await self._close_socket()
+            return await self._end()
+        finally:
+            ctx.scheduler.remove(self)
+            self.state = SessionState.CLOSED
+
+    async def _close_socket(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        plan = exit_plan(self.reason or ExitReason.CRASHED)
+        if plan.abort or self.fenced:
+            ws.transport.abort()
+            return
+        try:
+            async with asyncio.timeout(self._ctx.config.settings.heartbeat_seconds):
+                await ws.close(plan.close_code or 1000)
+        except (TimeoutError, OSError):
+            ws.transport.abort()
+
+    async def _end(self) -> SessionResult:
+        reason = self.reason or ExitReason.CRASHED
+        plan = exit_plan(reason)
+        if plan.flush and not self.fenced:
+            await self._settle_writes()
+        released = False
+        last_seq = self.tracker.durable
+        if plan.final_write is not FinalWrite.NONE and not self.fenced:
+            released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
+        if reason is ExitReason.FENCED:
+            self._ctx.metrics.count("LeaseLost")
+        self._info(
+            "session finished",
+            reason=reason.value,
+            via=self.via,
+            last_seq=last_seq,
+            released=released,
+        )
+        return SessionResult(
+            self.pk, self.epoch, reason, self.via, released, last_seq, plan.hint and released
+        )
+
+    async def _final_write(self, kind: FinalWrite, stop_reason: str | None, last_seq: int) -> bool:
+        ctx = self._ctx
+        try:
+            if kind is FinalWrite.MARK_STOPPED:
+                await ctx.offloader.io(
+                    ctx.leases.mark_stopped, self.lease, stop_reason or "stopped", last_seq=last_seq
+                )
+            else:
+                await ctx.offloader.io(ctx.leases.release, self.lease, last_seq=last_seq)
+        except LeaseLost:
+            self.fenced = True
+            self._info("lease already lost at the final write")
+            return False
+        except (StoreError, WsfleetError) as exc:
+            ctx.logger.warning(
+                "final lease write failed; the lease will expire instead",
+                extra={**self._log, "error": describe_error(exc)},
+            )
+            return False
+        self.persisted_seq = last_seq
+        return True
+
+    async def _settle_writes(self) -> None:
+        """Wait until every accepted frame is acknowledged, bounded by the self-fence deadline."""
+        if self._in_flight() == 0:
+            return
+        self._ctx.flusher.flush_now()
+        remaining = (self.timer.fence_at_ms - self._ctx.clock()) / 1000
+        try:
+            async with asyncio.timeout(max(0.0, remaining)):
+                while self._in_flight() and not self.fenced:
+                    self._progress.clear()
+                    await self._progress.wait()
+        except TimeoutError:
+            self._ctx.logger.warning(
+                "frames still unwritten at the end of the session",
+                extra={**self._log, "unwritten": self._in_flight()},
+            )
+
+    # ------------------------------------------------------------------ heartbeat
+    async def renew(self) -> None:
+        """One renewal carrying the durable checkpoint (called by the scheduler)."""
+        ctx = self._ctx
+        started = ctx.clock()
+        last_seq = self.tracker.durable
+        error: BaseException | None = None
+        try:
+            lease = await ctx.offloader.io(ctx.leases.renew, self.lease, last_seq=last_seq)
+        except Exception as exc:
+            error = exc
+        outcome = renew_outcome(error)
+        if outcome is RenewOutcome.RENEWED:
+            if self.fenced:
+                return
+            self.timer.renew_succeeded(lease, started)
+            self._note_checkpoint(last_seq, started)
+            return
+        self.timer.renew_failed(ctx.clock())
+        if outcome is RenewOutcome.STOPPED:
+            self.finish(ExitReason.STOPPED, via="renew")
+        elif outcome is RenewOutcome.FENCED:
+            self.finish(ExitReason.FENCED, via="renew")
+        else:
+            ctx.metrics.count("RenewFailures")
+            ctx.logger.warning(
+                "lease renewal failed; retrying",
+                extra={**self._log, "error": describe_error(error or Exception())},
+            )
+
+    def _note_checkpoint(self, last_seq: int, at_ms: int) -> None:
+        """CheckpointLagMs: receipt of the oldest newly covered frame -> checkpoint stored."""
+        if last_seq > self.persisted_seq and self._uncovered_since_ms is not None:
+            self._ctx.metrics.observe("CheckpointLagMs", max(0, at_ms - self._uncovered_since_ms))
+            fully_covered = last_seq >= self.tracker.highest_received
+            self._uncovered_since_ms = None if fully_covered else at_ms
+        self.persisted_seq = max(self.persisted_seq, last_seq)
+
+    # ------------------------------------------------------------------ frames (FrameOwner)
+    def may_write(self, now: int) -> bool:
+        """Frames may be written only while the lease is surely ours (see LeaseTimer)."""
+        return not self.fenced and self.timer.may_write(now)
+
+    def on_written(self, message: Message) -> None:
+        if message.seq is None:
+            self._local_unacked -= 1
+        else:
+            self.tracker.written(message.seq)
+        self._progress.set()
+
+    def on_rejected(self, message: Message) -> None:
+        """DynamoDB refused the item itself (e.g. too large): count it as done, loudly."""
+        self._ctx.logger.error(
+            "frame rejected by the messages table",
+            extra={**self._log, "sk": message.sk},
+        )
+        self.on_written(message)
+
+    def _in_flight(self) -> int:
+        return self.tracker.outstanding + self._local_unacked
+
+    # ------------------------------------------------------------------ streaming
+    async def _stream(self) -> None:
+        ctx = self._ctx
+        settings = ctx.config.settings
+        policy = ReconnectPolicy(rng=ctx.rng)
+        while not self._done.is_set():
+            url = resume_url(
+                self.record.ws_url,
+                settings.resume_param,
+                self.tracker.resume_from(),
+                enabled=self.record.resume,
+            )
+            self.state = SessionState.CONNECTING
+            try:
+                ws = await ctx.connect(url)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if is_permanent(exc):
+                    self.finish(ExitReason.INVALID_URL, via="connect")
+                    return
+                await self._upstream_trouble(f"connect failed: {describe_error(exc)}", policy)
+                continue
+            self._ws = ws
+            if self._done.is_set():  # finished while the handshake was in flight
+                return
+            self.state = SessionState.STREAMING
+            try:
+                async for raw in ws:
+                    await self._on_frame(raw)
+                    if policy.attempts:
+                        policy.reset()
+            except ConnectionClosedError:
+                pass
+            except ConnectionClosed:  # defensive: websockets ends the loop on a clean close
+                pass
+            close_frame = ws.protocol.close_rcvd  # None: the link died without a close frame
+            received = close_frame.code if close_frame is not None else None
+            self._ws = None
+            if close_action(received) is CloseAction.END:
+                self.finish(ExitReason.UPSTREAM_CLOSED, via="upstream")
+                return
+            await self._upstream_trouble(
+                f"upstream closed abnormally (code {received or 'none: connection lost'})", policy
+            )
+
+    async def _upstream_trouble(self, message: str, policy: ReconnectPolicy) -> None:
+        """Note the error on the record (fenced write), back off, and let the loop reconnect."""
+        ctx = self._ctx
+        self.state = SessionState.BACKING_OFF
+        ctx.metrics.count("Reconnects")
+        delay = policy.next_delay()
+        ctx.logger.warning(
+            "upstream trouble; reconnecting",
+            extra={**self._log, "error": message, "retry_in_s": round(delay, 3)},
+        )
+        try:
+            await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
+        except LeaseLost:
+            self.finish(ExitReason.FENCED, via="record_error")
+            return
+        except (StoreError, WsfleetError):
+            pass  # best effort: the reconnect matters more than the note
+        await asyncio.sleep(delay)
+
+    async def _on_frame(self, raw: str | bytes) -> None:
+        ctx = self._ctx
+        now = ctx.clock()
+        ctx.metrics.count("MessagesReceived")
+        frame = parse_frame(raw, ctx.config.settings.seq_field)
+        if frame.kind is FrameKind.SEQUENCED:
+            assert frame.seq is not None
+            if not self.tracker.accept(frame.seq):
+                ctx.metrics.count("DuplicateFrames")
+                return
+            sk = seq_sk(frame.seq)
+        else:
+            self._count_unnumbered(frame.kind)
+            self._local_count += 1
+            self._local_unacked += 1
+            sk = local_sk(self.epoch, now, self._local_count)
+        if self._uncovered_since_ms is None:
+            self._uncovered_since_ms = now
+        message = Message(self.pk, sk, frame.data, now, ctx.worker_id, self.epoch, frame.seq)
+        await ctx.flusher.put(QueuedFrame(message, self))
+        limit = ctx.config.session_queue_frames
+        while self._in_flight() >= limit and not self.fenced:
+            self._progress.clear()
+            await self._progress.wait()
+
+    def _count_unnumbered(self, kind: FrameKind) -> None:
+        metric = "InvalidFrames" if kind is FrameKind.INVALID else "NoSeqFrames"
+        self._ctx.metrics.count(metric)
+        if not self._warned_invalid:  # once per session: a garbage feed must not flood logs
+            self._warned_invalid = True
+            self._ctx.logger.warning(
+                "frame without a usable sequence number; stored under a local key",
+                extra={**self._log, "kind": kind.value},
+            )
+
+    def _info(self, message: str, **fields: Any) -> None:
+        self._ctx.logger.info(message, extra={**self._log, **fields})
