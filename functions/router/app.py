@@ -1,0 +1,541 @@
+"""Router Lambda: the START/STOP API in front of the connections table.
+
+The router only records intent. START writes (or keeps) a STARTED connection item and sends an
+SQS hint so an idle worker picks it up at once; STOP flips the item to STOPPED and the owning
+worker learns of it through its control queue or its next renewal. DynamoDB is the source of
+truth: a lost hint only delays pickup until the reconciler's next pass, so a hint that cannot
+be sent is logged and counted (``HintSendFailed``) but never fails the request.
+
+Routes (REST API, IAM-authorised; request and response bodies are JSON):
+
+* ``POST /events`` with the article's body ``{"event_type": "START"|"STOP", "connection_id",
+  "ws_url"}`` (``event_type`` is case-insensitive; ``ws_url`` is required for START and
+  ignored for STOP). START answers 201 when it created the connection, 200 when it was already
+  STARTED or has been restarted; STOP answers 200 (also when already STOPPED) or 404.
+* ``PUT /connections/{id}`` ``{"ws_url", "resume": bool = true}``: START for that id.
+* ``DELETE /connections/{id}``: STOP for that id.
+* ``GET /connections/{id}``: the connection view (200) or 404.
+* ``GET /connections?state=STARTED|STOPPED&limit=1..100&next_token=...``: one page,
+  ``{"items": [view, ...], "next_token": str | null}``.
+
+Decisions worth knowing:
+
+* **START never moves a live stream.** A START for a connection that is already STARTED writes
+  nothing and answers 200 with the current record; its ``ws_url`` and ``resume`` are *not*
+  changed (STOP, then START, to point a connection elsewhere). It sends a hint only if nobody
+  holds a live lease (a nudge for a stuck connection); a hint for a held lease would only cost
+  a refused acquire somewhere.
+* **Errors are always JSON** ``{"message", "field", "errors": [...]}`` naming the offending
+  field: 400 unreadable request (body not JSON, malformed ``next_token``), 404 unknown
+  connection or route, 413 body over 16 KiB, 415 non-JSON ``Content-Type``, 422 well-formed
+  but invalid (missing/extra/mistyped fields, unknown ``event_type``, bad ``connection_id``,
+  refused ``ws_url``, bad ``state``/``limit``), 503 the store is unavailable (retry), 500 only
+  for a misconfigured or broken router.
+* **Upstream URLs are secrets-bearing.** They often carry a token in the query string, so
+  responses and logs only ever show :func:`wsfleet.upstream.redact_url` (query values masked).
+"""
+
+# No ``from __future__ import annotations``: Powertools reads the route signatures at runtime
+# to build its validation models.
+import base64
+import binascii
+import functools
+import json
+import warnings
+from dataclasses import dataclass
+from decimal import Decimal
+from http import HTTPStatus
+from typing import Annotated, Any, Literal
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr
+from pydantic_core import PydanticCustomError
+
+from wsfleet import lease as lease_rules
+from wsfleet.aws import dynamodb_client, sqs_client
+from wsfleet.clock import now_ms
+from wsfleet.exceptions import ConfigurationError, ConnectionNotFound, StoreError
+from wsfleet.hints import Hint, HintSender
+from wsfleet.record import (
+    CONNECTION_PREFIX,
+    ConnectionRecord,
+    DesiredState,
+    connection_pk,
+    is_valid_connection_id,
+)
+from wsfleet.settings import Settings
+from wsfleet.store import LeaseStore
+from wsfleet.upstream import InvalidUpstreamUrl, redact_url, validate_ws_url
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "ApiError",
+    "Dependencies",
+    "EventRequest",
+    "StartRequest",
+    "app",
+    "connection_view",
+    "decode_next_token",
+    "dependencies",
+    "encode_next_token",
+    "lambda_handler",
+    "lease_state",
+    "lease_view",
+    "refuse_unreadable_body",
+    "reset_dependencies",
+]
+
+MAX_BODY_BYTES = 16 * 1024
+MAX_PAGE_SIZE = 100
+_MAX_TOKEN_CHARS = 4096
+
+# Reads and refusals publish no metric; that is expected, not worth a warning per request.
+warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
+
+logger = Logger()
+metrics = Metrics()
+tracer = Tracer()
+app = APIGatewayRestResolver(enable_validation=True)
+
+#: What every route returns (Powertools reads route return annotations; it needs the generic).
+JsonResponse = Response[dict[str, Any]]
+
+
+# ---------------------------------------------------------------------- dependencies
+@dataclass(frozen=True)
+class Dependencies:
+    """What the routes talk to; built once per container (clients are reused across requests)."""
+
+    settings: Settings
+    store: LeaseStore
+    hints: HintSender
+
+
+@functools.cache
+def dependencies() -> Dependencies:
+    """Settings and clients, created on first use and then cached for the container's life.
+
+    Built lazily rather than at import so a configuration error becomes a logged JSON 500 on
+    the request instead of an init crash, and so tests can point the environment at fresh
+    resources and call :func:`reset_dependencies`. Tests may also monkeypatch this function.
+    """
+    settings = Settings.from_env()
+    return Dependencies(
+        settings=settings,
+        store=LeaseStore.from_settings(settings, dynamodb_client()),
+        # No long polls here: a short read timeout and two tries keep a sick queue from
+        # holding the API request; the reconciler covers any hint that does not get out.
+        hints=HintSender(
+            sqs_client(read_timeout=5.0), settings.require_hint_queue_url(), attempts=2
+        ),
+    )
+
+
+def reset_dependencies() -> None:
+    """Forget the cached settings and clients (the next request behaves like a cold start)."""
+    dependencies.cache_clear()
+
+
+# ---------------------------------------------------------------------- request models
+def _connection_id(value: str) -> str:
+    if not is_valid_connection_id(value):
+        raise PydanticCustomError(
+            "connection_id", "must be 1-128 characters from A-Z a-z 0-9 . _ : -"
+        )
+    return value
+
+
+def _upper(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
+
+
+ConnectionId = Annotated[StrictStr, AfterValidator(_connection_id)]
+EventType = Annotated[Literal["START", "STOP"], BeforeValidator(_upper)]
+StateFilter = Annotated[DesiredState, BeforeValidator(_upper)]
+
+
+class EventRequest(BaseModel):
+    """``POST /events``: the article's body, unchanged. ``ws_url`` is required for START."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_type: EventType
+    connection_id: ConnectionId
+    ws_url: StrictStr | None = None
+
+
+class StartRequest(BaseModel):
+    """``PUT /connections/{id}``. ``resume=false`` asks the worker not to resume from last_seq."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ws_url: StrictStr
+    resume: StrictBool = True
+
+
+class ApiError(Exception):
+    """A refusal with its HTTP status, message and the request field it is about."""
+
+    def __init__(self, status: HTTPStatus, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+# ---------------------------------------------------------------------- views (pure)
+def lease_state(record: ConnectionRecord, now: int) -> str:
+    """``free`` (never held or released), ``expired`` (holder stopped renewing) or ``held``."""
+    if lease_rules.is_free(record):
+        return "free"
+    return "expired" if lease_rules.is_expired(record, now) else "held"
+
+
+def lease_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
+    state = lease_state(record, now)
+    return {
+        "state": state,
+        "owner": record.lease_owner or None,
+        "epoch": record.lease_epoch,
+        "expires_in_ms": None if state == "free" else max(0, record.lease_expires_at_ms - now),
+    }
+
+
+def connection_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
+    """The JSON shape of one connection (``ws_url`` redacted: query values masked)."""
+    return {
+        "connection_id": record.connection_id,
+        "desired_state": record.desired_state.value,
+        "ws_url": redact_url(record.ws_url),
+        "resume": record.resume,
+        "last_seq": record.last_seq,
+        "lease": lease_view(record, now),
+        "stop_reason": record.stop_reason,
+        "last_error": record.last_error,
+        "created_at_ms": record.created_at_ms,
+        "updated_at_ms": record.updated_at_ms,
+    }
+
+
+def encode_next_token(key: dict[str, Any]) -> str:
+    """An opaque page token: the GSI's LastEvaluatedKey as unpadded urlsafe base64 JSON."""
+    raw = json.dumps(key, default=_json_number, separators=(",", ":"), sort_keys=True)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _json_number(value: object) -> int:
+    if isinstance(value, Decimal) and value == value.to_integral_value():
+        return int(value)
+    raise TypeError(f"cannot encode {type(value).__name__} in a page token")
+
+
+def decode_next_token(token: str, state: DesiredState) -> dict[str, Any]:
+    """The start key inside ``token``; ApiError(400) unless it is one this API issued for
+    ``state``. Checked field by field so a forged token cannot reach DynamoDB as a bad key.
+    """
+    malformed = ApiError(HTTPStatus.BAD_REQUEST, "next_token is malformed", "next_token")
+    if len(token) > _MAX_TOKEN_CHARS:
+        raise malformed
+    try:
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        key = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise malformed from None
+    if not isinstance(key, dict) or set(key) != {"pk", "desired_state", "lease_expires_at_ms"}:
+        raise malformed
+    pk, key_state, expiry = key["pk"], key["desired_state"], key["lease_expires_at_ms"]
+    if (
+        not isinstance(pk, str)
+        or not pk.startswith(CONNECTION_PREFIX)
+        or not is_valid_connection_id(pk[len(CONNECTION_PREFIX):])
+        or type(expiry) is not int
+        or expiry < 0
+    ):
+        raise malformed
+    if key_state != state.value:
+        raise ApiError(
+            HTTPStatus.BAD_REQUEST,
+            f"next_token belongs to another state than {state}",
+            "next_token",
+        )
+    return key
+
+
+# ---------------------------------------------------------------------- routes
+@app.post("/events")
+def post_event(body: EventRequest) -> JsonResponse:
+    """The article's single endpoint: START or STOP by ``event_type``."""
+    if body.event_type == "STOP":
+        return _stop(body.connection_id)
+    if body.ws_url is None:
+        raise ApiError(HTTPStatus.UNPROCESSABLE_ENTITY, "ws_url is required for START", "ws_url")
+    return _start(body.connection_id, body.ws_url, resume=True)
+
+
+@app.put("/connections/<connection_id>")
+def put_connection(connection_id: ConnectionId, body: StartRequest) -> JsonResponse:
+    return _start(connection_id, body.ws_url, resume=body.resume)
+
+
+@app.delete("/connections/<connection_id>")
+def delete_connection(connection_id: ConnectionId) -> JsonResponse:
+    return _stop(connection_id)
+
+
+@app.get("/connections/<connection_id>")
+def get_connection(connection_id: ConnectionId) -> JsonResponse:
+    record = dependencies().store.get(connection_pk(connection_id))
+    if record is None:
+        raise ConnectionNotFound(connection_pk(connection_id))
+    return _json(HTTPStatus.OK, connection_view(record, now_ms()))
+
+
+@app.get("/connections")
+def list_connections(
+    state: Annotated[StateFilter, Query()] = DesiredState.STARTED,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
+    next_token: Annotated[str | None, Query()] = None,
+) -> JsonResponse:
+    """One page of connections in ``state``, oldest lease expiry first.
+
+    Follow ``next_token`` until it is null; a page may be short (even empty) before the end.
+    """
+    start_key = decode_next_token(next_token, state) if next_token else None
+    page = dependencies().store.list_connections(state, limit=limit, start_key=start_key)
+    now = now_ms()
+    return _json(
+        HTTPStatus.OK,
+        {
+            "items": [connection_view(record, now) for record in page.records],
+            "next_token": encode_next_token(page.next_key) if page.next_key else None,
+        },
+    )
+
+
+def _start(connection_id: str, ws_url: str, *, resume: bool) -> Response:
+    deps = dependencies()
+    validate_ws_url(
+        ws_url,
+        allowed_hosts=deps.settings.allowed_upstream_hosts,
+        allow_insecure=deps.settings.allow_insecure_ws,
+    )
+    try:
+        result = deps.store.start(connection_id, ws_url, resume=resume)
+    except ConnectionNotFound:  # deleted (TTL) while a concurrent START restarted it
+        raise ApiError(
+            HTTPStatus.CONFLICT, "connection changed concurrently; retry", "connection_id"
+        ) from None
+    record, now = result.record, now_ms()
+    if result.created or result.restarted:
+        outcome = "created" if result.created else "restarted"
+        metrics.add_metric(name="ConnectionsStarted", unit=MetricUnit.Count, value=1)
+    else:
+        outcome = "already_started"
+    needs_hint = result.created or result.restarted or lease_rules.is_acquirable(record, now)
+    logger.info(
+        "start",
+        extra={
+            "connection_id": connection_id,
+            "outcome": outcome,
+            "ws_url": redact_url(record.ws_url),
+            "lease_state": lease_state(record, now),
+            "hint": needs_hint,
+        },
+    )
+    if needs_hint:
+        _send_hint(deps.hints, record)
+    status = HTTPStatus.CREATED if result.created else HTTPStatus.OK
+    return _json(status, {**connection_view(record, now), "outcome": outcome})
+
+
+def _send_hint(sender: HintSender, record: ConnectionRecord) -> None:
+    """Best effort: the record is already written and the reconciler is the safety net."""
+    try:
+        sent = sender.send(Hint(record.pk))
+    except Exception:  # a hint must never fail the request, whatever went wrong
+        logger.exception("hint send raised", extra={"connection_id": record.connection_id})
+        sent = False
+    if not sent:
+        logger.warning(
+            "hint not sent; the reconciler will pick the connection up",
+            extra={"connection_id": record.connection_id},
+        )
+        metrics.add_metric(name="HintSendFailed", unit=MetricUnit.Count, value=1)
+
+
+def _stop(connection_id: str) -> Response:
+    requested_at = now_ms()
+    record = dependencies().store.stop(connection_pk(connection_id))
+    # LeaseStore.stop returns the untouched item when it was already STOPPED; only a write
+    # made by this call carries an updated_at_ms from after the request began.
+    stopped_now = record.updated_at_ms >= requested_at
+    if stopped_now:
+        metrics.add_metric(name="ConnectionsStopped", unit=MetricUnit.Count, value=1)
+    outcome = "stopped" if stopped_now else "already_stopped"
+    logger.info("stop", extra={"connection_id": connection_id, "outcome": outcome})
+    return _json(HTTPStatus.OK, {**connection_view(record, now_ms()), "outcome": outcome})
+
+
+# ---------------------------------------------------------------------- errors
+def _json(status: HTTPStatus, body: dict[str, Any]) -> Response:
+    return Response(
+        status_code=status.value, content_type=content_types.APPLICATION_JSON, body=body
+    )
+
+
+def _error(
+    status: HTTPStatus, message: str, field: str | None, errors: list[dict[str, Any]] | None = None
+) -> Response:
+    detail = errors if errors is not None else [{"field": field, "message": message}]
+    return _json(status, {"message": message, "field": field, "errors": detail})
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    """``("body", "ws_url")`` -> ``ws_url``; ``("query", "limit")`` -> ``limit``; ``("body",)``
+    -> ``body``. Positions (JSON parse offsets, list indexes) are dropped."""
+    names = [str(part) for part in loc[1:] if isinstance(part, str)]
+    if not loc:
+        return "body"
+    return ".".join(names) or str(loc[0])
+
+
+def _describe(error: dict[str, Any]) -> dict[str, Any]:
+    field = _field_name(tuple(error.get("loc", ())))
+    kind = error.get("type", "")
+    if kind == "missing":
+        message = f"{field} is required"
+    elif kind == "extra_forbidden":
+        message = f"{field} is not an accepted field"
+    elif kind == "json_invalid":
+        field, message = "body", "body is not valid JSON"
+    elif kind == "model_attributes_type":
+        message = f"{field} must be a JSON object"
+    else:
+        message = f"{field}: {error.get('msg', 'is invalid')}"
+    return {"field": field, "message": message, "unreadable": kind == "json_invalid"}
+
+
+@app.exception_handler(RequestValidationError)
+def _on_validation_error(exc: RequestValidationError) -> Response:
+    """Powertools' 422 hides which field failed; name it (pydantic messages carry no input)."""
+    described = [_describe(error) for error in exc.errors()] or [
+        {"field": "body", "message": "invalid request", "unreadable": False}
+    ]
+    unreadable = any([error.pop("unreadable") for error in described])  # pop from every one
+    status = HTTPStatus.BAD_REQUEST if unreadable else HTTPStatus.UNPROCESSABLE_ENTITY
+    fields = [error["field"] for error in described]
+    logger.info("request refused", extra={"status": status.value, "fields": fields})
+    return _error(status, described[0]["message"], described[0]["field"], described)
+
+
+@app.exception_handler(RequestUnsupportedContentType)
+def _on_content_type(exc: RequestUnsupportedContentType) -> Response:
+    return _error(
+        HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json", "Content-Type"
+    )
+
+
+@app.exception_handler(ApiError)
+def _on_api_error(exc: ApiError) -> Response:
+    logger.info("request refused", extra={"status": exc.status.value, "fields": [exc.field]})
+    return _error(exc.status, exc.message, exc.field)
+
+
+@app.exception_handler(InvalidUpstreamUrl)
+def _on_invalid_url(exc: InvalidUpstreamUrl) -> Response:
+    logger.info("request refused", extra={"status": 422, "fields": ["ws_url"]})
+    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc), "ws_url")
+
+
+@app.exception_handler(ConnectionNotFound)
+def _on_not_found(exc: ConnectionNotFound) -> Response:
+    connection_id = exc.pk[len(CONNECTION_PREFIX):]
+    return _error(HTTPStatus.NOT_FOUND, f"connection {connection_id} not found", "connection_id")
+
+
+@app.not_found
+def _on_unknown_route(exc: NotFoundError) -> Response:
+    event = app.current_event
+    return _error(HTTPStatus.NOT_FOUND, f"no route for {event.http_method} {event.path}", None)
+
+
+@app.exception_handler(StoreError)
+def _on_store_error(exc: StoreError) -> Response:
+    logger.exception("connection store unavailable")
+    return _error(
+        HTTPStatus.SERVICE_UNAVAILABLE, "the connection store is unavailable; retry", None
+    )
+
+
+@app.exception_handler(ConfigurationError)
+def _on_configuration_error(exc: ConfigurationError) -> Response:
+    logger.exception("router misconfigured")
+    return _error(HTTPStatus.INTERNAL_SERVER_ERROR, "the router is misconfigured", None)
+
+
+@app.exception_handler(Exception)
+def _on_unexpected(exc: Exception) -> Response:
+    logger.exception("unexpected error")
+    return _error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error", None)
+
+
+# ---------------------------------------------------------------------- entry point
+def refuse_unreadable_body(event: dict[str, Any]) -> dict[str, Any] | None:
+    """Refuse an oversized or non-JSON body before Powertools parses it (413 / 415).
+
+    Powertools' validation runs before any middleware, so these checks sit in front of
+    :meth:`app.resolve`; the response has the same proxy shape the resolver produces.
+    """
+    body = event.get("body") or ""
+    if event.get("isBase64Encoded"):
+        size = len(body) * 3 // 4 - body[-2:].count("=")  # decoded size, without decoding
+    else:
+        size = len(body.encode())
+    if size > MAX_BODY_BYTES:
+        return _proxy_error(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"body is larger than {MAX_BODY_BYTES} bytes",
+            "body",
+        )
+    headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
+    media_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
+    is_json = media_type == "application/json" or media_type.endswith("+json")
+    if body and media_type and not is_json:
+        return _proxy_error(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+            "Content-Type",
+        )
+    return None
+
+
+def _proxy_error(status: HTTPStatus, message: str, field: str) -> dict[str, Any]:
+    logger.info("request refused", extra={"status": status.value, "fields": [field]})
+    body = {"message": message, "field": field, "errors": [{"field": field, "message": message}]}
+    return {
+        "statusCode": status.value,
+        "multiValueHeaders": {"Content-Type": [content_types.APPLICATION_JSON]},
+        "body": json.dumps(body, separators=(",", ":")),
+        "isBase64Encoded": False,
+    }
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """API Gateway REST proxy entry point."""
+    refused = refuse_unreadable_body(event)
+    if refused is not None:
+        return refused
+    return app.resolve(event, context)

@@ -1,0 +1,290 @@
+"""Upstream URL rules: which ``ws_url`` the API accepts, and how one is shown without its secrets.
+
+The router stores whatever ``ws_url`` a START names, and a worker later opens a socket to it
+from inside the VPC. Without a check, the API would be a server-side request forgery (SSRF)
+gadget: ``ws://169.254.169.254/...`` or ``ws://10.0.0.5:6379`` would make a worker connect to
+the instance metadata service or an internal host. :func:`validate_ws_url` refuses such URLs
+before anything is written.
+
+What it checks (each refusal is an :class:`InvalidUpstreamUrl` whose message names the problem):
+
+* at most :data:`MAX_URL_LENGTH` printable ASCII characters (IDN hosts in punycode form);
+* scheme ``wss`` (``ws`` only with ``allow_insecure``), a host, a valid port, no fragment
+  (RFC 6455 forbids one) and no ``user:password@`` (URLs are logged and shown; credentials
+  must not sit in them);
+* the host is a DNS name made of ``[a-z0-9_-]`` labels, or a canonical IP literal. Numeric
+  hosts in the legacy forms resolvers still accept (``127.1``, ``2130706433``, ``0x7f.0.0.1``)
+  are refused outright: they would slip past a check that only knows dotted quads;
+* IP literals that are not globally routable (loopback, private, link-local, CGNAT, reserved,
+  multicast, unspecified, the cloud metadata addresses ``169.254.169.254`` and
+  ``fd00:ec2::254``), including IPv6 forms that embed such an IPv4 address (IPv4-mapped,
+  NAT64, 6to4, Teredo), plus ``localhost`` and well-known metadata host names, are refused
+  unless ``allowed_hosts`` lists that host exactly;
+* with a non-empty ``allowed_hosts``, the host must equal an entry or end with ``"." + entry``
+  (IP literals only ever match exactly). Listing a host is an explicit decision, so it also
+  lifts the private-address refusal: the local runtime allows its loopback simulator with
+  ``ALLOWED_UPSTREAM_HOSTS=127.0.0.1``.
+
+Why no DNS lookup: a name that resolves to a public address when the router checks it can
+resolve to ``127.0.0.1`` or ``169.254.169.254`` when the worker connects seconds or days later
+(DNS rebinding), so a resolve-time check at the router proves nothing and only adds latency
+and a failure mode. This module therefore stays pure: it judges the URL text. Deployments must
+fence the *network* instead: run workers in subnets whose security groups and network ACLs
+allow egress only to the upstream providers (or through an egress proxy / AWS Network
+Firewall with a domain allow-list), require IMDSv2 with a hop limit of 1 (Fargate tasks have
+no EC2 metadata service; keep the task metadata endpoint out of reach of upstream code), and
+set ``ALLOWED_UPSTREAM_HOSTS`` to the providers' domains.
+
+Example::
+
+    >>> validate_ws_url("wss://stream.example.com/v1?token=abc", allowed_hosts=(),
+    ...                 allow_insecure=False)
+    'wss://stream.example.com/v1?token=abc'
+    >>> redact_url("wss://stream.example.com/v1?token=abc&symbol=X")
+    'wss://stream.example.com/v1?token=***&symbol=***'
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .exceptions import WsfleetError
+
+__all__ = [
+    "MAX_URL_LENGTH",
+    "METADATA_ADDRESSES",
+    "InvalidUpstreamUrl",
+    "normalize_allowed_hosts",
+    "redact_url",
+    "refused_address_reason",
+    "validate_ws_url",
+]
+
+MAX_URL_LENGTH = 2048
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: Instance metadata services (EC2 IPv4 and IPv6; ECS task metadata uses 169.254.170.2).
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset({
+    ipaddress.ip_address("169.254.169.254"),
+    ipaddress.ip_address("169.254.170.2"),
+    ipaddress.ip_address("fd00:ec2::254"),
+})
+
+#: Host names that mean "this machine" or "the metadata service" without being IP literals.
+_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+_METADATA_NAMES = frozenset({
+    "instance-data",
+    "instance-data.ec2.internal",
+    "metadata.google.internal",
+    "metadata.azure.internal",
+})
+
+#: NAT64 well-known prefix (RFC 6052): 64:ff9b::a.b.c.d reaches a.b.c.d through the gateway.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+#: Shared address space (RFC 6598); not "private" to Python but never a public upstream.
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+#: WHATWG URL rule: a host whose last label is numeric is parsed as an IPv4 address.
+_NUMERIC_LABEL = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
+_MAX_HOST_LENGTH = 253
+
+
+class InvalidUpstreamUrl(WsfleetError, ValueError):
+    """``ws_url`` was refused; the message says why (and never repeats the query string).
+
+    Subclasses ValueError too, so a pydantic validator may raise it directly.
+    """
+
+    field = "ws_url"
+
+
+def normalize_allowed_hosts(entries: Iterable[str]) -> tuple[str, ...]:
+    """Lower-case entries without surrounding dots or brackets, empty ones dropped.
+
+    >>> normalize_allowed_hosts([" .Example.COM ", "[::1]", ""])
+    ('example.com', '::1')
+    """
+    normalized = (entry.strip().strip(".").strip("[]").lower() for entry in entries)
+    return tuple(entry for entry in normalized if entry)
+
+
+def validate_ws_url(url: object, *, allowed_hosts: tuple[str, ...], allow_insecure: bool) -> str:
+    """Return ``url`` unchanged if a worker may connect to it; raise InvalidUpstreamUrl if not.
+
+    :param allowed_hosts: host suffixes (``ALLOWED_UPSTREAM_HOSTS``); empty allows any public
+        host. An entry that is an IP literal or a name like ``localhost`` allows exactly that
+        host even though it is private.
+    :param allow_insecure: accept ``ws://`` as well as ``wss://`` (``ALLOW_INSECURE_WS``).
+    """
+    if not isinstance(url, str):
+        raise InvalidUpstreamUrl("ws_url must be a string")
+    if not url:
+        raise InvalidUpstreamUrl("ws_url must not be empty")
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidUpstreamUrl(f"ws_url is longer than {MAX_URL_LENGTH} characters")
+    if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
+        raise InvalidUpstreamUrl(
+            "ws_url must be printable ASCII without spaces "
+            "(percent-encode the path, write international host names in punycode)"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidUpstreamUrl(f"ws_url is not a valid URL: {exc}") from None
+    _check_scheme(parts.scheme.lower(), allow_insecure)
+    if "@" in parts.netloc:
+        raise InvalidUpstreamUrl(
+            "ws_url must not contain user info (user:password@); credentials in URLs end up in logs"
+        )
+    if "#" in url:
+        raise InvalidUpstreamUrl("ws_url must not have a #fragment (RFC 6455)")
+    if not parts.hostname:
+        raise InvalidUpstreamUrl("ws_url must name a host")
+    if port == 0:
+        raise InvalidUpstreamUrl("ws_url port must be between 1 and 65535")
+    _check_host(parts.hostname, parts.netloc, allowed_hosts)
+    return url
+
+
+def _check_scheme(scheme: str, allow_insecure: bool) -> None:
+    if scheme == "wss" or (scheme == "ws" and allow_insecure):
+        return
+    if scheme == "ws":
+        raise InvalidUpstreamUrl("ws_url scheme must be wss (ws:// needs ALLOW_INSECURE_WS=true)")
+    expected = "wss or ws" if allow_insecure else "wss"
+    raise InvalidUpstreamUrl(f"ws_url scheme must be {expected}, got {scheme or 'none'!r}")
+
+
+def _check_host(hostname: str, netloc: str, allowed_hosts: tuple[str, ...]) -> None:
+    """Parse the host (IP literal or DNS name), then apply the allow-list or the SSRF rules."""
+    bracketed = netloc.rpartition("@")[2].startswith("[")
+    address = _parse_ip_host(hostname, bracketed)
+    host = str(address) if address is not None else _parse_dns_host(hostname)
+    allowed = normalize_allowed_hosts(allowed_hosts)
+    if allowed:
+        if not _is_listed(host, address, allowed):
+            raise InvalidUpstreamUrl(f"ws_url host {host} is not in ALLOWED_UPSTREAM_HOSTS")
+        return  # explicitly listed: trusted even if private (e.g. the local simulator)
+    reason = refused_address_reason(address) if address is not None else _refused_name_reason(host)
+    if reason:
+        raise InvalidUpstreamUrl(
+            f"ws_url host {host} is {reason}; list it in ALLOWED_UPSTREAM_HOSTS to allow it"
+        )
+
+
+def _parse_ip_host(hostname: str, bracketed: bool) -> IPAddress | None:
+    """The IP literal in the host, None for a DNS name; refuses ambiguous numeric forms."""
+    if bracketed:
+        try:
+            address = ipaddress.IPv6Address(hostname)
+        except ValueError:
+            address = None
+        # urlsplit also accepts "[v1.x]" (IPvFuture) and zone ids; neither names an upstream.
+        if address is None or address.scope_id:
+            raise InvalidUpstreamUrl(f"ws_url host [{hostname}] is not a plain IPv6 address")
+        return address
+    name = hostname[:-1] if hostname.endswith(".") else hostname
+    if not _NUMERIC_LABEL.fullmatch(name.rpartition(".")[2]):
+        return None
+    try:
+        return ipaddress.IPv4Address(name)
+    except ValueError:
+        raise InvalidUpstreamUrl(
+            f"ws_url host {hostname} looks like an IPv4 address but is not a canonical "
+            "dotted quad (write it as a.b.c.d)"
+        ) from None
+
+
+def _parse_dns_host(hostname: str) -> str:
+    """The DNS name, lower-case and without a trailing dot; refuses invalid names."""
+    name = hostname[:-1] if hostname.endswith(".") else hostname
+    labels = name.split(".")
+    if len(name) > _MAX_HOST_LENGTH or not all(_LABEL.fullmatch(label) for label in labels):
+        raise InvalidUpstreamUrl(f"ws_url host {hostname!r} is not a valid DNS name")
+    return name
+
+
+def _is_listed(host: str, address: IPAddress | None, allowed: tuple[str, ...]) -> bool:
+    if address is not None:
+        return any(_same_address(address, entry) for entry in allowed)
+    return any(host == entry or host.endswith("." + entry) for entry in allowed)
+
+
+def _same_address(address: IPAddress, entry: str) -> bool:
+    try:
+        return ipaddress.ip_address(entry) == address
+    except ValueError:
+        return False
+
+
+def refused_address_reason(address: IPAddress) -> str | None:
+    """Why a worker must not connect to this IP literal, or None for a public address.
+
+    >>> refused_address_reason(ipaddress.ip_address("169.254.169.254"))
+    'a cloud metadata address'
+    >>> refused_address_reason(ipaddress.ip_address("93.184.216.34")) is None
+    True
+    """
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            inner = refused_address_reason(embedded)
+            return f"an IPv6 form of {embedded} ({inner})" if inner else None
+    checks = (
+        (address in METADATA_ADDRESSES, "a cloud metadata address"),
+        (address.is_unspecified, "an unspecified address"),
+        (address.is_loopback, "a loopback address"),
+        (address.is_link_local, "a link-local address"),
+        (address.is_multicast, "a multicast address"),
+        (address in _SHARED, "a shared (carrier-grade NAT) address"),
+        (address.is_reserved, "a reserved address"),
+        (address.is_private, "a private address"),
+        (not address.is_global, "not a globally routable address"),
+    )
+    return next((reason for refused, reason in checks if refused), None)
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 literal would reach: IPv4-mapped, NAT64, 6to4 or Teredo."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # (server, client): traffic goes to the client address
+    return None
+
+
+def _refused_name_reason(host: str) -> str | None:
+    if host in _LOCAL_NAMES or host.endswith(".localhost"):
+        return "a loopback name"
+    if host in _METADATA_NAMES:
+        return "a cloud metadata name"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` safe to log or show: query values masked, user info and fragment dropped.
+
+    Upstream URLs often carry an API token in the query string; the parameter names stay
+    visible so an operator can still tell two URLs apart.
+
+    >>> redact_url("wss://u:p@h.example/feed?token=s3cret&x=1#f")
+    'wss://h.example/feed?token=***&x=***'
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return "<invalid url>"
+    masked = urlencode([(name, "***") for name, _ in query], safe="*")
+    return urlunsplit((parts.scheme, host, parts.path, masked, ""))

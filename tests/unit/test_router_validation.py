@@ -1,0 +1,287 @@
+"""Router pieces that need no backend: views, page tokens, the body gate and error mapping.
+
+Routes that must fail before any I/O run here against stub dependencies whose store and hint
+sender raise if touched; everything that reaches DynamoDB is in
+tests/integration/test_router.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from decimal import Decimal
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wsfleet.exceptions import ConnectionNotFound, StoreError
+from wsfleet.record import ConnectionRecord, DesiredState
+from wsfleet.settings import Settings
+from wsfleet.store import StartResult
+from wsfleet_local.functions import lambda_context, load_function
+
+pytestmark = pytest.mark.filterwarnings("ignore:No application metrics to publish:UserWarning")
+
+router = load_function("router")
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+NOW = 1_000_000
+URL = "wss://stream.example.com/feed?token=abc"
+
+
+def record(**changes: Any) -> ConnectionRecord:
+    return ConnectionRecord.new("c1", URL, NOW - 10).with_changes(**changes)
+
+
+# ---------------------------------------------------------------------- views
+class TestLeaseView:
+    def test_free(self):
+        assert router.lease_view(record(), NOW) == {
+            "state": "free", "owner": None, "epoch": 0, "expires_in_ms": None,
+        }
+
+    def test_released_lease_is_free_but_keeps_its_epoch(self):
+        view = router.lease_view(record(lease_epoch=4), NOW)
+        assert (view["state"], view["epoch"]) == ("free", 4)
+
+    def test_held(self):
+        held = record(lease_owner="w1", lease_epoch=2, lease_expires_at_ms=NOW + 1500)
+        assert router.lease_view(held, NOW) == {
+            "state": "held", "owner": "w1", "epoch": 2, "expires_in_ms": 1500,
+        }
+
+    def test_expired(self):
+        stale = record(lease_owner="w1", lease_epoch=2, lease_expires_at_ms=NOW - 1)
+        assert router.lease_view(stale, NOW) == {
+            "state": "expired", "owner": "w1", "epoch": 2, "expires_in_ms": 0,
+        }
+
+
+def test_connection_view_redacts_the_url_and_lists_every_field():
+    view = router.connection_view(record(last_seq=9, stop_reason=None), NOW)
+
+    assert view["ws_url"] == "wss://stream.example.com/feed?token=***"
+    assert view["connection_id"] == "c1"
+    assert view["desired_state"] == "STARTED"
+    assert view["last_seq"] == 9
+    assert list(view) == [
+        "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
+        "stop_reason", "last_error", "created_at_ms", "updated_at_ms",
+    ]
+
+
+# ---------------------------------------------------------------------- page tokens
+KEY = {"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": Decimal(0)}
+
+
+def token_of(payload: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
+
+
+class TestPageToken:
+    def test_round_trip(self):
+        token = router.encode_next_token(KEY)
+        assert "=" not in token
+        assert router.decode_next_token(token, DesiredState.STARTED) == {
+            "pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": 0,
+        }
+
+    def test_fractional_numbers_cannot_be_encoded(self):
+        with pytest.raises(TypeError):
+            router.encode_next_token({**KEY, "lease_expires_at_ms": Decimal("1.5")})
+
+    @pytest.mark.parametrize(
+        "token",
+        [
+            "%%%",
+            "a" * 5000,
+            token_of(["CONN#c1"]),
+            token_of({"pk": "CONN#c1"}),
+            token_of({**KEY, "lease_expires_at_ms": 0, "extra": 1}),
+            token_of({"pk": "WORKER#w1", "desired_state": "STARTED", "lease_expires_at_ms": 0}),
+            token_of({"pk": "CONN#a b", "desired_state": "STARTED", "lease_expires_at_ms": 0}),
+            token_of({"pk": 7, "desired_state": "STARTED", "lease_expires_at_ms": 0}),
+            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": "0"}),
+            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": True}),
+            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": -1}),
+            base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+        ],
+    )
+    def test_malformed_tokens_are_a_400_on_next_token(self, token):
+        with pytest.raises(router.ApiError) as caught:
+            router.decode_next_token(token, DesiredState.STARTED)
+        assert caught.value.status is HTTPStatus.BAD_REQUEST
+        assert caught.value.field == "next_token"
+        assert caught.value.message == "next_token is malformed"
+
+    def test_token_of_another_state_is_refused(self):
+        token = router.encode_next_token(KEY)
+        with pytest.raises(router.ApiError) as caught:
+            router.decode_next_token(token, DesiredState.STOPPED)
+        assert "another state" in caught.value.message
+
+
+# ---------------------------------------------------------------------- body gate
+def gate(body: str | None, *, content_type: str | None = "application/json", b64: bool = False):
+    headers = {"Content-Type": content_type} if content_type else {}
+    return router.refuse_unreadable_body({"body": body, "headers": headers, "isBase64Encoded": b64})
+
+
+class TestBodyGate:
+    def test_body_of_exactly_the_limit_passes(self):
+        assert gate("x" * router.MAX_BODY_BYTES) is None
+
+    def test_one_byte_more_is_413(self):
+        refused = gate("x" * (router.MAX_BODY_BYTES + 1))
+        assert refused["statusCode"] == 413
+        assert json.loads(refused["body"])["field"] == "body"
+
+    def test_size_counts_utf8_bytes_not_characters(self):
+        assert gate("é" * (router.MAX_BODY_BYTES // 2 + 1))["statusCode"] == 413
+
+    def test_base64_body_is_measured_decoded(self):
+        encoded = base64.b64encode(b"x" * router.MAX_BODY_BYTES).decode()
+        assert gate(encoded, b64=True) is None
+        encoded = base64.b64encode(b"x" * (router.MAX_BODY_BYTES + 3)).decode()
+        assert gate(encoded, b64=True)["statusCode"] == 413
+
+    @pytest.mark.parametrize(
+        "content_type",
+        [None, "application/json", "Application/JSON; charset=utf-8", "application/merge+json"],
+    )
+    def test_json_or_absent_content_type_passes(self, content_type):
+        assert gate('{"a": 1}', content_type=content_type) is None
+
+    @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+    def test_other_content_types_are_415(self, content_type):
+        refused = gate("event_type=START", content_type=content_type)
+        assert refused["statusCode"] == 415
+        assert json.loads(refused["body"])["field"] == "Content-Type"
+
+    def test_content_type_does_not_matter_without_a_body(self):
+        assert gate(None, content_type="text/plain") is None
+        assert router.refuse_unreadable_body({}) is None
+
+
+@pytest.mark.parametrize(
+    ("loc", "field"),
+    [(("body", "ws_url"), "ws_url"), (("query", "limit"), "limit"), (("body",), "body"),
+     (("body", 12), "body"), (("body", "a", 0, "b"), "a.b"), ((), "body")],
+)
+def test_field_name_from_a_pydantic_location(loc, field):
+    assert router._field_name(loc) == field
+
+
+# ---------------------------------------------------------------------- error mapping
+class Untouchable:
+    """A dependency that must not be used: fails the test if any attribute is read."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"unexpected call to {name}")
+
+
+class CannedStore:
+    """Returns one prepared outcome (or raises it) for the store calls the router makes."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+
+    def _answer(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    start = stop = get = list_connections = _answer
+
+
+class RaisingSender:
+    def send(self, hint: Any) -> bool:
+        raise RuntimeError("sqs exploded")
+
+
+def use(monkeypatch: pytest.MonkeyPatch, store: Any, hints: Any = None) -> None:
+    settings = Settings(allowed_upstream_hosts=("example.com",), hint_queue_url="http://q")
+    deps = router.Dependencies(settings=settings, store=store, hints=hints or Untouchable())
+    monkeypatch.setattr(router, "dependencies", lambda: deps)
+
+
+def call(event: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    response = router.lambda_handler(event, lambda_context("router"))
+    return response["statusCode"], json.loads(response["body"])
+
+
+def event(name: str = "api_post_events_start", **changes: Any) -> dict[str, Any]:
+    sample = copy.deepcopy(json.loads((EVENTS / f"{name}.json").read_text()))
+    sample.update(changes)
+    return sample
+
+
+def test_validation_happens_before_any_store_call(monkeypatch):
+    use(monkeypatch, Untouchable())
+
+    status, body = call(event("api_post_events_invalid"))
+
+    assert status == 422
+    assert body["field"] == "event_type"
+
+
+def test_several_invalid_fields_are_all_listed(monkeypatch):
+    use(monkeypatch, Untouchable())
+
+    status, body = call(event(body=json.dumps({"event_type": 1, "connection_id": 2, "x": 3})))
+
+    assert status == 422
+    assert [error["field"] for error in body["errors"]] == ["event_type", "connection_id", "x"]
+    assert body["field"] == "event_type"
+
+
+def test_store_error_is_a_503(monkeypatch):
+    use(monkeypatch, CannedStore(StoreError("get_item failed: secret detail")))
+
+    status, body = call(event("api_get_connection"))
+
+    assert status == 503
+    assert "secret detail" not in body["message"]
+
+
+def test_connection_deleted_during_a_restart_is_a_409(monkeypatch):
+    use(monkeypatch, CannedStore(ConnectionNotFound("CONN#demo-1")))
+
+    status, body = call(event())
+
+    assert status == 409
+    assert body["field"] == "connection_id"
+
+
+def test_unexpected_error_is_a_json_500_without_details(monkeypatch):
+    use(monkeypatch, CannedStore(RuntimeError("boom at line 3")))
+
+    status, body = call(event("api_get_connection"))
+
+    assert status == 500
+    assert body == {"message": "internal error", "field": None,
+                    "errors": [{"field": None, "message": "internal error"}]}
+
+
+def test_missing_hint_queue_setting_is_a_json_500(monkeypatch):
+    monkeypatch.delenv("HINT_QUEUE_URL", raising=False)
+    router.reset_dependencies()
+    try:
+        status, body = call(event("api_get_connection"))
+    finally:
+        router.reset_dependencies()
+
+    assert status == 500
+    assert body["message"] == "the router is misconfigured"
+
+
+def test_a_hint_sender_that_raises_does_not_fail_the_start(monkeypatch, capsys):
+    use(monkeypatch, CannedStore(StartResult(record(), created=True)), RaisingSender())
+
+    status, body = call(event())
+
+    assert status == 201
+    assert body["outcome"] == "created"
+    assert '"HintSendFailed":[1.0]' in capsys.readouterr().out
