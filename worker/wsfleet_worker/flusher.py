@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wsfleet.clock import Clock, now_ms
-from wsfleet.exceptions import StoreError
 from wsfleet.messages import BATCH_WRITE_LIMIT, Message, MessageStore, PutResult
 
 from .observability import WorkerMetrics
@@ -83,10 +82,14 @@ class MessageFlusher:
         self._offloader = offloader
         self._metrics = metrics
         self._flush_seconds = max(0, flush_ms) / 1000
-        self._queue: asyncio.Queue[QueuedFrame] = asyncio.Queue(capacity)
+        self._capacity = max(1, capacity)
+        self._frames: collections.deque[QueuedFrame] = collections.deque()
         self._retry: collections.deque[QueuedFrame] = collections.deque()
+        self._not_empty = asyncio.Event()
+        self._not_full = asyncio.Event()
+        self._not_full.set()
         self._slots = asyncio.Semaphore(max_in_flight)
-        self._urgent = asyncio.Event()
+        self._urgent = False
         self._writes: set[asyncio.Task[None]] = set()
         self._logger = logger
         self._clock = clock
@@ -94,15 +97,20 @@ class MessageFlusher:
     @property
     def queued(self) -> int:
         """Frames waiting for a batch (not counting batches being written)."""
-        return self._queue.qsize() + len(self._retry)
+        return len(self._frames) + len(self._retry)
 
     async def put(self, frame: QueuedFrame) -> None:
         """Queue a frame; waits while the queue is full (the caller stops reading)."""
-        await self._queue.put(frame)
+        while len(self._frames) >= self._capacity:
+            self._not_full.clear()
+            await self._not_full.wait()
+        self._frames.append(frame)
+        self._not_empty.set()
 
     def flush_now(self) -> None:
         """Send what is queued without waiting for batches to fill (shutdown, STOP)."""
-        self._urgent.set()
+        self._urgent = True
+        self._not_empty.set()
 
     async def run(self) -> None:
         """Collect and send batches forever (cancel to stop; in-flight writes finish)."""
@@ -113,29 +121,39 @@ class MessageFlusher:
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _collect(self) -> list[QueuedFrame]:
-        batch: list[QueuedFrame] = []
+    def _take(self, batch: list[QueuedFrame]) -> None:
+        """Move queued frames (retries first) into ``batch``, up to a full batch."""
         while self._retry and len(batch) < BATCH_WRITE_LIMIT:
             batch.append(self._retry.popleft())
-        if not batch:
-            batch.append(await self._queue.get())
+        while self._frames and len(batch) < BATCH_WRITE_LIMIT:
+            batch.append(self._frames.popleft())
+        if len(self._frames) < self._capacity:
+            self._not_full.set()
+
+    async def _wait_for_frames(self, timeout: float | None) -> None:
+        if self._frames or self._retry:
+            return
+        self._not_empty.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._not_empty.wait()
+        except TimeoutError:
+            pass
+
+    async def _collect(self) -> list[QueuedFrame]:
+        batch: list[QueuedFrame] = []
+        while not batch:
+            await self._wait_for_frames(None)
+            self._take(batch)
         deadline = batch[0].enqueued_at + self._flush_seconds
         while len(batch) < BATCH_WRITE_LIMIT:
-            try:
-                batch.append(self._queue.get_nowait())
-                continue
-            except asyncio.QueueEmpty:
-                pass
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._urgent.is_set():
+            if remaining <= 0 or self._urgent:
                 break
-            try:
-                async with asyncio.timeout(remaining):
-                    batch.append(await self._queue.get())
-            except TimeoutError:
-                break
-        if self._queue.empty() and not self._retry:
-            self._urgent.clear()
+            await self._wait_for_frames(remaining)
+            self._take(batch)
+        if not (self._frames or self._retry):
+            self._urgent = False
         return batch
 
     async def _write(self, batch: list[QueuedFrame]) -> None:
@@ -150,15 +168,15 @@ class MessageFlusher:
                 result: PutResult = await self._offloader.write(
                     self._store.put_batch, [frame.message for frame in live]
                 )
-            except StoreError as exc:
+            except Exception as exc:  # StoreError, or anything unexpected: keep the frames
                 self._log_warning("message batch failed; will retry", exc)
                 result = PutResult(unwritten=[frame.message for frame in live], requests=1)
             self._settle(live, result)
             if result.unwritten:
                 await asyncio.sleep(random.uniform(0.05, 0.25))  # let DynamoDB recover
-                self._retry.extend(
-                    frame for frame in live if frame.message.key in _keys(result.unwritten)
-                )
+                unwritten = _keys(result.unwritten)
+                self._retry.extend(frame for frame in live if frame.message.key in unwritten)
+                self._not_empty.set()
         finally:
             self._slots.release()
 

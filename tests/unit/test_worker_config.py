@@ -1,0 +1,141 @@
+"""Worker configuration from the environment, the health check and EMF output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from wsfleet.exceptions import ConfigurationError
+from wsfleet_worker.config import WORKER_ENVIRONMENT, WorkerConfig
+from wsfleet_worker.health import is_fresh, main, touch
+from wsfleet_worker.observability import WorkerMetrics
+
+
+# ---------------------------------------------------------------- config
+def test_defaults_are_production_values():
+    config = WorkerConfig.from_env({})
+    assert (config.hint_wait_seconds, config.control_wait_seconds) == (20, 20)
+    assert config.control_channel is True
+    assert config.settings.lease_seconds == 20
+    assert config.heartbeat_ms == 5000
+
+
+def test_shared_and_worker_variables_are_read():
+    config = WorkerConfig.from_env(
+        {
+            "LEASE_SECONDS": "2",
+            "HEARTBEAT_EVERY": "0.5",
+            "LEASE_SAFETY_MARGIN_SECONDS": "0.5",
+            "WORKER_ID": "w-7",
+            "WORKER_HINT_WAIT_SECONDS": "1",
+            "WORKER_CONTROL_CHANNEL": "false",
+            "WORKER_METRICS_FLUSH_SECONDS": "0.5",
+            "WORKER_IO_THREADS": "4",
+        }
+    )
+    assert config.settings.worker_id == "w-7"
+    assert config.heartbeat_ms == 500
+    assert (config.hint_wait_seconds, config.control_channel) == (1, False)
+    assert (config.metrics_flush_seconds, config.io_threads) == (0.5, 4)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"WORKER_HINT_WAIT_SECONDS": "21"},
+        {"WORKER_IO_THREADS": "0"},
+        {"WORKER_CONTROL_CHANNEL": "maybe"},
+        {"WORKER_QUEUE_FRAMES": "lots"},
+        {"LEASE_SECONDS": "1", "HEARTBEAT_EVERY": "1"},
+    ],
+)
+def test_bad_values_are_configuration_errors(env):
+    with pytest.raises(ConfigurationError):
+        WorkerConfig.from_env(env)
+
+
+def test_every_worker_variable_maps_to_a_field():
+    fields = set(WorkerConfig.__dataclass_fields__)
+    assert all(field in fields for _name, field, _default in WORKER_ENVIRONMENT)
+
+
+def test_missing_hint_queue_url_exits_with_a_configuration_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HINT_QUEUE_URL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "wsfleet_worker"], env=env, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "HINT_QUEUE_URL" in done.stderr
+
+
+# ---------------------------------------------------------------- health
+def test_health_is_fresh_only_within_the_window(tmp_path):
+    path = tmp_path / "health"
+    assert not is_fresh(path, 3)
+    touch(path)
+    assert is_fresh(path, 3)
+    assert not is_fresh(path, 3, now=time.time() + 10)
+
+
+def test_health_main_follows_heartbeat_setting(tmp_path, monkeypatch):
+    path = tmp_path / "health"
+    monkeypatch.setenv("HEALTH_FILE", str(path))
+    monkeypatch.setenv("HEARTBEAT_EVERY", "5")
+    assert main() == 1
+    touch(path)
+    assert main() == 0
+    old = time.time() - 16
+    os.utime(path, (old, old))
+    assert main() == 1
+
+
+def test_health_module_runs_as_a_command(tmp_path):
+    path = tmp_path / "health"
+    touch(path)
+    env = {**os.environ, "HEALTH_FILE": str(path), "HEARTBEAT_EVERY": "5"}
+    done = subprocess.run([sys.executable, "-m", "wsfleet_worker.health"], env=env, timeout=60)
+    assert done.returncode == 0
+
+
+# ---------------------------------------------------------------- metrics
+def test_emf_document_has_only_the_service_name_dimension():
+    documents = []
+    metrics = WorkerMetrics("svc-a", namespace="wsfleet", emit=documents.append)
+    metrics.count("MessagesReceived", 5)
+    metrics.count("MessagesReceived", 2)
+    metrics.gauge("ActiveConnections", 12)
+    metrics.observe("RenewLatenessMs", 30)
+    metrics.observe("RenewLatenessMs", 10)
+    metrics.flush()
+    (doc,) = documents
+    directive = doc["_aws"]["CloudWatchMetrics"][0]
+    assert directive["Namespace"] == "wsfleet"
+    assert directive["Dimensions"] == [["ServiceName"]]
+    assert doc["ServiceName"] == "svc-a"
+    assert doc["MessagesReceived"] == [7.0]
+    assert doc["ActiveConnections"] == [12.0]
+    assert doc["RenewLatenessMs"] == [30.0]
+    assert doc["RenewLatenessMsSamples"] == 2
+    json.dumps(doc)
+
+
+def test_counters_reset_per_interval_gauges_persist_and_totals_accumulate():
+    documents = []
+    metrics = WorkerMetrics("svc", emit=documents.append)
+    metrics.count("Reconnects")
+    metrics.gauge("ActiveConnections", 3)
+    metrics.flush()
+    metrics.flush()
+    assert "Reconnects" not in documents[1] and documents[1]["ActiveConnections"] == [3.0]
+    assert metrics.totals["Reconnects"] == 1
+
+
+def test_nothing_to_flush_prints_nothing():
+    documents = []
+    assert WorkerMetrics("svc", emit=documents.append).flush() is None
+    assert documents == []

@@ -1,0 +1,194 @@
+"""MessageFlusher: coalescing, acknowledgement, fencing, retries and backpressure.
+
+The store is a stand-in that records batches (what DynamoDB does with them is covered by the
+MessageStore tests); everything else is the real flusher on a real event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from wsfleet.messages import Message, PutResult, seq_sk
+from wsfleet_worker.flusher import MessageFlusher, QueuedFrame
+from wsfleet_worker.observability import WorkerMetrics
+from wsfleet_worker.offload import Offloader
+
+WAIT = 10.0
+
+
+class RecordingStore:
+    """put_batch stand-in: records batch sizes; can refuse, reject, or block."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Message]] = []
+        self.unwritten_once: set[tuple[str, str]] = set()
+        self.rejected: set[tuple[str, str]] = set()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def put_batch(self, messages: list[Message]) -> PutResult:
+        self.gate.wait(WAIT)
+        self.batches.append(list(messages))
+        result = PutResult(requests=1)
+        for m in messages:
+            if m.key in self.unwritten_once:
+                self.unwritten_once.discard(m.key)
+                result.unwritten.append(m)
+            elif m.key in self.rejected:
+                result.rejected.append(m)
+            else:
+                result.written += 1
+        return result
+
+
+class Owner:
+    def __init__(self, name: str, *, writable: bool = True) -> None:
+        self.name = name
+        self.writable = writable
+        self.written: list[int] = []
+        self.rejected: list[int] = []
+
+    def may_write(self, now_ms: int) -> bool:
+        return self.writable
+
+    def on_written(self, message: Message) -> None:
+        self.written.append(message.seq or 0)
+
+    def on_rejected(self, message: Message) -> None:
+        self.rejected.append(message.seq or 0)
+
+
+def frame(owner: Owner, seq: int) -> QueuedFrame:
+    message = Message(f"CONN#{owner.name}", seq_sk(seq), f"{owner.name}:{seq}", 0, "w", 1, seq)
+    return QueuedFrame(message, owner)
+
+
+async def until(condition, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def run_with_flusher(scenario, *, flush_ms: int = 20, capacity: int = 1000, in_flight: int = 2):
+    async def main():
+        store = RecordingStore()
+        metrics = WorkerMetrics("t", emit=lambda doc: None)
+        offloader = Offloader(io_threads=1, write_threads=in_flight)
+        flusher = MessageFlusher(
+            store, offloader, metrics, flush_ms=flush_ms, capacity=capacity,
+            max_in_flight=in_flight,
+        )
+        task = asyncio.create_task(flusher.run())
+        try:
+            await scenario(flusher, store, metrics)
+        finally:
+            store.gate.set()
+            task.cancel()
+            await flusher.aclose()
+            offloader.shutdown()
+
+    asyncio.run(main())
+
+
+def test_frames_of_many_connections_share_batches_of_25():
+    async def scenario(flusher, store, metrics):
+        owners = [Owner(f"c{i}") for i in range(3)]
+        for seq in range(1, 21):
+            for owner in owners:
+                await flusher.put(frame(owner, seq))
+        await until(lambda: all(len(o.written) == 20 for o in owners))
+        sizes = [len(b) for b in store.batches]
+        assert sum(sizes) == 60 and max(sizes) <= 25
+        assert len(store.batches) <= 4  # 60 frames: 3 full batches, maybe one split by timing
+        assert {m.pk for b in store.batches[:1] for m in b} == {"CONN#c0", "CONN#c1", "CONN#c2"}
+        assert metrics.totals["MessagesWritten"] == 60
+        assert metrics.totals["MessageWriteRequests"] == len(store.batches)
+
+    run_with_flusher(scenario, flush_ms=200)
+
+
+def test_a_lone_frame_is_flushed_after_flush_ms():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        await flusher.put(frame(owner, 1))
+        await until(lambda: owner.written == [1])
+        assert [len(b) for b in store.batches] == [1]
+
+    run_with_flusher(scenario)
+
+
+def test_flush_now_does_not_wait_for_the_batch_to_fill():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        await flusher.put(frame(owner, 1))
+        flusher.flush_now()
+        await until(lambda: owner.written == [1])
+
+    run_with_flusher(scenario, flush_ms=60_000)
+
+
+def test_frames_of_a_fenced_owner_are_dropped_not_written():
+    async def scenario(flusher, store, metrics):
+        fenced, live = Owner("z", writable=False), Owner("a")
+        for seq in (1, 2, 3):
+            await flusher.put(frame(fenced, seq))
+            await flusher.put(frame(live, seq))
+        await until(lambda: live.written == [1, 2, 3])
+        assert fenced.written == []
+        assert all(m.pk != "CONN#z" for b in store.batches for m in b)
+        assert metrics.totals["FencedFramesDropped"] == 3
+
+    run_with_flusher(scenario)
+
+
+def test_unwritten_frames_are_retried_and_acknowledged_once():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        store.unwritten_once = {("CONN#a", seq_sk(2))}
+        for seq in (1, 2, 3):
+            await flusher.put(frame(owner, seq))
+        await until(lambda: sorted(owner.written) == [1, 2, 3])
+        assert owner.written.count(2) == 1
+        assert sum(1 for b in store.batches for m in b if m.seq == 2) == 2
+
+    run_with_flusher(scenario)
+
+
+def test_rejected_frames_are_reported_to_their_owner():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        store.rejected = {("CONN#a", seq_sk(2))}
+        for seq in (1, 2):
+            await flusher.put(frame(owner, seq))
+        await until(lambda: owner.written == [1] and owner.rejected == [2])
+        assert metrics.totals["MessagesRejected"] == 1
+
+    run_with_flusher(scenario)
+
+
+def test_a_full_queue_blocks_the_producer():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        store.gate.clear()  # DynamoDB is slow: nothing completes
+        # capacity 5 + 2 batches in flight of 1 frame each (they are taken as they come)
+        accepted = 0
+
+        async def produce():
+            nonlocal accepted
+            for seq in range(1, 101):
+                await flusher.put(frame(owner, seq))
+                accepted += 1
+
+        producer = asyncio.create_task(produce())
+        await until(lambda: accepted >= 5)
+        await asyncio.sleep(0.2)
+        assert accepted < 100  # blocked: the session would stop reading its socket
+        assert not producer.done()
+        store.gate.set()
+        await producer
+        await until(lambda: len(owner.written) == 100)
+
+    run_with_flusher(scenario, capacity=5)

@@ -1,0 +1,223 @@
+"""Session decisions: lease timing, renew outcomes, exit plans, closes, backoff, hint triage."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from wsfleet.exceptions import (
+    ConnectionNotFound,
+    ConnectionStopped,
+    LeaseConflict,
+    LeaseLost,
+    StoreError,
+)
+from wsfleet.hints import Hint
+from wsfleet.lease import Lease
+from wsfleet_worker.protocol import (
+    CloseAction,
+    ExitReason,
+    FinalWrite,
+    LeaseTimer,
+    ReconnectPolicy,
+    RenewOutcome,
+    TimerAction,
+    close_action,
+    exit_plan,
+    renew_outcome,
+    supersedes,
+    triage_hints,
+)
+
+HEARTBEAT = 500
+MARGIN = 500
+LEASE = 2000
+
+
+def timer_at(now: int = 10_000, fraction: float = 1.0) -> LeaseTimer:
+    lease = Lease("CONN#a", "w1", 3, now + LEASE)
+    return LeaseTimer.start(
+        lease, now, heartbeat_ms=HEARTBEAT, margin_ms=MARGIN, first_renew_fraction=fraction
+    )
+
+
+# ---------------------------------------------------------------- LeaseTimer
+def test_fresh_lease_waits_until_the_first_heartbeat():
+    timer = timer_at()
+    assert timer.action(10_000) is TimerAction.WAIT
+    assert timer.next_wakeup_ms() == 10_500
+    assert timer.action(10_500) is TimerAction.RENEW
+
+
+def test_first_renewal_can_be_pulled_forward_to_spread_a_burst():
+    assert timer_at(fraction=0.5).renew_due_ms == 10_250
+    assert timer_at(fraction=7).renew_due_ms == 10_500  # clamped to one heartbeat
+
+
+def test_self_fence_deadline_is_expiry_minus_margin():
+    timer = timer_at()
+    assert timer.fence_at_ms == 11_500
+    assert timer.action(11_499) is TimerAction.RENEW
+    assert timer.action(11_500) is TimerAction.FENCE
+
+
+def test_writes_are_allowed_only_before_the_self_fence_deadline():
+    timer = timer_at()
+    assert timer.may_write(11_499)
+    assert not timer.may_write(11_500)
+
+
+def test_while_renewing_only_the_fence_deadline_matters():
+    timer = timer_at()
+    timer.renew_started()
+    assert timer.action(10_600) is TimerAction.WAIT
+    assert timer.next_wakeup_ms() == timer.fence_at_ms
+    assert timer.action(11_500) is TimerAction.FENCE
+
+
+def test_success_moves_expiry_and_next_renewal_from_the_start_of_the_call():
+    timer = timer_at()
+    timer.renew_started()
+    timer.renew_succeeded(timer.lease.extended_to(10_520 + LEASE), started_ms=10_520)
+    assert (timer.renewing, timer.renew_due_ms, timer.fence_at_ms) == (False, 11_020, 12_020)
+
+
+def test_failure_retries_soon_and_keeps_the_old_deadline():
+    timer = timer_at()
+    timer.renew_started()
+    timer.renew_failed(10_600)
+    assert timer.renew_due_ms == 10_600 + timer.retry_ms
+    assert timer.retry_ms == HEARTBEAT // 4
+    assert timer.fence_at_ms == 11_500
+
+
+def test_a_paused_process_fences_before_renewing():
+    timer = timer_at()
+    assert timer.action(60_000) is TimerAction.FENCE
+
+
+# ---------------------------------------------------------------- renew outcomes
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (None, RenewOutcome.RENEWED),
+        (ConnectionStopped("stopped", None), RenewOutcome.STOPPED),
+        (LeaseLost("lost", None), RenewOutcome.FENCED),
+        (ConnectionNotFound("CONN#a"), RenewOutcome.FENCED),
+        (StoreError("timeout"), RenewOutcome.RETRY),
+        (RuntimeError("bug"), RenewOutcome.RETRY),
+        (LeaseConflict("odd", None), RenewOutcome.RETRY),
+    ],
+)
+def test_renew_outcomes(error, outcome):
+    assert renew_outcome(error) is outcome
+
+
+# ---------------------------------------------------------------- exit plans
+def test_fenced_sessions_abort_and_write_nothing():
+    plan = exit_plan(ExitReason.FENCED)
+    assert (plan.final_write, plan.flush, plan.abort, plan.hint) == (
+        FinalWrite.NONE, False, True, False
+    )
+
+
+def test_stopped_sessions_flush_then_release_without_hint():
+    plan = exit_plan(ExitReason.STOPPED)
+    assert (plan.final_write, plan.flush, plan.hint, plan.close_code) == (
+        FinalWrite.RELEASE, True, False, 1000
+    )
+
+
+def test_shutdown_flushes_releases_closes_1001_and_hints_a_peer():
+    plan = exit_plan(ExitReason.SHUTDOWN)
+    assert (plan.final_write, plan.flush, plan.hint, plan.close_code) == (
+        FinalWrite.RELEASE, True, True, 1001
+    )
+
+
+def test_upstream_end_marks_the_connection_stopped():
+    plan = exit_plan(ExitReason.UPSTREAM_CLOSED)
+    assert (plan.final_write, plan.stop_reason, plan.hint) == (
+        FinalWrite.MARK_STOPPED, "upstream_closed", False
+    )
+
+
+def test_a_crashed_session_hands_its_connection_over():
+    plan = exit_plan(ExitReason.CRASHED)
+    assert (plan.final_write, plan.hint) == (FinalWrite.RELEASE, True)
+
+
+def test_every_reason_has_a_plan():
+    for reason in ExitReason:
+        assert exit_plan(reason) is not None
+
+
+def test_first_reason_wins_except_fencing_which_always_wins():
+    assert supersedes(ExitReason.STOPPED, None)
+    assert not supersedes(ExitReason.SHUTDOWN, ExitReason.STOPPED)
+    assert supersedes(ExitReason.FENCED, ExitReason.SHUTDOWN)
+    assert not supersedes(ExitReason.FENCED, ExitReason.FENCED)
+    assert not supersedes(ExitReason.STOPPED, ExitReason.FENCED)
+
+
+# ---------------------------------------------------------------- upstream closes
+@pytest.mark.parametrize(
+    ("code", "action"),
+    [
+        (1000, CloseAction.END),
+        (1001, CloseAction.END),
+        (1011, CloseAction.RECONNECT),
+        (1006, CloseAction.RECONNECT),
+        (4000, CloseAction.RECONNECT),
+        (None, CloseAction.RECONNECT),
+    ],
+)
+def test_only_normal_closes_end_a_connection(code, action):
+    assert close_action(code) is action
+
+
+def test_reconnect_delays_grow_are_jittered_and_reset():
+    policy = ReconnectPolicy(initial=0.1, factor=2.0, cap=1.0, rng=random.Random(1))
+    delays = [policy.next_delay() for _ in range(8)]
+    ceilings = [0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0]
+    assert all(0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+    assert policy.attempts == 8
+    policy.reset()
+    assert policy.attempts == 0
+    assert policy.next_delay() <= 0.1
+
+
+# ---------------------------------------------------------------- hint triage
+def body(pk: str) -> str:
+    return Hint(pk).body()
+
+
+def test_triage_acquires_new_hints_and_drops_duplicates_and_running():
+    triage = triage_hints(
+        [("r1", body("CONN#a")), ("r2", body("CONN#b")), ("r3", body("CONN#a")),
+         ("r4", body("CONN#run"))],
+        running={"CONN#run"},
+        free_slots=10,
+    )
+    assert [(h.pk, r) for h, r in triage.acquire] == [("CONN#a", "r1"), ("CONN#b", "r2")]
+    assert triage.drop == ["r3", "r4"]
+    assert triage.release == []
+
+
+def test_unparseable_hints_are_counted_and_dropped():
+    triage = triage_hints(
+        [("r1", "not json"), ("r2", '{"pk": "WORKER#x"}'), ("r3", "[]")],
+        running=set(),
+        free_slots=5,
+    )
+    assert (triage.invalid, triage.drop, triage.acquire) == (3, ["r1", "r2", "r3"], [])
+
+
+def test_hints_over_capacity_are_released_for_a_peer():
+    triage = triage_hints(
+        [("r1", body("CONN#a")), ("r2", body("CONN#b")), ("r3", body("CONN#c"))],
+        running=set(),
+        free_slots=1,
+    )
+    assert [h.pk for h, _ in triage.acquire] == ["CONN#a"]
+    assert triage.release == ["r2", "r3"]
