@@ -42,6 +42,7 @@ __all__ = [
     "StreamCheck",
     "WorkerProcess",
     "check_stream",
+    "resume_problems",
     "wait_until",
 ]
 
@@ -276,3 +277,29 @@ def check_stream(
         elif item.get("message_data") != f"{stream_id}:{seq}":
             check.wrong_content.append(seq)
     return check
+
+
+def resume_problems(sessions: Iterable[Any]) -> list[str]:
+    """Upstream sessions of one stream (simulator SessionRecords, oldest first) that did not
+    resume where the previous one left off.
+
+    A session must ask for ``from_seq <= previous.last_seq_sent + 1`` (asking for less is a
+    harmless overlap: the replayed frames overwrite themselves), and the simulator must not
+    have had to skip frames (``gap == 0``).
+    """
+    problems: list[str] = []
+    previous = None
+    for session in sessions:
+        if session.gap:
+            problems.append(f"session {session.session_id} skipped {session.gap} frames")
+        if previous is not None:
+            sent = previous.last_seq_sent if previous.last_seq_sent is not None else (
+                (previous.from_seq or 1) - 1
+            )
+            if session.from_seq is None or session.from_seq > sent + 1:
+                problems.append(
+                    f"session {session.session_id} resumed at {session.from_seq} after "
+                    f"session {previous.session_id} sent up to {sent}"
+                )
+        previous = session
+    return problems

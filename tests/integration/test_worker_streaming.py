@@ -1,0 +1,196 @@
+"""Two real worker processes stream from the simulator into the moto-backed tables.
+
+One fleet (tables, simulator, two ``python -m wsfleet_worker`` processes with lease 2 s and
+heartbeat 0.5 s) serves every test of this module; each test uses its own stream ids.
+Assertions are on the messages table, the connection records and the simulator's session
+log; the only timing is generous wait-until deadlines.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
+from wsfleet.record import DesiredState
+from wsfleet_local.simulator import SimulatorThread
+from wsfleet_worker.health import is_fresh
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+RATE = 20.0  # frames/s per stream
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimulatorThread(rate=RATE) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def env(backend):
+    return backend.create_resources(f"wst-{uuid.uuid4().hex[:6]}").env()
+
+
+@pytest.fixture(scope="module")
+def fleet(env) -> Fleet:
+    return Fleet(env)
+
+
+@pytest.fixture(scope="module")
+def workers(env, sim, tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("workers")
+    pair = (WorkerProcess(env, log_dir=log_dir), WorkerProcess(env, log_dir=log_dir))
+    try:
+        yield pair
+    finally:
+        for worker in pair:
+            worker.stop()
+
+
+def logs_of(workers) -> str:
+    return "\n---\n".join(w.tail(30) for w in workers)
+
+
+def streamed_past(fleet: Fleet, stream_id: str, seq: int, workers, timeout: float = 30.0) -> int:
+    """Wait until the stored checkpoint of ``stream_id`` reaches ``seq``; return it."""
+    return wait_until(
+        lambda: (last := fleet.record(stream_id).last_seq) >= seq and last,
+        timeout=timeout,
+        message=lambda: f"{stream_id} checkpoint stuck at {fleet.record(stream_id).last_seq}\n"
+        + logs_of(workers),
+    )
+
+
+def metric(workers, name: str) -> float:
+    return sum(w.metric_total(name) for w in workers)
+
+
+def test_start_streams_frames_into_the_messages_table(fleet, sim, workers):
+    fleet.start("plain", sim.url_for("plain"))
+
+    checkpoint = streamed_past(fleet, "plain", 30, workers)
+
+    record = fleet.record("plain")
+    assert record.lease_owner in {w.worker_id for w in workers}
+    assert record.lease_epoch == 1
+    check = check_stream(fleet.stored("plain"), "plain", checkpoint)
+    assert check.ok, check
+    (session,) = sim.sessions("plain")
+    assert session.from_seq == 1 and session.is_open
+    owner = next(w for w in workers if w.worker_id == record.lease_owner)
+    assert is_fresh(owner.env["HEALTH_FILE"], 1.5)
+
+
+def test_workers_register_their_control_queue(fleet, workers):
+    for worker in workers:
+        item = wait_until(lambda w=worker: fleet.worker_item(w.worker_id), timeout=30)
+        assert item.control_queue_url.endswith(worker.worker_id)
+        queue_tags = fleet.sqs.list_queue_tags(QueueUrl=item.control_queue_url)["Tags"]
+        assert queue_tags == {"wsfleet:worker_id": worker.worker_id}
+
+
+def test_resent_start_does_not_move_a_live_connection(fleet, sim, workers):
+    fleet.start("steady", sim.url_for("steady"))
+    streamed_past(fleet, "steady", 10, workers)
+    before = fleet.record("steady")
+
+    for _ in range(3):  # the router re-hints on every START
+        fleet.start("steady", sim.url_for("steady"))
+
+    def hints_consumed() -> bool:
+        attributes = fleet.sqs.get_queue_attributes(
+            QueueUrl=fleet.hint_queue_url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return all(value == "0" for value in attributes.values())
+
+    wait_until(hints_consumed, timeout=30, message="hints were not consumed")
+    streamed_past(fleet, "steady", before.last_seq + 10, workers)
+    after = fleet.record("steady")
+    assert (after.lease_owner, after.lease_epoch) == (before.lease_owner, before.lease_epoch)
+    (session,) = sim.sessions("steady")
+    assert session.is_open
+
+
+def test_abnormal_closes_reconnect_and_resume_without_gap(fleet, sim, workers):
+    fleet.start("flaky", sim.url_for("flaky"))
+    streamed_past(fleet, "flaky", 10, workers)
+
+    sim.inject_fault("flaky", "drop")  # TCP reset, no close frame
+    wait_until(lambda: len(sim.sessions("flaky")) >= 2, timeout=30, message=lambda: logs_of(workers))
+    sim.inject_fault("flaky", "close_error")  # 1011
+    wait_until(lambda: len(sim.sessions("flaky")) >= 3, timeout=30, message=lambda: logs_of(workers))
+    sim.inject_fault("flaky", "reject")  # the next handshake gets HTTP 503 ...
+    sim.inject_fault("flaky", "drop")  # ... which is the reconnect after this drop
+    wait_until(lambda: len(sim.sessions("flaky")) >= 4, timeout=30, message=lambda: logs_of(workers))
+    sent = max(s.last_seq_sent or 0 for s in sim.sessions("flaky"))
+    checkpoint = streamed_past(fleet, "flaky", sent + 10, workers)
+
+    sessions = sim.sessions("flaky")
+    assert resume_problems(sessions) == []
+    assert [s.from_seq for s in sessions][0] == 1
+    check = check_stream(fleet.stored("flaky"), "flaky", checkpoint)
+    assert check.ok, check
+    record = fleet.record("flaky")
+    assert record.lease_epoch == 1  # the lease was held throughout: no handover
+    assert record.last_error is not None
+    assert "upstream" in record.last_error or "connect" in record.last_error
+    wait_until(lambda: metric(workers, "Reconnects") >= 4, timeout=10)
+
+
+def test_upstream_normal_close_marks_the_connection_stopped(fleet, sim, workers):
+    sim.open_stream("finite", max_seq=40)  # sends 1..40, then closes with 1000
+    fleet.start("finite", sim.url_for("finite"))
+
+    record = wait_until(
+        lambda: (r := fleet.record("finite")).desired_state is DesiredState.STOPPED and r,
+        timeout=30,
+        message=lambda: logs_of(workers),
+    )
+
+    assert record.stop_reason == "upstream_closed"
+    assert (record.lease_owner, record.lease_expires_at_ms) == ("", 0)
+    assert record.last_seq == 40
+    check = check_stream(fleet.stored("finite"), "finite", 40)
+    assert check.ok, check
+    assert len(sim.sessions("finite")) == 1  # nobody reconnected to a finished stream
+
+
+def test_garbage_and_unnumbered_frames_are_stored_counted_and_harmless(fleet, sim, workers):
+    fleet.start("noisy", sim.url_for("noisy"))
+    streamed_past(fleet, "noisy", 5, workers)
+
+    sim.inject_fault("noisy", "garbage")
+    sim.inject_fault("noisy", "noseq")
+
+    def unnumbered():
+        return [i for i in fleet.stored("noisy") if "seq" not in i]
+
+    local = wait_until(lambda: len(u := unnumbered()) == 2 and u, timeout=30)
+    assert sorted(i["message_data"] for i in local) == ["<<garbage for noisy>>", "noisy:noseq"]
+    assert all(i["sk"].startswith("L") for i in local)
+    before = fleet.record("noisy").last_seq
+    checkpoint = streamed_past(fleet, "noisy", before + 10, workers)
+    check = check_stream(fleet.stored("noisy"), "noisy", checkpoint)
+    assert check.ok, check
+    assert len(sim.sessions("noisy")) == 1  # no crash, no reconnect
+    wait_until(
+        lambda: metric(workers, "InvalidFrames") >= 1 and metric(workers, "NoSeqFrames") >= 1,
+        timeout=10,
+    )
+
+
+def test_logs_are_json_with_ids_and_no_query_strings(fleet, sim, workers):
+    fleet.start("private", sim.url_for("private") + "?token=s3cr3t")
+    streamed_past(fleet, "private", 5, workers)
+    for worker in workers:
+        text = worker.output()
+        assert "s3cr3t" not in text
+        for line in worker.logs():
+            assert line["worker_id"] == worker.worker_id
+        for line in worker.logs("session started"):
+            assert {"connection_id", "epoch"} <= set(line)
+    assert metric(workers, "MessagesReceived") > 0
+    documents = [d for w in workers for d in w.records() if "ActiveConnections" in d]
+    assert documents and documents[-1]["ServiceName"] == "wsfleet-worker"
