@@ -374,11 +374,8 @@ def _send_hint(sender: HintSender, record: ConnectionRecord) -> None:
 
 
 def _stop(connection_id: str) -> Response:
-    requested_at = now_ms()
-    record = dependencies().store.stop(connection_pk(connection_id))
-    # LeaseStore.stop returns the untouched item when it was already STOPPED; only a write
-    # made by this call carries an updated_at_ms from after the request began.
-    stopped_now = record.updated_at_ms >= requested_at
+    result = dependencies().store.stop(connection_pk(connection_id))
+    record, stopped_now = result.record, result.stopped
     if stopped_now:
         metrics.add_metric(name="ConnectionsStopped", unit=MetricUnit.Count, value=1)
     outcome = "stopped" if stopped_now else "already_stopped"

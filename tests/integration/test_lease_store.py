@@ -94,8 +94,9 @@ def test_stop_is_idempotent_and_404s_unknown(store):
     pk = started(store)
     first = store.stop(pk, reason="api")
     second = store.stop(pk, reason="again")
-    assert first.desired_state is DesiredState.STOPPED
-    assert second.stop_reason == "api"  # the second STOP wrote nothing
+    assert first.stopped and first.record.desired_state is DesiredState.STOPPED
+    assert not second.stopped
+    assert second.record.stop_reason == "api"  # the second STOP wrote nothing
     with pytest.raises(ConnectionNotFound):
         store.stop("CONN#missing")
 

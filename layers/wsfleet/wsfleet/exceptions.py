@@ -6,6 +6,7 @@ One root, so callers can catch "anything wsfleet said" in one place::
     ├── ConfigurationError        a setting is missing or inconsistent
     ├── StoreError                DynamoDB/SQS failed in a way we could not classify
     ├── ConnectionNotFound        no connection item with that pk
+    ├── InvalidUpstreamUrl        ws_url refused (scheme, host, SSRF guard); also a ValueError
     └── LeaseError                a conditional lease write was refused; carries `current`
         ├── LeaseConflict         acquire: someone else holds a live lease
         ├── LeaseLost             renew/release/checkpoint: owner or epoch changed (we are fenced)
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionNotFound",
     "ConnectionStopped",
+    "InvalidUpstreamUrl",
     "LeaseConflict",
     "LeaseError",
     "LeaseLost",
@@ -55,6 +57,15 @@ class ConnectionNotFound(WsfleetError):
     def __init__(self, pk: str) -> None:
         super().__init__(f"connection {pk} not found")
         self.pk = pk
+
+
+class InvalidUpstreamUrl(WsfleetError, ValueError):
+    """``ws_url`` was refused; the message says why (and never repeats the query string).
+
+    Subclasses ValueError too, so a pydantic validator may raise it directly.
+    """
+
+    field = "ws_url"
 
 
 class LeaseError(WsfleetError):

@@ -40,7 +40,7 @@ from .exceptions import (
 from .lease import Lease, RefusalReason, is_ours, refusal_reason
 from .record import ConnectionRecord, DesiredState, WorkerRecord, worker_pk
 
-__all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult"]
+__all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult", "StopResult"]
 
 GSI_NAME = "gsi_desired_state_lease"
 _MAX_ERROR_CHARS = 1024
@@ -75,6 +75,14 @@ class StartResult:
     record: ConnectionRecord
     created: bool = False
     restarted: bool = False
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """Outcome of :meth:`LeaseStore.stop`: the record and whether this call stopped it."""
+
+    record: ConnectionRecord
+    stopped: bool
 
 
 @dataclass(frozen=True)
@@ -254,8 +262,10 @@ class LeaseStore:
             return StartResult(winner)
         return StartResult(ConnectionRecord.from_item(item), restarted=True)
 
-    def stop(self, pk: str, *, reason: str = "stopped") -> ConnectionRecord:
+    def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
         """Set desired_state to STOPPED (idempotent). Raises ConnectionNotFound for unknown pk.
+
+        ``stopped`` is False when the connection was already STOPPED (nothing was written).
 
         The lease is left alone: its holder learns of the STOP from its control channel or its
         next renewal, closes, and releases.
@@ -282,8 +292,8 @@ class LeaseStore:
             current = self._refused_record(exc)
             if current is None:
                 raise ConnectionNotFound(pk) from exc
-            return current  # already STOPPED
-        return ConnectionRecord.from_item(item)
+            return StopResult(current, stopped=False)
+        return StopResult(ConnectionRecord.from_item(item), stopped=True)
 
     def list_connections(
         self,

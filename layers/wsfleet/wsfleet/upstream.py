@@ -51,7 +51,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .exceptions import WsfleetError
+from .exceptions import InvalidUpstreamUrl
 
 __all__ = [
     "MAX_URL_LENGTH",
@@ -92,15 +92,6 @@ _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 #: WHATWG URL rule: a host whose last label is numeric is parsed as an IPv4 address.
 _NUMERIC_LABEL = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
 _MAX_HOST_LENGTH = 253
-
-
-class InvalidUpstreamUrl(WsfleetError, ValueError):
-    """``ws_url`` was refused; the message says why (and never repeats the query string).
-
-    Subclasses ValueError too, so a pydantic validator may raise it directly.
-    """
-
-    field = "ws_url"
 
 
 def normalize_allowed_hosts(entries: Iterable[str]) -> tuple[str, ...]:
