@@ -76,3 +76,20 @@ def test_an_oversized_frame_is_rejected_alone(store):
     result = store.put_batch([frame(1), huge, frame(3)])
     assert result.rejected == [huge]
     assert [item["seq"] for item in store.read_all("CONN#s1")] == [1, 3]
+
+
+def test_a_guard_failing_at_the_last_moment_keeps_the_request_from_leaving(store):
+    """The before-send hook re-checks the guard after signing: nothing is written."""
+    messages = [frame(1), frame(2)]
+    answers = iter([True, True])  # the per-item check passes; every later check fails
+
+    result = store.put_batch(messages, guard=lambda m: next(answers, False))
+
+    assert (result.written, result.requests) == (0, 0)
+    assert sorted(m.seq for m in result.fenced) == [1, 2]
+    assert store.read_all("CONN#s1") == []
+
+
+def test_a_passing_guard_writes_normally(store):
+    result = store.put_batch([frame(1)], guard=lambda m: True)
+    assert (result.written, result.fenced) == (1, [])

@@ -191,3 +191,36 @@ def test_other_errors_are_store_errors(client):
         stub.add_client_error("batch_write_item", "ResourceNotFoundException", http_status_code=400)
         with pytest.raises(StoreError):
             store_for(client).put_batch([message(1)])
+
+
+# ---------------------------------------------------------------- guard (fencing)
+def test_guard_filters_items_before_the_request(client):
+    keep, fenced = message(1), message(2)
+    with Stubber(client) as stub:
+        stub.add_response(
+            "batch_write_item",
+            {},
+            {"RequestItems": {TABLE: [{"PutRequest": {"Item": keep.to_wire(None)}}]}},
+        )
+        result = store_for(client).put_batch([keep, fenced], guard=lambda m: m.seq == 1)
+        stub.assert_no_pending_responses()
+    assert (result.written, result.fenced, result.requests) == (1, [fenced], 1)
+
+
+def test_guard_is_asked_again_before_each_retry(client):
+    a, b = message(1), message(2)
+    allowed = {1, 2}
+    with Stubber(client) as stub:
+        stub.add_response("batch_write_item", unprocessed(b), {"RequestItems": ANY})
+        store = store_for(client)
+        store._sleep = lambda _s: allowed.discard(2)  # the lease lapses during the backoff
+        result = store.put_batch([a, b], guard=lambda m: m.seq in allowed)
+        stub.assert_no_pending_responses()
+    assert (result.written, result.fenced, result.unwritten, result.requests) == (1, [b], [], 1)
+
+
+def test_fully_fenced_batch_sends_nothing(client):
+    with Stubber(client) as stub:
+        result = store_for(client).put_batch([message(1)], guard=lambda m: False)
+        stub.assert_no_pending_responses()
+    assert (result.written, result.requests, len(result.fenced)) == (0, 0, 1)

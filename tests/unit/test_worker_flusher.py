@@ -28,10 +28,13 @@ class RecordingStore:
         self.gate = threading.Event()
         self.gate.set()
 
-    def put_batch(self, messages: list[Message]) -> PutResult:
+    def put_batch(self, messages: list[Message], guard=None) -> PutResult:
         self.gate.wait(WAIT)
-        self.batches.append(list(messages))
         result = PutResult(requests=1)
+        if guard is not None:
+            result.fenced = [m for m in messages if not guard(m)]
+            messages = [m for m in messages if guard(m)]
+        self.batches.append(list(messages))
         for m in messages:
             if m.key in self.unwritten_once:
                 self.unwritten_once.discard(m.key)
@@ -140,6 +143,24 @@ def test_frames_of_a_fenced_owner_are_dropped_not_written():
         assert fenced.written == []
         assert all(m.pk != "CONN#z" for b in store.batches for m in b)
         assert metrics.totals["FencedFramesDropped"] == 3
+
+    run_with_flusher(scenario)
+
+
+def test_an_owner_fenced_while_its_batch_waits_for_a_thread_writes_nothing():
+    async def scenario(flusher, store, metrics):
+        owner, other = Owner("a"), Owner("b")
+        store.gate.clear()  # the write thread is busy: the batch waits at the store
+        await flusher.put(frame(owner, 1))
+        await flusher.put(frame(other, 1))
+        flusher.flush_now()
+        await asyncio.sleep(0.05)
+        owner.writable = False  # the lease is lost before the request leaves
+        store.gate.set()
+        await until(lambda: other.written == [1])
+        assert owner.written == []
+        assert all(m.pk != "CONN#a" for b in store.batches for m in b)
+        assert metrics.totals["FencedFramesDropped"] == 1
 
     run_with_flusher(scenario)
 

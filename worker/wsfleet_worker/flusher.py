@@ -12,9 +12,10 @@ session's checkpoint. Frames DynamoDB did not take (throttling beyond the store'
 or an outage) go back to the front of the line after a pause; they are never silently dropped,
 because the checkpoint must not pass them.
 
-Fencing: right before a batch is sent, each frame's owner is asked :meth:`FrameOwner.may_write`.
-A session that lost its lease, or whose self-fence deadline has passed (e.g. the process was
-paused past its lease), gets its frames dropped here: a fenced worker writes nothing more.
+Fencing: each frame's owner is asked :meth:`FrameOwner.may_write` when its batch is formed,
+and again (through the store's ``guard``) before every request, at the last moment before it
+is sent. A session that lost its lease, or whose self-fence deadline has passed (e.g. the
+process was paused past its lease), gets its frames dropped: a fenced worker writes nothing.
 
 Backpressure: the queue is bounded. When it is full, :meth:`put` waits, the session stops
 reading its socket, websockets stops reading TCP, and the upstream's sends block. Memory stays
@@ -158,19 +159,24 @@ class MessageFlusher:
 
     async def _write(self, batch: list[QueuedFrame]) -> None:
         try:
-            now = self._clock()
-            live = [frame for frame in batch if frame.owner.may_write(now)]
-            if len(live) < len(batch):
-                self._metrics.count("FencedFramesDropped", len(batch) - len(live))
+            live = self._writable(batch)
             if not live:
                 return
+            owners = {frame.message.key: frame.owner for frame in live}
+            clock = self._clock
+
+            def guard(message: Message) -> bool:  # runs on the write thread, before each send
+                return owners[message.key].may_write(clock())
+
             try:
                 result: PutResult = await self._offloader.write(
-                    self._store.put_batch, [frame.message for frame in live]
+                    self._store.put_batch, [frame.message for frame in live], guard=guard
                 )
             except Exception as exc:  # StoreError, or anything unexpected: keep the frames
                 self._log_warning("message batch failed; will retry", exc)
                 result = PutResult(unwritten=[frame.message for frame in live], requests=1)
+            if result.fenced:
+                self._metrics.count("FencedFramesDropped", len(result.fenced))
             self._settle(live, result)
             if result.unwritten:
                 await asyncio.sleep(random.uniform(0.05, 0.25))  # let DynamoDB recover
@@ -180,15 +186,24 @@ class MessageFlusher:
         finally:
             self._slots.release()
 
+    def _writable(self, batch: list[QueuedFrame]) -> list[QueuedFrame]:
+        """Drop frames whose session may no longer write (fenced or past its deadline)."""
+        now = self._clock()
+        live = [frame for frame in batch if frame.owner.may_write(now)]
+        if len(live) < len(batch):
+            self._metrics.count("FencedFramesDropped", len(batch) - len(live))
+        return live
+
     def _settle(self, live: list[QueuedFrame], result: PutResult) -> None:
         unwritten, rejected = _keys(result.unwritten), _keys(result.rejected)
+        fenced = _keys(result.fenced)
         oldest = min(frame.enqueued_at for frame in live)
         self._metrics.observe("FlushLatencyMs", (time.monotonic() - oldest) * 1000)
         self._metrics.count("MessageWriteRequests", result.requests)
         self._metrics.count("MessagesWritten", result.written)
         for frame in live:
             key = frame.message.key
-            if key in unwritten:
+            if key in unwritten or key in fenced:
                 continue
             if key in rejected:
                 self._metrics.count("MessagesRejected")

@@ -15,6 +15,15 @@ Attributes: ``pk, sk, seq`` (absent for unnumbered frames), ``message_data`` (th
 ``data`` field, else the whole frame), ``received_at_ms``, ``worker_id``, ``lease_epoch`` and
 ``expires_at`` (epoch seconds, the table's TTL attribute; left out when retention is 0).
 
+Fencing (``guard``): a worker may only write frames while it surely holds the connection's
+lease. BatchWriteItem takes no condition, so :meth:`MessageStore.put_batch` accepts a
+``guard(message) -> bool`` that it evaluates before every attempt (a retry after a backoff
+sleep may come after the lease was lost) and once more, for the whole request, in a botocore
+``before-send`` hook: after serialisation and signing, microseconds before the bytes leave. A
+request whose guard fails there is not sent; its items are re-checked one by one, and those
+refused are reported as ``fenced``. What remains is the time between that last check and
+DynamoDB applying the write, which the lease's safety margin covers.
+
 Writes go through BatchWriteItem, 25 items per request. ``UnprocessedItems`` (DynamoDB's way of
 saying "throttled, try these again") are retried with full-jitter backoff up to a bound; what is
 still unwritten after that is handed back to the caller, which owns the retry policy (the worker
@@ -34,6 +43,7 @@ Example::
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -131,13 +141,29 @@ class PutResult:
 
     ``unwritten``: still throttled after the retry bound (safe to retry later).
     ``rejected``: refused as invalid on its own; retrying cannot help.
-    ``requests``: BatchWriteItem/PutItem calls made (the request-cost benchmark reads it).
+    ``fenced``: not sent because the caller's guard refused them (lease no longer safe).
+    ``requests``: BatchWriteItem/PutItem calls sent (the request-cost benchmark reads it).
     """
 
     written: int = 0
     unwritten: list[Message] = field(default_factory=list)
     rejected: list[Message] = field(default_factory=list)
+    fenced: list[Message] = field(default_factory=list)
     requests: int = 0
+
+    def merge(self, other: PutResult) -> None:
+        self.written += other.written
+        self.unwritten.extend(other.unwritten)
+        self.rejected.extend(other.rejected)
+        self.fenced.extend(other.fenced)
+        self.requests += other.requests
+
+
+Guard = Callable[[Message], bool]
+
+
+class _GuardTripped(Exception):
+    """Raised from the before-send hook: the request must not leave (never escapes)."""
 
 
 class MessageStore:
@@ -170,6 +196,14 @@ class MessageStore:
         self._backoff_cap = backoff_cap
         self._sleep = sleep
         self._rng = rng
+        self._pending_guard = threading.local()  # the guard of this thread's request in flight
+        events = getattr(getattr(client, "meta", None), "events", None)
+        if events is not None:
+            events.register(
+                "before-send.dynamodb.BatchWriteItem",
+                self._check_guard_before_send,
+                unique_id=f"wsfleet-messages-guard-{id(self)}",
+            )
 
     @classmethod
     def from_settings(cls, settings: Any, client: Any = None) -> MessageStore:
@@ -187,46 +221,56 @@ class MessageStore:
         return received_at_ms // 1000 + self.retention_seconds
 
     # ------------------------------------------------------------------ writes
-    def put_batch(self, messages: Iterable[Message]) -> PutResult:
+    def put_batch(self, messages: Iterable[Message], *, guard: Guard | None = None) -> PutResult:
         """Write every message, 25 per BatchWriteItem; see :class:`PutResult`.
 
         Two messages with the same key in one call keep the last one (DynamoDB refuses
         duplicate keys inside one request, and the later frame is the one to keep).
-        Raises StoreError for failures that are not about throughput or single items
-        (a missing table, bad credentials).
+        ``guard`` (see the module docstring) is asked before every attempt whether each
+        message may still be written. Raises StoreError for failures that are not about
+        throughput or single items (a missing table, bad credentials).
         """
         unique = list({m.key: m for m in messages}.values())
         result = PutResult()
         for start in range(0, len(unique), BATCH_WRITE_LIMIT):
-            self._put_chunk(unique[start:start + BATCH_WRITE_LIMIT], result)
+            self._put_chunk(unique[start:start + BATCH_WRITE_LIMIT], result, guard)
         return result
 
-    def _put_chunk(self, chunk: Sequence[Message], result: PutResult) -> None:
+    def _put_chunk(self, chunk: Sequence[Message], result: PutResult, guard: Guard | None) -> None:
         pending = {m.key: m for m in chunk}
         delays = self._delays()
-        for attempt in range(self._attempts):
-            if attempt:
+        wait = False
+        for _attempt in range(self._attempts):
+            if wait:
                 self._sleep(next(delays))
+            wait = True
+            if guard is not None:
+                pending = self._apply_guard(pending, guard, result)
+                if not pending:
+                    return
             request = [
                 {"PutRequest": {"Item": m.to_wire(self.expires_at(m.received_at_ms))}}
                 for m in pending.values()
             ]
-            result.requests += 1
             try:
-                response = self._client.batch_write_item(
-                    RequestItems={self.table_name: request}
-                )
+                response = self._send_batch(request, list(pending.values()), guard)
+            except _GuardTripped:
+                wait = False  # not sent: re-check the items one by one, no need to back off
+                continue
             except ClientError as exc:
+                result.requests += 1
                 if _is_validation(exc):
-                    self._isolate_invalid(list(pending.values()), result)
+                    self._isolate_invalid(list(pending.values()), result, guard)
                     return
                 if is_throttling(exc) or is_ambiguous(exc):
                     continue  # nothing (or something idempotent) was written: go again
                 raise StoreError(f"batch_write_item on {self.table_name} failed: {exc}") from exc
             except BotoCoreError as exc:
+                result.requests += 1
                 if is_ambiguous(exc):
                     continue
                 raise StoreError(f"batch_write_item on {self.table_name} failed: {exc}") from exc
+            result.requests += 1
             left = _unprocessed_keys(response, self.table_name)
             result.written += len(pending) - len(left)
             pending = {key: pending[key] for key in left if key in pending}
@@ -234,10 +278,40 @@ class MessageStore:
                 return
         result.unwritten.extend(pending.values())
 
-    def _isolate_invalid(self, messages: list[Message], result: PutResult) -> None:
+    @staticmethod
+    def _apply_guard(
+        pending: dict[tuple[str, str], Message], guard: Guard, result: PutResult
+    ) -> dict[tuple[str, str], Message]:
+        allowed = {key: m for key, m in pending.items() if guard(m)}
+        if len(allowed) < len(pending):
+            result.fenced.extend(m for key, m in pending.items() if key not in allowed)
+        return allowed
+
+    def _send_batch(
+        self, request: list[dict[str, Any]], messages: list[Message], guard: Guard | None
+    ) -> dict[str, Any]:
+        local = self._pending_guard
+        local.check = (lambda: all(guard(m) for m in messages)) if guard is not None else None
+        try:
+            return self._client.batch_write_item(RequestItems={self.table_name: request})
+        finally:
+            local.check = None
+
+    def _check_guard_before_send(self, **_kwargs: Any) -> None:
+        """botocore before-send hook: the last moment to keep a fenced request from leaving."""
+        check = getattr(self._pending_guard, "check", None)
+        if check is not None and not check():
+            raise _GuardTripped()
+
+    def _isolate_invalid(
+        self, messages: list[Message], result: PutResult, guard: Guard | None
+    ) -> None:
         """A request was refused as invalid: find the item(s) responsible by halving."""
         if len(messages) == 1:
             message = messages[0]
+            if guard is not None and not guard(message):
+                result.fenced.append(message)
+                return
             result.requests += 1
             try:
                 self._client.put_item(
@@ -258,11 +332,8 @@ class MessageStore:
         middle = len(messages) // 2
         for half in (messages[:middle], messages[middle:]):
             sub = PutResult()
-            self._put_chunk(half, sub)
-            result.written += sub.written
-            result.unwritten.extend(sub.unwritten)
-            result.rejected.extend(sub.rejected)
-            result.requests += sub.requests
+            self._put_chunk(half, sub, guard)
+            result.merge(sub)
 
     def _delays(self) -> Iterator[float]:
         return backoff(initial=self._backoff_initial, cap=self._backoff_cap, rng=self._rng)
