@@ -1,0 +1,703 @@
+"""template.yaml keeps the contract the code relies on.
+
+The code and the stack meet at names: table keys and index, the stream view, the TTL attribute,
+environment variables, metric names and dimensions, the IAM actions each component calls, the
+schedule and the stream filter. Nothing checks those at deploy time until something fails in
+an account, so this test reads the template (plus the Dockerfile, samconfig.toml and
+docs/deploy.md, which must agree with it) and pins each of them. Fast, no network, no AWS.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from wsfleet.settings import ENVIRONMENT
+from wsfleet.store import GSI_NAME
+from wsfleet_worker.config import WORKER_ENVIRONMENT
+
+ROOT = Path(__file__).resolve().parents[2]
+CTL_QUEUES = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-ctl-*"
+CTL_PREFIX = {"Fn::Sub": "${AWS::StackName}-ctl-"}
+TABLE = "ConnectionsTable.Arn"
+GSI = "${ConnectionsTable.Arn}/index/gsi_desired_state_lease"
+WORKER_ITEMS_ONLY = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["WORKER#*"]}}
+
+
+# ------------------------------------------------------------------------------------- loading
+class _CfnLoader(yaml.SafeLoader):
+    """Reads CloudFormation short-form tags (!Ref, !Sub, ...) as their long JSON form."""
+
+
+def _intrinsic(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if suffix in ("Ref", "Condition"):
+        return {suffix: value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+_CfnLoader.add_multi_constructor("!", _intrinsic)
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return yaml.load((ROOT / "template.yaml").read_text(), Loader=_CfnLoader)
+
+
+@pytest.fixture(scope="module")
+def resources(template: dict[str, Any]) -> dict[str, Any]:
+    return template["Resources"]
+
+
+def props(resources: Mapping[str, Any], logical_id: str) -> dict[str, Any]:
+    return resources[logical_id]["Properties"]
+
+
+def function_env(template: Mapping[str, Any], logical_id: str) -> dict[str, Any]:
+    """Globals' variables merged with the function's own, as SAM merges them."""
+    merged = dict(template["Globals"]["Function"]["Environment"]["Variables"])
+    merged.update(props(template["Resources"], logical_id)["Environment"]["Variables"])
+    return merged
+
+
+def worker_container(resources: Mapping[str, Any]) -> dict[str, Any]:
+    (container,) = props(resources, "WorkerTaskDefinition")["ContainerDefinitions"]
+    return container
+
+
+def task_env(resources: Mapping[str, Any]) -> dict[str, Any]:
+    return {item["Name"]: item["Value"] for item in worker_container(resources)["Environment"]}
+
+
+# ------------------------------------------------------------------------------------- IAM view
+def as_list(value: Any) -> list[Any]:
+    """IAM allows a single Action/Resource in place of a list."""
+    return value if isinstance(value, list) else [value]
+
+
+def _resource_key(resource: Any) -> str:
+    """A readable, comparable name for a policy Resource value."""
+    if resource == "*":
+        return "*"
+    if isinstance(resource, dict) and "Fn::GetAtt" in resource:
+        return ".".join(resource["Fn::GetAtt"])
+    if isinstance(resource, dict) and "Fn::Sub" in resource:
+        sub = resource["Fn::Sub"]
+        return sub if isinstance(sub, str) else sub[0]
+    raise AssertionError(f"unexpected Resource form {resource!r}")
+
+
+def statements(resources: Mapping[str, Any], role: str) -> Iterator[dict[str, Any]]:
+    for policy in props(resources, role)["Policies"]:
+        yield from policy["PolicyDocument"]["Statement"]
+
+
+def grants(resources: Mapping[str, Any], role: str) -> set[tuple[str, str]]:
+    """(action, resource) pairs of a role, leaving out logging and tracing plumbing."""
+    pairs = set()
+    for statement in statements(resources, role):
+        assert statement["Effect"] == "Allow"
+        for action in as_list(statement["Action"]):
+            if action.split(":")[0] in ("logs", "xray"):
+                continue
+            pairs |= {(action, _resource_key(target)) for target in as_list(statement["Resource"])}
+    return pairs
+
+
+def conditions(resources: Mapping[str, Any], role: str, action: str) -> list[Any]:
+    return [s.get("Condition") for s in statements(resources, role) if action in s["Action"]]
+
+
+# ============================================================================ tables and queues
+def test_connections_table_keys_index_stream_and_ttl(resources: dict[str, Any]) -> None:
+    table = props(resources, "ConnectionsTable")
+
+    assert table["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"}]
+    assert {(a["AttributeName"], a["AttributeType"]) for a in table["AttributeDefinitions"]} == {
+        ("pk", "S"),
+        ("desired_state", "S"),
+        ("lease_expires_at_ms", "N"),
+    }
+    (index,) = table["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == GSI_NAME == "gsi_desired_state_lease"
+    assert index["KeySchema"] == [
+        {"AttributeName": "desired_state", "KeyType": "HASH"},
+        {"AttributeName": "lease_expires_at_ms", "KeyType": "RANGE"},
+    ]
+    assert index["Projection"] == {"ProjectionType": "ALL"}
+    assert table["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
+    assert table["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert table["BillingMode"] == "PAY_PER_REQUEST"
+
+
+def test_messages_table_keys_and_ttl(resources: dict[str, Any]) -> None:
+    table = props(resources, "MessagesTable")
+
+    assert table["KeySchema"] == [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ]
+    assert {(a["AttributeName"], a["AttributeType"]) for a in table["AttributeDefinitions"]} == {
+        ("pk", "S"),
+        ("sk", "S"),
+    }
+    assert table["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+
+
+@pytest.mark.parametrize("table", ["ConnectionsTable", "MessagesTable"])
+def test_tables_are_protected(resources: dict[str, Any], table: str) -> None:
+    definition = resources[table]
+
+    assert definition["Properties"]["SSESpecification"] == {"SSEEnabled": True}
+    assert definition["Properties"]["PointInTimeRecoverySpecification"] == {
+        "PointInTimeRecoveryEnabled": True
+    }
+    assert definition["Properties"]["DeletionProtectionEnabled"] == {"Ref": "DeletionProtection"}
+    assert definition["DeletionPolicy"] == definition["UpdateReplacePolicy"] == "Retain"
+
+
+def test_every_queue_is_encrypted_and_the_hint_queue_redrives(resources: dict[str, Any]) -> None:
+    queues = {k: v for k, v in resources.items() if v["Type"] == "AWS::SQS::Queue"}
+
+    assert set(queues) >= {
+        "HintQueue",
+        "HintDeadLetterQueue",
+        "ReconcilerDeadLetterQueue",
+        "StreamNotifierFailureQueue",
+    }
+    assert all(q["Properties"]["SqsManagedSseEnabled"] is True for q in queues.values())
+    redrive = props(resources, "HintQueue")["RedrivePolicy"]
+    assert redrive["deadLetterTargetArn"] == {"Fn::GetAtt": ["HintDeadLetterQueue", "Arn"]}
+    assert redrive["maxReceiveCount"] >= 1
+
+
+def test_tables_and_queues_use_only_what_the_local_provisioner_resolves(
+    resources: dict[str, Any], template: dict[str, Any]
+) -> None:
+    # local/wsfleet_local/backend.py creates these from this file; it resolves Ref (to
+    # parameters only when they have a Default), GetAtt, Sub and Join, nothing else.
+    def walk(value: Any) -> Iterator[tuple[str, Any]]:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield key, item
+                yield from walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from walk(item)
+
+    parameters = template["Parameters"]
+    for definition in resources.values():
+        if definition["Type"] not in ("AWS::DynamoDB::Table", "AWS::SQS::Queue"):
+            continue
+        for key, argument in walk(definition["Properties"]):
+            if key.startswith("Fn::"):
+                assert key in ("Fn::GetAtt", "Fn::Sub", "Fn::Join"), key
+            if key == "Ref" and argument in parameters:
+                assert "Default" in parameters[argument], argument
+
+
+# ============================================================================ functions
+FUNCTIONS = {
+    "RouterFunction": "router",
+    "ReconcilerFunction": "reconciler",
+    "StreamNotifierFunction": "stream_notifier",
+}
+
+
+@pytest.mark.parametrize(("logical_id", "folder"), FUNCTIONS.items())
+def test_each_function_points_at_a_lambda_handler_in_its_folder(
+    resources: dict[str, Any], logical_id: str, folder: str
+) -> None:
+    function = props(resources, logical_id)
+    assert function["CodeUri"] == f"functions/{folder}/"
+    assert function["Handler"] == "app.lambda_handler"
+
+    app = ROOT / "functions" / folder / "app.py"
+    if not app.is_file():
+        pytest.skip(f"{app} not written yet")
+    tree = ast.parse(app.read_text())
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    names |= {
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    assert "lambda_handler" in names
+
+
+def test_globals_pass_the_shared_settings_to_every_function(template: dict[str, Any]) -> None:
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+
+    assert variables["CONNECTIONS_TABLE"] == {"Ref": "ConnectionsTable"}
+    assert variables["MESSAGES_TABLE"] == {"Ref": "MessagesTable"}
+    assert variables["HINT_QUEUE_URL"] == {"Ref": "HintQueue"}
+    assert variables["LEASE_SECONDS"] == {"Ref": "LeaseSeconds"}
+    assert variables["HEARTBEAT_EVERY"] == {"Ref": "HeartbeatSeconds"}
+    assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "wsfleet"
+    assert template["Globals"]["Function"]["Runtime"] == "python3.11"
+    assert template["Globals"]["Function"]["Tracing"] == "Active"
+
+
+def test_router_environment(template: dict[str, Any]) -> None:
+    env = function_env(template, "RouterFunction")
+
+    assert env["ALLOWED_UPSTREAM_HOSTS"] == {"Ref": "AllowedUpstreamHosts"}
+    assert env["ALLOW_INSECURE_WS"] == {"Ref": "AllowInsecureWs"}
+    assert env["POWERTOOLS_SERVICE_NAME"] == {"Fn::Sub": "${AWS::StackName}-router"}
+
+
+def test_reconciler_environment_and_timeout(template: dict[str, Any]) -> None:
+    env = function_env(template, "ReconcilerFunction")
+
+    assert env["RECONCILE_PASS_SECONDS"] == {"Ref": "ReconcilePassSeconds"}
+    assert int(env["RECONCILE_PAGE_SIZE"]) > 0
+    assert env["CONTROL_QUEUE_PREFIX"] == CTL_PREFIX
+    assert env["POWERTOOLS_SERVICE_NAME"] == {"Fn::Sub": "${AWS::StackName}-reconciler"}
+    assert props(template["Resources"], "ReconcilerFunction")["Timeout"] == 60
+
+
+def test_stream_notifier_environment(template: dict[str, Any]) -> None:
+    env = function_env(template, "StreamNotifierFunction")
+
+    assert env["CONTROL_QUEUE_PREFIX"] == CTL_PREFIX
+    assert env["POWERTOOLS_SERVICE_NAME"] == {"Fn::Sub": "${AWS::StackName}-stream-notifier"}
+
+
+def test_reconciler_schedule(template: dict[str, Any]) -> None:
+    events = props(template["Resources"], "ReconcilerFunction")["Events"]
+    (schedule,) = [e["Properties"] for e in events.values() if e["Type"] == "ScheduleV2"]
+
+    assert schedule["ScheduleExpression"] == {"Ref": "ReconcileSchedule"}
+    assert schedule["State"] == {"Ref": "ReconcileScheduleState"}
+    assert "${AWS::StackName}" in schedule["Name"]["Fn::Sub"]  # unique per stack
+    assert schedule["RetryPolicy"]["MaximumRetryAttempts"] >= 0
+    dead_letters = {"Fn::GetAtt": ["ReconcilerDeadLetterQueue", "Arn"]}
+    assert schedule["DeadLetterConfig"] == {"Arn": dead_letters}
+    parameters = template["Parameters"]
+    assert parameters["ReconcileSchedule"]["Default"] == "rate(1 minute)"
+    assert parameters["ReconcileScheduleState"]["AllowedValues"] == ["ENABLED", "DISABLED"]
+
+
+def test_stop_notifier_stream_source(template: dict[str, Any]) -> None:
+    events = props(template["Resources"], "StreamNotifierFunction")["Events"]
+    (source,) = [e["Properties"] for e in events.values() if e["Type"] == "DynamoDB"]
+
+    assert source["Stream"] == {"Fn::GetAtt": ["ConnectionsTable", "StreamArn"]}
+    assert source["StartingPosition"] == "LATEST"
+    assert source["BisectBatchOnFunctionError"] is True
+    assert source["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert source["MaximumRetryAttempts"] >= 1
+    assert source["BatchSize"] >= 1
+    assert source["DestinationConfig"]["OnFailure"]["Destination"] == {
+        "Fn::GetAtt": ["StreamNotifierFailureQueue", "Arn"]
+    }
+    (only,) = [json.loads(f["Pattern"]) for f in source["FilterCriteria"]["Filters"]]
+    assert only == {
+        "eventName": ["MODIFY"],
+        "dynamodb": {
+            "NewImage": {"desired_state": {"S": ["STOPPED"]}},
+            "OldImage": {"desired_state": {"S": [{"anything-but": ["STOPPED"]}]}},
+        },
+    }
+
+
+# ============================================================================ worker service
+def test_task_environment(resources: dict[str, Any]) -> None:
+    env = task_env(resources)
+
+    assert env["CONNECTIONS_TABLE"] == {"Ref": "ConnectionsTable"}
+    assert env["MESSAGES_TABLE"] == {"Ref": "MessagesTable"}
+    assert env["HINT_QUEUE_URL"] == {"Ref": "HintQueue"}
+    assert env["LEASE_SECONDS"] == {"Ref": "LeaseSeconds"}
+    assert env["HEARTBEAT_EVERY"] == {"Ref": "HeartbeatSeconds"}
+    assert env["MAX_CONNECTIONS"] == {"Ref": "MaxConnectionsPerTask"}
+    assert env["CONTROL_QUEUE_PREFIX"] == CTL_PREFIX
+    assert env["SERVICE_NAME"] == {"Fn::Sub": "${AWS::StackName}-worker"}
+    assert env["POWERTOOLS_SERVICE_NAME"] == env["SERVICE_NAME"]
+    assert env["POWERTOOLS_METRICS_NAMESPACE"] == "wsfleet"
+    assert env["AWS_REGION"] == {"Ref": "AWS::Region"}
+    assert float(env["DRAIN_TIMEOUT_SECONDS"]) > 0
+
+
+def test_every_variable_the_stack_sets_is_one_the_code_reads(
+    template: dict[str, Any], resources: dict[str, Any]
+) -> None:
+    known = {v.name for v in ENVIRONMENT} | {name for name, *_ in WORKER_ENVIRONMENT}
+    known |= {
+        "POWERTOOLS_SERVICE_NAME",
+        "POWERTOOLS_METRICS_NAMESPACE",
+        "POWERTOOLS_LOG_LEVEL",
+        "AWS_REGION",
+    }
+    passed = set(task_env(resources))
+    for logical_id in FUNCTIONS:
+        passed |= set(function_env(template, logical_id))
+
+    assert passed - known == set()
+
+
+def test_stop_timeout_outlasts_the_drain(resources: dict[str, Any]) -> None:
+    container = worker_container(resources)
+
+    assert container["StopTimeout"] > float(task_env(resources)["DRAIN_TIMEOUT_SECONDS"])
+
+
+def test_health_check_reads_the_file_the_worker_writes(resources: dict[str, Any]) -> None:
+    container = worker_container(resources)
+
+    assert container["HealthCheck"]["Command"] == ["CMD", "python", "-m", "wsfleet_worker.health"]
+    settings_default = next(v.default for v in ENVIRONMENT if v.name == "HEALTH_FILE")
+    assert task_env(resources)["HEALTH_FILE"] == settings_default == "/tmp/wsfleet-worker.health"
+    # The root filesystem is read-only; the health file's directory is a writable volume.
+    assert container["ReadonlyRootFilesystem"] is True
+    tmp = {"SourceVolume": "tmp", "ContainerPath": "/tmp", "ReadOnly": False}
+    assert tmp in container["MountPoints"]
+
+
+def test_service_is_private_autoscaled_and_rolls_safely(resources: dict[str, Any]) -> None:
+    service = props(resources, "WorkerService")
+
+    assert "DesiredCount" not in service
+    assert service["LaunchType"] == "FARGATE"
+    network = service["NetworkConfiguration"]["AwsvpcConfiguration"]
+    assert network["AssignPublicIp"] == "DISABLED"
+    assert network["Subnets"] == {"Ref": "SubnetIds"}
+    deployment = service["DeploymentConfiguration"]
+    assert deployment["MinimumHealthyPercent"] == 100
+    assert deployment["MaximumPercent"] == 200
+    assert deployment["DeploymentCircuitBreaker"] == {"Enable": True, "Rollback": True}
+    assert service["ServiceName"] == task_env(resources)["SERVICE_NAME"]
+    assert "SecurityGroupIngress" not in props(resources, "WorkerSecurityGroup")
+
+
+def test_task_has_separate_execution_and_task_roles(resources: dict[str, Any]) -> None:
+    task = props(resources, "WorkerTaskDefinition")
+
+    assert task["ExecutionRoleArn"] == {"Fn::GetAtt": ["WorkerExecutionRole", "Arn"]}
+    assert task["TaskRoleArn"] == {"Fn::GetAtt": ["WorkerTaskRole", "Arn"]}
+    assert task["RequiresCompatibilities"] == ["FARGATE"]
+    log = worker_container(resources)["LogConfiguration"]
+    assert log["LogDriver"] == "awslogs"
+    assert log["Options"]["awslogs-group"] == {"Ref": "WorkerLogGroup"}
+    assert props(resources, "WorkerLogGroup")["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+
+
+def test_autoscaling_tracks_the_metric_the_worker_emits(resources: dict[str, Any]) -> None:
+    target = props(resources, "WorkerScalableTarget")
+    policy = props(resources, "WorkerScalingPolicy")["TargetTrackingScalingPolicyConfiguration"]
+
+    assert target["MinCapacity"] == {"Ref": "MinTasks"}
+    assert target["MaxCapacity"] == {"Ref": "MaxTasks"}
+    assert policy["TargetValue"] == {"Ref": "TargetConnectionsPerTask"}
+    metric = policy["CustomizedMetricSpecification"]
+    assert (metric["Namespace"], metric["MetricName"], metric["Statistic"]) == (
+        "wsfleet",
+        "ActiveConnections",
+        "Average",
+    )
+    service = task_env(resources)["SERVICE_NAME"]
+    assert metric["Dimensions"] == [{"Name": "ServiceName", "Value": service}]
+    assert policy["ScaleInCooldown"] > float(task_env(resources)["DRAIN_TIMEOUT_SECONDS"])
+
+
+def test_dockerfile_runs_the_worker_as_the_task_expects() -> None:
+    dockerfile = (ROOT / "worker" / "Dockerfile").read_text()
+
+    assert 'ENTRYPOINT ["python", "-m", "wsfleet_worker"]' in dockerfile
+    assert 'CMD ["python", "-m", "wsfleet_worker.health"]' in dockerfile
+    assert "HEALTH_FILE=/tmp/wsfleet-worker.health" in dockerfile
+    assert re.search(r"^USER 10001:10001$", dockerfile, re.MULTILINE)
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE) == ["python:3.11-slim"] * 2
+
+
+# ============================================================================ IAM
+EXPECTED_GRANTS = {
+    "RouterRole": {
+        ("dynamodb:GetItem", TABLE),
+        ("dynamodb:PutItem", TABLE),
+        ("dynamodb:UpdateItem", TABLE),
+        ("dynamodb:Query", GSI),
+        ("sqs:SendMessage", "HintQueue.Arn"),
+    },
+    "ReconcilerRole": {
+        ("dynamodb:Query", GSI),
+        ("dynamodb:GetItem", TABLE),
+        ("dynamodb:BatchGetItem", TABLE),
+        ("dynamodb:UpdateItem", TABLE),
+        ("dynamodb:DeleteItem", TABLE),
+        ("sqs:SendMessage", "HintQueue.Arn"),
+        ("sqs:ListQueues", "*"),
+        ("sqs:GetQueueAttributes", CTL_QUEUES),
+        ("sqs:ListQueueTags", CTL_QUEUES),
+        ("sqs:DeleteQueue", CTL_QUEUES),
+        ("sqs:SendMessage", "ReconcilerDeadLetterQueue.Arn"),  # Lambda's async DLQ
+    },
+    "StreamNotifierRole": {
+        ("dynamodb:GetItem", TABLE),
+        ("dynamodb:DescribeStream", "ConnectionsTable.StreamArn"),
+        ("dynamodb:GetRecords", "ConnectionsTable.StreamArn"),
+        ("dynamodb:GetShardIterator", "ConnectionsTable.StreamArn"),
+        ("dynamodb:ListStreams", "${ConnectionsTable.Arn}/stream/*"),
+        ("sqs:SendMessage", CTL_QUEUES),
+        ("sqs:SendMessage", "StreamNotifierFailureQueue.Arn"),
+    },
+    "WorkerTaskRole": {
+        *{
+            (f"dynamodb:{a}", TABLE)
+            for a in ("GetItem", "PutItem", "UpdateItem", "DeleteItem", "BatchGetItem")
+        },
+        ("dynamodb:BatchWriteItem", "MessagesTable.Arn"),
+        ("dynamodb:PutItem", "MessagesTable.Arn"),
+        *{
+            (f"sqs:{a}", "HintQueue.Arn")
+            for a in (
+                "ReceiveMessage",
+                "DeleteMessage",
+                "ChangeMessageVisibility",
+                "SendMessage",
+                "GetQueueAttributes",
+            )
+        },
+        *{
+            (f"sqs:{a}", CTL_QUEUES)
+            for a in (
+                "CreateQueue",
+                "TagQueue",
+                "DeleteQueue",
+                "GetQueueUrl",
+                "GetQueueAttributes",
+                "SetQueueAttributes",
+                "ReceiveMessage",
+                "DeleteMessage",
+            )
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("role", EXPECTED_GRANTS)
+def test_each_component_gets_exactly_the_actions_it_calls(
+    resources: dict[str, Any], role: str
+) -> None:
+    assert grants(resources, role) == EXPECTED_GRANTS[role]
+
+
+@pytest.mark.parametrize(
+    ("role", "action"),
+    [
+        ("ReconcilerRole", "dynamodb:DeleteItem"),
+        ("StreamNotifierRole", "dynamodb:GetItem"),
+        ("WorkerTaskRole", "dynamodb:DeleteItem"),
+    ],
+)
+def test_item_deletes_and_notifier_reads_are_limited_to_worker_items(
+    resources: dict[str, Any], role: str, action: str
+) -> None:
+    assert conditions(resources, role, action) == [WORKER_ITEMS_ONLY]
+
+
+@pytest.mark.parametrize(
+    ("function", "role"),
+    [
+        ("RouterFunction", "RouterRole"),
+        ("ReconcilerFunction", "ReconcilerRole"),
+        ("StreamNotifierFunction", "StreamNotifierRole"),
+    ],
+)
+def test_functions_use_their_own_role_and_log_only_to_their_log_group(
+    resources: dict[str, Any], function: str, role: str
+) -> None:
+    assert props(resources, function)["Role"] == {"Fn::GetAtt": [role, "Arn"]}
+    assert "Policies" not in props(resources, function)  # no SAM-managed role, no managed policies
+    name = props(resources, function)["FunctionName"]["Fn::Sub"]  # ${AWS::StackName}-<name>
+    (logs,) = [s for s in statements(resources, role) if s["Action"][0].startswith("logs:")]
+    assert logs["Resource"]["Fn::Sub"].endswith(f":log-group:/aws/lambda/{name}:*")
+    group = next(
+        r
+        for r in resources.values()
+        if r["Type"] == "AWS::Logs::LogGroup"
+        and r["Properties"]["LogGroupName"] == {"Fn::Sub": f"/aws/lambda/${{{function}}}"}
+    )
+    assert group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+
+
+def test_wildcard_resources_only_where_aws_requires_them(resources: dict[str, Any]) -> None:
+    # X-Ray writes, ECR login and ListQueues have no resource type to scope to.
+    allowed = {
+        "xray:PutTraceSegments",
+        "xray:PutTelemetryRecords",
+        "ecr:GetAuthorizationToken",
+        "sqs:ListQueues",
+    }
+    for logical_id, definition in resources.items():
+        if definition["Type"] != "AWS::IAM::Role":
+            continue
+        for statement in statements(resources, logical_id):
+            actions = as_list(statement["Action"])
+            assert all("*" not in action for action in actions), (logical_id, actions)
+            if statement["Resource"] == "*":
+                assert set(actions) <= allowed, (logical_id, actions)
+
+
+def test_execution_role_pulls_only_the_worker_repository(resources: dict[str, Any]) -> None:
+    (pull,) = [
+        s for s in statements(resources, "WorkerExecutionRole") if s["Sid"] == "PullWorkerImage"
+    ]
+
+    assert sorted(pull["Action"]) == [
+        "ecr:BatchCheckLayerAvailability",
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+    ]
+    assert pull["Resource"]["Fn::Sub"][0].endswith(":repository/${RepositoryName}")
+
+
+# ============================================================================ API
+def test_api_routes_match_the_router_events_and_follow_api_auth(resources: dict[str, Any]) -> None:
+    api = props(resources, "Api")
+    events = props(resources, "RouterFunction")["Events"].values()
+    routes = {(e["Properties"]["Path"], e["Properties"]["Method"].lower()) for e in events}
+    paths = api["DefinitionBody"]["paths"]
+
+    assert {(path, method) for path, methods in paths.items() for method in methods} == routes
+    expected = {"Fn::If": ["UseApiKeyAuth", [{"api_key": []}], [{"sigv4": []}]]}
+    assert all(methods[m]["security"] == expected for methods in paths.values() for m in methods)
+    schemes = api["DefinitionBody"]["components"]["securitySchemes"]
+    assert schemes["sigv4"]["x-amazon-apigateway-authtype"] == "awsSigv4"
+    assert api["MergeDefinitions"] is True
+    assert api["AccessLogSetting"]["DestinationArn"] == {"Fn::GetAtt": ["ApiAccessLogGroup", "Arn"]}
+    assert json.loads(api["AccessLogSetting"]["Format"])  # structured (JSON) access logs
+    assert api["TracingEnabled"] is True
+    (throttle,) = api["MethodSettings"]
+    assert throttle["ThrottlingRateLimit"] > 0 and throttle["ThrottlingBurstLimit"] > 0
+    for usage in ("ApiUsagePlan", "ApiKey", "ApiUsagePlanKey"):
+        assert resources[usage]["Condition"] == "UseApiKeyAuth"
+
+
+# ============================================================================ alarms, dashboard
+def alarms(resources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        k: v["Properties"] for k, v in resources.items() if v["Type"] == "AWS::CloudWatch::Alarm"
+    }
+
+
+def test_alarms_notify_the_optional_topic(resources: dict[str, Any]) -> None:
+    expected = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+
+    assert len(alarms(resources)) >= 9
+    for alarm in alarms(resources).values():
+        assert alarm["AlarmActions"] == alarm["OKActions"] == expected
+
+
+def test_metric_alarms_use_the_dimensions_the_code_emits(
+    template: dict[str, Any], resources: dict[str, Any]
+) -> None:
+    orphan = alarms(resources)["OldestOrphanAgeAlarm"]
+    (age,) = [m["MetricStat"]["Metric"] for m in orphan["Metrics"] if "MetricStat" in m]
+    assert (age["Namespace"], age["MetricName"]) == ("wsfleet", "OldestOrphanAgeMs")
+    reconciler_service = function_env(template, "ReconcilerFunction")["POWERTOOLS_SERVICE_NAME"]
+    assert age["Dimensions"] == [{"Name": "service", "Value": reconciler_service}]
+    (expression,) = [m["Expression"] for m in orphan["Metrics"] if "Expression" in m]
+    assert expression == {"Fn::Sub": "age / (2000 * ${LeaseSeconds})"}  # above 2 x lease
+    assert orphan["Threshold"] == 1
+
+    lost = alarms(resources)["WorkerLeaseLostAlarm"]
+    assert (lost["Namespace"], lost["MetricName"]) == ("wsfleet", "LeaseLost")
+    service = task_env(resources)["SERVICE_NAME"]
+    assert lost["Dimensions"] == [{"Name": "ServiceName", "Value": service}]
+
+
+def test_dashboard_body_is_json_once_substituted(resources: dict[str, Any]) -> None:
+    body = props(resources, "Dashboard")["DashboardBody"]["Fn::Sub"]
+
+    parsed = json.loads(re.sub(r"\$\{[^}]+\}", "1", body))
+    assert len(parsed["widgets"]) >= 6
+
+
+# ============================================================================ parameters
+def test_lease_rules_spell_out_lease_at_least_twice_the_heartbeat(template: dict[str, Any]) -> None:
+    heartbeats = [int(h) for h in template["Parameters"]["HeartbeatSeconds"]["AllowedValues"]]
+    lease_min = template["Parameters"]["LeaseSeconds"]["MinValue"]
+    rules = template["Rules"].values()
+
+    for heartbeat in heartbeats:
+        too_short = [str(v) for v in range(lease_min, 2 * heartbeat)]
+        matching = [
+            r
+            for r in rules
+            if r["RuleCondition"] == {"Fn::Equals": [{"Ref": "HeartbeatSeconds"}, str(heartbeat)]}
+        ]
+        if not too_short:
+            assert matching == []
+            continue
+        (rule,) = matching
+        (assertion,) = rule["Assertions"]
+        assert assertion["Assert"] == {
+            "Fn::Not": [{"Fn::Contains": [too_short, {"Ref": "LeaseSeconds"}]}]
+        }
+
+
+def _samconfig_parameters() -> dict[str, dict[str, str]]:
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())
+    found = {}
+    for env in ("default", "dev", "prod"):
+        overrides = config[env]["deploy"]["parameters"]["parameter_overrides"]
+        found[env] = {k: v.strip('"') for k, v in (item.split("=", 1) for item in overrides)}
+    return found
+
+
+@pytest.mark.parametrize("env", ["default", "dev", "prod"])
+def test_samconfig_env_is_complete_and_consistent(template: dict[str, Any], env: str) -> None:
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())[env]["deploy"]["parameters"]
+    values = _samconfig_parameters()[env]
+
+    assert set(values) == set(template["Parameters"])  # every parameter, explicitly
+    assert config["capabilities"] == "CAPABILITY_IAM"
+    assert config["resolve_s3"] is True
+    assert "confirm_changeset" in config
+    assert values["ReconcileSchedule"] == "rate(1 minute)"
+    assert values["ReconcileScheduleState"] in ("ENABLED", "DISABLED")
+    lease, heartbeat = float(values["LeaseSeconds"]), float(values["HeartbeatSeconds"])
+    assert lease >= 2 * heartbeat
+    assert float(values["ReconcilePassSeconds"]) < lease - heartbeat
+    assert int(values["MinTasks"]) <= int(values["MaxTasks"])
+    assert int(values["TargetConnectionsPerTask"]) < int(values["MaxConnectionsPerTask"])
+
+
+def test_template_defaults_are_consistent(template: dict[str, Any]) -> None:
+    p = {k: v.get("Default") for k, v in template["Parameters"].items()}
+
+    assert p["LeaseSeconds"] >= 2 * p["HeartbeatSeconds"]
+    assert p["ReconcilePassSeconds"] < p["LeaseSeconds"] - p["HeartbeatSeconds"]
+    assert p["MinTasks"] <= p["MaxTasks"]
+    assert p["TargetConnectionsPerTask"] < p["MaxConnectionsPerTask"]
+
+
+# ============================================================================ docs
+def test_deploy_doc_covers_every_parameter_alarm_and_output(template: dict[str, Any]) -> None:
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+
+    for parameter in template["Parameters"]:
+        assert f"`{parameter}`" in doc, parameter
+    for alarm in alarms(template["Resources"]).values():
+        suffix = alarm["AlarmName"]["Fn::Sub"].removeprefix("${AWS::StackName}")
+        assert f"`<stack>{suffix}`" in doc, suffix
+    for output in template["Outputs"]:
+        assert f"`{output}`" in doc, output
