@@ -1,0 +1,257 @@
+"""Talk to a wsfleet deployment, local or on AWS: the REST API, or the connections table directly.
+
+:class:`ApiClient` calls the router's routes. A loopback URL (the local API) is called as is;
+any other URL is a deployed API Gateway REST API with IAM auth, so each request is signed with
+SigV4 (service ``execute-api``) using the caller's normal AWS credentials (profile, env, SSO),
+the region taken from the ``*.execute-api.<region>.amazonaws.com`` host unless given.
+
+:class:`ConnectionRow` is one line of ``wsfleet status``, built from either source:
+:meth:`ConnectionRow.from_api` (the router's JSON view) or :meth:`ConnectionRow.from_item`
+(a raw table item, for ``--table``, which needs only ``dynamodb:Scan`` and so also works when
+the API is down); :func:`scan_table` also returns the ``WORKER#`` items (for
+:class:`wsfleet.record.WorkerRecord`).
+
+Example::
+
+    api = ApiClient("http://127.0.0.1:8080/dev")
+    api.start("s1", "ws://127.0.0.1:9000/s1")
+    rows = [ConnectionRow.from_api(view) for view in api.list_connections()]
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from wsfleet import lease as lease_rules
+from wsfleet.exceptions import WsfleetError
+from wsfleet.record import CONNECTION_PREFIX, WORKER_PREFIX, ConnectionRecord, DesiredState
+
+__all__ = [
+    "ApiClient",
+    "ApiError",
+    "ConnectionRow",
+    "is_loopback_url",
+    "scan_table",
+]
+
+_EXECUTE_API_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$")
+DEFAULT_TIMEOUT_SECONDS = 15.0
+
+
+class ApiError(WsfleetError):
+    """The API answered with an error status (its JSON ``message`` is kept) or not at all."""
+
+    def __init__(self, status: int | None, message: str, body: Any = None) -> None:
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+        self.body = body
+
+
+def is_loopback_url(url: str) -> bool:
+    """True for http(s) URLs on localhost / 127.0.0.0/8 / ::1 (the local API: no signing)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _region_of(url: str) -> str | None:
+    match = _EXECUTE_API_HOST.search(urllib.parse.urlsplit(url).hostname or "")
+    return match.group(1) if match else None
+
+
+class ApiClient:
+    """The router's REST API. ``base_url`` includes the stage (``.../dev``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        region: str | None = None,
+        sign: bool | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.sign = (not is_loopback_url(base_url)) if sign is None else sign
+        self.region = region or _region_of(base_url)
+        self.timeout_seconds = timeout_seconds
+        self._credentials: Any = None
+
+    # -- routes ------------------------------------------------------------------------------
+
+    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> dict[str, Any]:
+        """PUT /connections/{id}: START (idempotent; a live connection is not moved)."""
+        return self._call(
+            "PUT", f"/connections/{_quote(connection_id)}", {"ws_url": ws_url, "resume": resume}
+        )
+
+    def stop(self, connection_id: str) -> dict[str, Any]:
+        """DELETE /connections/{id}: STOP (idempotent)."""
+        return self._call("DELETE", f"/connections/{_quote(connection_id)}")
+
+    def get(self, connection_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/connections/{_quote(connection_id)}")
+
+    def list_connections(self, state: str = "STARTED", *, page_size: int = 100) -> Iterator[dict]:
+        """Every connection in ``state``, following ``next_token`` to the end."""
+        token: str | None = None
+        while True:
+            query = {"state": state, "limit": str(page_size)}
+            if token:
+                query["next_token"] = token
+            page = self._call("GET", "/connections?" + urllib.parse.urlencode(query))
+            yield from page.get("items", [])
+            token = page.get("next_token")
+            if not token:
+                return
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        url = self.base_url + path
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self.sign:
+            headers = self._signed_headers(method, url, data, headers)
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
+                return _json_body(response.read())
+        except urllib.error.HTTPError as exc:
+            payload = _json_body(exc.read())
+            raise ApiError(exc.code, str(payload.get("message", exc.reason)), payload) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ApiError(None, f"{method} {url} failed: {reason}") from exc
+
+    def _signed_headers(
+        self, method: str, url: str, data: bytes | None, headers: Mapping[str, str]
+    ) -> dict[str, str]:
+        import boto3
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        if self._credentials is None:
+            session = boto3.session.Session()
+            credentials = session.get_credentials()
+            if credentials is None:
+                raise ApiError(None, "no AWS credentials found to sign the request (SigV4)")
+            self._credentials = credentials
+            self.region = self.region or session.region_name
+        if not self.region:
+            raise ApiError(None, "cannot tell the API's region; pass --region")
+        request = AWSRequest(method=method, url=url, data=data, headers=dict(headers))
+        SigV4Auth(self._credentials.get_frozen_credentials(), "execute-api", self.region).add_auth(
+            request
+        )
+        return dict(request.headers.items())
+
+
+def _quote(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def _json_body(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"message": raw.decode(errors="replace")[:200]}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+@dataclass(frozen=True)
+class ConnectionRow:
+    """What ``wsfleet status`` shows for one connection."""
+
+    connection_id: str
+    desired_state: str
+    owner: str | None
+    epoch: int
+    lease_state: str  # free | held | expired
+    lease_left_ms: int | None
+    last_seq: int
+    stop_reason: str | None = None
+    last_error: str | None = None
+
+    @classmethod
+    def from_api(cls, view: Mapping[str, Any]) -> ConnectionRow:
+        """From the router's connection view (GET /connections[/id])."""
+        lease = view.get("lease") or {}
+        return cls(
+            connection_id=str(view["connection_id"]),
+            desired_state=str(view.get("desired_state", "")),
+            owner=lease.get("owner"),
+            epoch=int(lease.get("epoch") or 0),
+            lease_state=str(lease.get("state", "free")),
+            lease_left_ms=lease.get("expires_in_ms"),
+            last_seq=int(view.get("last_seq") or 0),
+            stop_reason=view.get("stop_reason"),
+            last_error=view.get("last_error"),
+        )
+
+    @classmethod
+    def from_record(cls, record: ConnectionRecord, now_ms: int) -> ConnectionRow:
+        """From a connection record, with the same lease rules the router applies."""
+        if lease_rules.is_free(record):
+            state, left = "free", None
+        else:
+            state = "expired" if lease_rules.is_expired(record, now_ms) else "held"
+            left = max(0, record.lease_expires_at_ms - now_ms)
+        return cls(
+            connection_id=record.connection_id,
+            desired_state=str(record.desired_state),
+            owner=record.lease_owner or None,
+            epoch=record.lease_epoch,
+            lease_state=state,
+            lease_left_ms=left,
+            last_seq=record.last_seq,
+            stop_reason=record.stop_reason,
+            last_error=record.last_error,
+        )
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any], now_ms: int) -> ConnectionRow:
+        """From a deserialised connection item (``--table`` mode)."""
+        return cls.from_record(ConnectionRecord.from_item(item), now_ms)
+
+    @property
+    def streaming(self) -> bool:
+        return self.desired_state == DesiredState.STARTED and self.lease_state == "held"
+
+
+def scan_table(client: Any, table: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(connection items, worker items) of a connections table, deserialised (consistent scan)."""
+    from boto3.dynamodb.types import TypeDeserializer
+
+    deserializer = TypeDeserializer()
+    connections: list[dict[str, Any]] = []
+    workers: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
+    while True:
+        page = client.scan(**kwargs)
+        for raw in page.get("Items", []):
+            item = {key: deserializer.deserialize(value) for key, value in raw.items()}
+            pk = str(item.get("pk", ""))
+            if pk.startswith(CONNECTION_PREFIX):
+                connections.append(item)
+            elif pk.startswith(WORKER_PREFIX):
+                workers.append(item)
+        if "LastEvaluatedKey" not in page:
+            return connections, workers
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]

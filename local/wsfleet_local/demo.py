@@ -1,0 +1,589 @@
+"""``wsfleet demo``: watch a lease fleet survive a crash, a deploy and STOPs, then audit it.
+
+The scenario, on a :class:`~wsfleet_local.fleet.LocalFleet` with short timings:
+
+1. open M simulated streams through the REST API (START) and wait until all stream;
+2. **crash**: SIGKILL the busiest worker; its leases expire and the reconciler's early hints
+   make peers resume every stream from its checkpoint (ECS would then replace the task: the
+   slot is restarted with a new worker id);
+3. **deploy**: SIGTERM the busiest remaining worker; it drains (final checkpoints, released
+   leases, immediate hints) and peers take over at once; the slot is restarted;
+4. **STOP** a few streams through the API (the notifier routes STOP to the owner's queue);
+5. end every other stream at the upstream (a normal close: the owner stores what is owed,
+   checkpoints it and marks the connection STOPPED);
+6. audit (:mod:`wsfleet_local.audit`) the simulator's session log, the messages table and the
+   records: failover, hand-off and STOP times; produced / stored / lost / duplicated.
+
+A live table shows, per worker, its connections and, per connection, owner, epoch, lease
+left and last_seq. Without a terminal (CI) the table is printed at the end and the events as
+they happen. The exit code is non-zero if anything was lost or duplicated or a phase did not
+converge.
+
+Example::
+
+    report = run_demo(DemoOptions(workers=3, streams=12), Console())
+    raise SystemExit(0 if report.ok else 1)
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from wsfleet.record import DesiredState, WorkerRecord, connection_pk
+
+from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
+from .client import ApiClient, ConnectionRow, scan_table
+from .fleet import FleetTimings, LocalFleet
+from .simulator import SessionRecord, first_frame_after
+
+__all__ = ["DemoOptions", "DemoReport", "PhaseTiming", "render_summary", "run_demo"]
+
+#: How long each wait may take beyond what the timings imply before the phase counts as failed.
+CONVERGE_SLACK_SECONDS = 20.0
+REFRESH_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    workers: int = 3
+    streams: int = 12
+    stops: int = 3
+    rate: float = 10.0
+    seed: int | None = None
+    steady_seconds: float = 3.0
+    timings: FleetTimings = field(default_factory=FleetTimings)
+    run_dir: Path | None = None
+
+
+@dataclass
+class PhaseTiming:
+    """Per-stream durations of one disruption, in seconds."""
+
+    label: str
+    victim: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+    converged: bool = True
+
+    def summary(self) -> tuple[float, float] | None:
+        return latency_summary(list(self.seconds.values()))
+
+
+@dataclass
+class DemoReport:
+    options: DemoOptions
+    seed: int
+    crash: PhaseTiming
+    handoff: PhaseTiming
+    stop: PhaseTiming
+    audit: FleetAudit = field(default_factory=FleetAudit)
+    failures: list[str] = field(default_factory=list)
+    run_dir: Path | None = None
+    elapsed_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.audit.ok and not self.failures and bool(self.audit.streams)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of the connections table (and, when asked, the simulator's session log)."""
+
+    at: float
+    rows: Mapping[str, ConnectionRow]
+    workers: Mapping[str, WorkerRecord]
+    sessions: Mapping[str, list[SessionRecord]] = field(default_factory=dict)
+
+
+class _Monitor:
+    """Reads the system, keeps the live view fresh, waits for conditions. Main thread only."""
+
+    def __init__(self, fleet: LocalFleet, console: Console, stream_ids: Sequence[str]) -> None:
+        import boto3
+
+        self.fleet = fleet
+        self.console = console
+        self.stream_ids = list(stream_ids)
+        self.started = time.monotonic()
+        self.phase = "starting"
+        self.slot_state: dict[int, str] = {}
+        resources = fleet.resources
+        self.ddb = boto3.session.Session(
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=resources.region,
+        ).client("dynamodb", endpoint_url=resources.endpoint_url)
+        self.live: Live | None = None
+        self.last: Snapshot | None = None
+
+    def event(self, message: str) -> None:
+        self.console.print(f"[{time.monotonic() - self.started:5.1f}s] {message}", highlight=False)
+
+    def snapshot(self, *, with_sessions: bool = False) -> Snapshot:
+        items, worker_items = scan_table(self.ddb, self.fleet.resources.connections_table)
+        now_ms = int(time.time() * 1000)
+        rows = {
+            row.connection_id: row for row in (ConnectionRow.from_item(i, now_ms) for i in items)
+        }
+        workers = {w.worker_id: w for w in (WorkerRecord.from_item(i) for i in worker_items)}
+        sessions: dict[str, list[SessionRecord]] = {}
+        if with_sessions:
+            for record in self.fleet.simulator.sessions():
+                sessions.setdefault(record.stream_id, []).append(record)
+        self.last = Snapshot(at=time.time(), rows=rows, workers=workers, sessions=sessions)
+        if self.live is not None:
+            self.live.update(self.render(), refresh=True)
+        return self.last
+
+    def wait(
+        self,
+        what: str,
+        predicate: Callable[[Snapshot], bool],
+        *,
+        timeout_seconds: float,
+        with_sessions: bool = True,
+    ) -> bool:
+        """Poll until ``predicate(snapshot)``; False (and an event) on timeout."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            snap = self.snapshot(with_sessions=with_sessions)
+            if predicate(snap):
+                return True
+            if time.monotonic() > deadline:
+                self.event(f"[red]timed out waiting for {what}[/red]")
+                return False
+            time.sleep(REFRESH_SECONDS)
+
+    def pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.snapshot()
+            time.sleep(REFRESH_SECONDS)
+
+    # -- the live view -----------------------------------------------------------------------
+
+    def render(self) -> RenderableType:
+        """Phase line, workers table, connections table (events scroll above, as log lines)."""
+        snap = self.last
+        title = Text.assemble(
+            ("wsfleet demo", "bold"),
+            "  ",
+            (self.phase, "cyan"),
+            f"  t={time.monotonic() - self.started:4.1f}s",
+        )
+        if snap is None:
+            return title
+        return Group(title, self._workers_table(snap), self._connections_table(snap))
+
+    def _workers_table(self, snap: Snapshot) -> Table:
+        table = Table(title="workers", title_justify="left", expand=False)
+        for column in ("slot", "worker", "pid", "process", "conns", "connections"):
+            table.add_column(column)
+        for slot in self.fleet.workers:
+            owned = sorted(
+                row.connection_id
+                for row in snap.rows.values()
+                if row.owner == slot.worker_id and row.lease_state == "held"
+            )
+            state = self.slot_state.get(slot.index, "running" if slot.alive() else "exited")
+            table.add_row(
+                str(slot.index),
+                slot.worker_id,
+                str(slot.pid),
+                state,
+                str(len(owned)),
+                " ".join(owned),
+            )
+        return table
+
+    def _connections_table(self, snap: Snapshot) -> Table:
+        table = Table(title="connections", title_justify="left", expand=False)
+        for column in ("connection", "state", "owner", "epoch", "lease left", "last_seq"):
+            table.add_column(column, justify="right" if column in ("epoch", "last_seq") else "left")
+        for stream_id in self.stream_ids:
+            row = snap.rows.get(stream_id)
+            if row is None:
+                table.add_row(stream_id, "-", "-", "-", "-", "-")
+                continue
+            left = "-" if row.lease_left_ms is None else f"{row.lease_left_ms / 1000:.1f}s"
+            state = row.desired_state if row.desired_state != "STARTED" else row.lease_state
+            table.add_row(
+                stream_id, state, row.owner or "-", str(row.epoch), left, str(row.last_seq)
+            )
+        return table
+
+
+def _busiest_slot(
+    fleet: LocalFleet, snap: Snapshot, rng: random.Random, exclude: set[int]
+) -> int | None:
+    counts: dict[int, int] = {}
+    for slot in fleet.workers:
+        if slot.index in exclude or not slot.alive():
+            continue
+        counts[slot.index] = sum(
+            1
+            for row in snap.rows.values()
+            if row.owner == slot.worker_id and row.lease_state == "held"
+        )
+    if not counts or max(counts.values()) == 0:
+        return None
+    top = max(counts.values())
+    return rng.choice(sorted(index for index, count in counts.items() if count == top))
+
+
+def _all_streaming(ids: Sequence[str]) -> Callable[[Snapshot], bool]:
+    def check(snap: Snapshot) -> bool:
+        return all(
+            (row := snap.rows.get(stream_id)) is not None
+            and row.streaming
+            and any(s.is_open and s.first_frame_at for s in snap.sessions.get(stream_id, []))
+            for stream_id in ids
+        )
+
+    return check
+
+
+def _resumed_elsewhere(ids: Sequence[str], victim: str, after: float) -> Callable[[Snapshot], bool]:
+    def check(snap: Snapshot) -> bool:
+        return all(
+            (row := snap.rows.get(stream_id)) is not None
+            and row.streaming
+            and row.owner != victim
+            and first_frame_after(snap.sessions.get(stream_id, []), after) is not None
+            for stream_id in ids
+        )
+
+    return check
+
+
+def _disrupt(
+    monitor: _Monitor,
+    fleet: LocalFleet,
+    rng: random.Random,
+    *,
+    label: str,
+    signum: int,
+    exclude: set[int],
+) -> tuple[PhaseTiming, int | None]:
+    """Signal the busiest worker and time how long its streams took to flow again elsewhere."""
+    timing = PhaseTiming(label=label)
+    snap = monitor.snapshot()
+    index = _busiest_slot(fleet, snap, rng, exclude)
+    if index is None:
+        timing.converged = False
+        monitor.event(f"[red]{label}: no worker holds a connection[/red]")
+        return timing, None
+    slot = fleet.workers[index]
+    affected = sorted(
+        row.connection_id
+        for row in snap.rows.values()
+        if row.owner == slot.worker_id and row.lease_state == "held"
+    )
+    timing.victim = slot.worker_id
+    name = signal.Signals(signum).name
+    monitor.phase = f"{label}: {name} {slot.worker_id}"
+    monitor.slot_state[index] = "killed" if signum == signal.SIGKILL else "draining"
+    at = time.time()
+    fleet.kill_worker(index, signum)
+    monitor.event(
+        f"{name} worker {slot.worker_id} (pid {slot.pid}), holding {len(affected)}: "
+        f"{' '.join(affected)}"
+    )
+    bound = fleet.timings.lease_seconds * 2 + CONVERGE_SLACK_SECONDS
+    timing.converged = monitor.wait(
+        f"{label} takeover", _resumed_elsewhere(affected, slot.worker_id, at), timeout_seconds=bound
+    )
+    sessions = monitor.last.sessions if monitor.last else {}
+    for stream_id in affected:
+        first = first_frame_after(sessions.get(stream_id, []), at)
+        if first is not None:
+            timing.seconds[stream_id] = first - at
+    summary = timing.summary()
+    if summary:
+        monitor.event(
+            f"{label}: {len(timing.seconds)} stream(s) flowing again elsewhere, "
+            f"p50 {summary[0]:.2f} s, max {summary[1]:.2f} s"
+        )
+    return timing, index
+
+
+def _restart(monitor: _Monitor, fleet: LocalFleet, index: int, why: str) -> None:
+    old = fleet.workers[index]
+    fleet.wait_worker_exit(index, fleet.timings.drain_timeout_seconds + 5)
+    slot = fleet.restart_worker(index)
+    monitor.slot_state.pop(index, None)
+    monitor.event(f"{why}: worker {old.worker_id} replaced by {slot.worker_id} (pid {slot.pid})")
+
+
+def _stop_some(
+    monitor: _Monitor, api: ApiClient, rng: random.Random, ids: Sequence[str], count: int
+) -> tuple[PhaseTiming, dict[str, int]]:
+    """STOP ``count`` streams via the API; time API call -> upstream session closed."""
+    timing = PhaseTiming(label="STOP")
+    monitor.phase = "STOP via API"
+    chosen = sorted(rng.sample(list(ids), min(count, len(ids))))
+    sim = monitor.fleet.simulator
+    produced: dict[str, int] = {}
+    sent_at: dict[str, float] = {}
+    for stream_id in chosen:
+        produced[stream_id] = sim.current_seq(stream_id)
+        sent_at[stream_id] = time.time()
+        api.stop(stream_id)
+    monitor.event(f"STOP sent for {' '.join(chosen)}")
+
+    def closed(snap: Snapshot) -> bool:
+        for stream_id in chosen:
+            row = snap.rows.get(stream_id)
+            sessions = snap.sessions.get(stream_id, [])
+            if row is None or row.desired_state != DesiredState.STOPPED or row.owner:
+                return False
+            if any(s.is_open for s in sessions):
+                return False
+        return True
+
+    timing.converged = monitor.wait(
+        "STOPs",
+        closed,
+        timeout_seconds=monitor.fleet.timings.lease_seconds + CONVERGE_SLACK_SECONDS,
+    )
+    for stream_id in chosen:
+        sessions = monitor.last.sessions.get(stream_id, []) if monitor.last else []
+        at = sent_at[stream_id]
+        closes = [
+            s.closed_at for s in sessions if s.opened_at <= at and s.closed_at and s.closed_at >= at
+        ]
+        if closes:
+            timing.seconds[stream_id] = max(closes) - at
+    summary = timing.summary()
+    if summary:
+        monitor.event(
+            f"STOP: upstream sessions closed, p50 {summary[0]:.2f} s, max {summary[1]:.2f} s"
+        )
+    return timing, produced
+
+
+def _read_messages(monitor: _Monitor, stream_id: str) -> list[dict[str, Any]]:
+    from boto3.dynamodb.types import TypeDeserializer
+
+    deserializer = TypeDeserializer()
+    items: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {
+        "TableName": monitor.fleet.resources.messages_table,
+        "KeyConditionExpression": "pk = :pk",
+        "ExpressionAttributeValues": {":pk": {"S": connection_pk(stream_id)}},
+        "ConsistentRead": True,
+    }
+    while True:
+        page = monitor.ddb.query(**kwargs)
+        items.extend(
+            {key: deserializer.deserialize(value) for key, value in raw.items()}
+            for raw in page.get("Items", [])
+        )
+        if "LastEvaluatedKey" not in page:
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def run_demo(options: DemoOptions, console: Console) -> DemoReport:
+    """Run the whole scenario; the fleet is always stopped before this returns."""
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(10_000)
+    rng = random.Random(seed)
+    ids = [f"demo-{n:02d}" for n in range(options.streams)]
+    report = DemoReport(
+        options=options,
+        seed=seed,
+        crash=PhaseTiming("crash"),
+        handoff=PhaseTiming("handoff"),
+        stop=PhaseTiming("STOP"),
+    )
+    started = time.monotonic()
+    console.print(
+        f"wsfleet demo: {options.workers} workers, {options.streams} streams, "
+        f"lease {options.timings.lease_seconds:g} s, heartbeat "
+        f"{options.timings.heartbeat_seconds:g} s, seed {seed}"
+    )
+    fleet = LocalFleet(
+        workers=options.workers,
+        timings=options.timings,
+        rate=options.rate,
+        run_dir=options.run_dir,
+        progress=lambda message: console.print(f"  {message}", style="dim", highlight=False),
+    )
+    report.run_dir = fleet.run_dir
+    with fleet:
+        monitor = _Monitor(fleet, console, ids)
+        if console.is_terminal:
+            with Live(monitor.render(), console=console, auto_refresh=False) as live:
+                monitor.live = live
+                _scenario(monitor, fleet, rng, ids, options, report)
+                monitor.phase = "done"
+                monitor.snapshot()
+        else:  # CI logs: the events were printed as they happened; show the final tables once
+            _scenario(monitor, fleet, rng, ids, options, report)
+            monitor.phase = "done"
+            monitor.snapshot()
+            console.print(monitor.render())
+        console.print("stopping the fleet", style="dim")
+    report.elapsed_seconds = time.monotonic() - started
+    return report
+
+
+def _scenario(
+    monitor: _Monitor,
+    fleet: LocalFleet,
+    rng: random.Random,
+    ids: Sequence[str],
+    options: DemoOptions,
+    report: DemoReport,
+) -> None:
+    api = ApiClient(fleet.api_url)
+    sim = fleet.simulator
+    timings = options.timings
+    monitor.phase = "START"
+    for stream_id in ids:
+        sim.open_stream(stream_id, rate=options.rate)
+        api.start(stream_id, sim.url_for(stream_id))
+    monitor.event(f"START sent for {len(ids)} streams via {fleet.api_url}")
+    if not monitor.wait(
+        "every stream to flow",
+        _all_streaming(ids),
+        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
+    ):
+        report.failures.append("not every stream started")
+    monitor.phase = "streaming"
+    monitor.pause(options.steady_seconds)
+
+    report.crash, crashed = _disrupt(
+        monitor, fleet, rng, label="crash", signum=signal.SIGKILL, exclude=set()
+    )
+    if crashed is not None:
+        _restart(monitor, fleet, crashed, "ECS replaces the crashed task")
+    report.handoff, drained = _disrupt(
+        monitor, fleet, rng, label="handoff", signum=signal.SIGTERM, exclude={crashed} - {None}
+    )
+    if drained is not None:
+        _restart(monitor, fleet, drained, "deploy")
+    report.failures += [
+        f"{t.label} did not converge" for t in (report.crash, report.handoff) if not t.converged
+    ]
+
+    report.stop, produced = _stop_some(monitor, api, rng, ids, options.stops)
+    if not report.stop.converged:
+        report.failures.append("STOP did not converge")
+    remaining = [stream_id for stream_id in ids if stream_id not in produced]
+    monitor.phase = "converging"
+    if not monitor.wait(
+        "the remaining streams to flow",
+        _all_streaming(remaining),
+        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
+    ):
+        report.failures.append("the fleet did not converge after the disruptions")
+    monitor.pause(1.0)
+
+    monitor.phase = "ending streams at the upstream"
+    ended: dict[str, int] = {}
+    for stream_id in remaining:
+        ended[stream_id] = int(sim.end_stream(stream_id)["max_seq"])
+    monitor.event(f"upstream ended {len(ended)} streams (normal close)")
+
+    def settled(snap: Snapshot) -> bool:
+        return all(
+            (row := snap.rows.get(stream_id)) is not None
+            and row.desired_state == DesiredState.STOPPED
+            and not row.owner
+            for stream_id in ids
+        )
+
+    if monitor.wait(
+        "every connection to stop and release",
+        settled,
+        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
+    ):
+        monitor.event("every connection is STOPPED and released")
+    else:
+        report.failures.append("not every connection stopped after the upstream ended")
+    monitor.phase = "auditing"
+    snap = monitor.snapshot(with_sessions=True)
+    audits: list[StreamAudit] = []
+    for stream_id in ids:
+        row = snap.rows.get(stream_id)
+        is_ended = stream_id in ended
+        audits.append(
+            audit_stream(
+                stream_id,
+                final_seq=ended[stream_id] if is_ended else produced[stream_id],
+                ended=is_ended,
+                checkpointed=row.last_seq if row else 0,
+                items=_read_messages(monitor, stream_id),
+                sessions=snap.sessions.get(stream_id, []),
+            )
+        )
+    report.audit = FleetAudit(tuple(audits))
+    monitor.event(
+        f"audit: produced {report.audit.produced}, stored {report.audit.stored}, "
+        f"lost {report.audit.lost}, duplicated {report.audit.duplicated}"
+    )
+
+
+def _timing_cell(timing: PhaseTiming) -> tuple[str, str, str]:
+    summary = timing.summary()
+    if summary is None:
+        return ("-", "-", "not measured")
+    note = f"{len(timing.seconds)} stream(s)" + (f", {timing.victim}" if timing.victim else "")
+    return (f"{summary[0]:.2f} s", f"{summary[1]:.2f} s", note)
+
+
+def render_summary(report: DemoReport) -> Table:
+    """The closing summary as a rich table (also readable as plain text)."""
+    options = report.options
+    t = options.timings
+    table = Table(
+        title=(
+            f"wsfleet demo summary - {options.workers} workers, {options.streams} streams, "
+            f"lease {t.lease_seconds:g} s, heartbeat {t.heartbeat_seconds:g} s, "
+            f"seed {report.seed}, {report.elapsed_seconds:.0f} s"
+        ),
+        title_justify="left",
+    )
+    table.add_column("measure")
+    table.add_column("p50 / value", justify="right")
+    table.add_column("max", justify="right")
+    table.add_column("note")
+    table.add_row("crash failover (SIGKILL -> first frame elsewhere)", *_timing_cell(report.crash))
+    table.add_row(
+        "graceful handoff (SIGTERM -> first frame elsewhere)", *_timing_cell(report.handoff)
+    )
+    table.add_row("STOP (API call -> upstream session closed)", *_timing_cell(report.stop))
+    audit = report.audit
+    table.add_row(
+        "messages produced", str(audit.produced), "", "upstream, to each stream's end/STOP"
+    )
+    table.add_row("messages stored", str(audit.stored), "", "messages table")
+    table.add_row(
+        "messages lost", str(audit.lost), "", "produced (to end or checkpoint), not stored"
+    )
+    table.add_row(
+        "messages duplicated",
+        str(audit.duplicated),
+        "",
+        f"bad content / stale epoch / {audit.overlapping_sessions} overlapping sessions",
+    )
+    verdict = (
+        "OK"
+        if report.ok
+        else "FAILED: "
+        + "; ".join(report.failures or [f"{audit.lost} lost, {audit.duplicated} duplicated"])
+    )
+    table.add_row("result", verdict, "", str(report.run_dir or ""))
+    return table

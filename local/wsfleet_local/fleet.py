@@ -1,0 +1,665 @@
+"""The whole wsfleet system on one machine: backend, upstream, Lambdas, event sources, workers.
+
+:class:`LocalFleet` wires the real pieces the way the stack wires them on AWS:
+
+=====================  ==================================================================
+AWS                    here
+=====================  ==================================================================
+DynamoDB, SQS          the embedded moto server (``python -m wsfleet_local.backend``), its
+                       tables and queues created from template.yaml
+upstream feeds         the simulator (``python -m wsfleet_local.simulator``)
+API Gateway -> router  :class:`~wsfleet_local.api.LocalApi` -> router environment
+Scheduler -> reconc.   :class:`~wsfleet_local.scheduler.ReconcileScheduler` -> reconciler env
+Streams ESM -> notif.  :class:`~wsfleet_local.streams.StreamPoller` -> notifier environment
+ECS tasks              N ``python -m wsfleet_worker`` processes
+=====================  ==================================================================
+
+Every Lambda runs in its own execution-environment process
+(:class:`~wsfleet_local.runtime.FunctionProcess`) with the environment template.yaml gives
+it, resolved against the local resources; the workers get the ECS task definition's
+environment the same way. Template *parameters* are overridden with short local timings
+(lease 4 s, heartbeat 1 s, a reconcile pass every second) and with what a loopback upstream
+needs (``ws://`` allowed, 127.0.0.1 allowed).
+
+Everything listens on 127.0.0.1; every child runs in its own session and dies with the
+supervisor (see :mod:`wsfleet_local.procs`); logs go to ``run_dir`` (one file per process).
+:meth:`LocalFleet.stop` shuts down in dependency order: API first (no new work), workers
+drained with SIGTERM while DynamoDB and the upstream are still up (SIGKILL after the drain
+bound), then event sources, function environments, simulator and backend.
+
+Example::
+
+    with LocalFleet(workers=3) as fleet:
+        requests.put(f"{fleet.api_url}/connections/s1",
+                     json={"ws_url": fleet.simulator.url_for("s1")})
+        fleet.kill_worker(0)            # SIGKILL: a crash
+        fleet.restart_worker(0)         # a fresh worker id in the same slot
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wsfleet.exceptions import WsfleetError
+
+from .api import DEFAULT_STAGE, LocalApi
+from .backend import Resources, find_template, load_template
+from .procs import ChildProcess, spawn
+from .runtime import FunctionProcess
+from .scheduler import ReconcileScheduler
+from .simulator import SimulatorClient
+from .stack import FunctionSpec, StackResolver, StackSpec, read_stack
+from .streams import StreamPoller
+
+__all__ = ["FleetError", "FleetTimings", "LocalFleet", "WorkerSlot"]
+
+logger = logging.getLogger(__name__)
+
+STREAM_NOTIFIER = "stream_notifier"
+RECONCILER = "reconciler"
+ROUTER = "router"
+SCHEDULER_EVENT_SAMPLE = "scheduler_reconcile.json"
+
+#: How long a worker may take from spawn to its first health-file touch.
+WORKER_READY_TIMEOUT_SECONDS = 60.0
+CHILD_READY_TIMEOUT_SECONDS = 60.0
+
+
+class FleetError(WsfleetError):
+    """The local fleet could not start, or a worker slot does not exist."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetTimings:
+    """Short local timings; every value becomes the matching template parameter or variable.
+
+    The constraints of :class:`wsfleet.settings.Settings` apply (lease >= 2 heartbeats, the
+    reconcile pass shorter than lease - heartbeat).
+    """
+
+    lease_seconds: float = 4.0
+    heartbeat_seconds: float = 1.0
+    lease_safety_margin_seconds: float = 1.0
+    reconcile_pass_seconds: float = 1.0
+    drain_timeout_seconds: float = 5.0
+    #: Queue long-poll waits of the workers: bound how long a drain waits for a poll to end.
+    queue_wait_seconds: int = 2
+    max_connections: int = 100
+
+
+@dataclass
+class WorkerSlot:
+    """One worker position in the fleet; a restart puts a new process (new id) in the slot."""
+
+    index: int
+    worker_id: str
+    process: ChildProcess
+    generation: int = 0
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+
+Progress = Callable[[str], None]
+
+
+class LocalFleet:
+    """Starts, supervises and stops the local system. Not thread-safe: drive it from one thread
+    (the one that will outlive it; children receive SIGTERM when that thread's process dies).
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int = 3,
+        timings: FleetTimings | None = None,
+        rate: float = 10.0,
+        api_port: int = 0,
+        run_dir: Path | str | None = None,
+        stack_name: str = "wsfleet-local",
+        stage: str = DEFAULT_STAGE,
+        stream_poll_seconds: float = 0.15,
+        extra_worker_env: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        if workers < 0:
+            raise FleetError("workers must be >= 0")
+        self.worker_count = workers
+        self.timings = timings or FleetTimings()
+        self.rate = rate
+        self.api_port = api_port
+        self.stack_name = stack_name
+        self.stage = stage
+        self.stream_poll_seconds = stream_poll_seconds
+        self.extra_worker_env = dict(extra_worker_env or {})
+        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="wsfleet-local-"))
+        self._on_progress = progress or (lambda message: None)
+        self._template_path = find_template()
+        self.stack: StackSpec = read_stack(load_template(self._template_path))
+        self._backend: ChildProcess | None = None
+        self._simulator: ChildProcess | None = None
+        self._functions: dict[str, FunctionProcess] = {}
+        self._api: LocalApi | None = None
+        self._scheduler: ReconcileScheduler | None = None
+        self._poller: StreamPoller | None = None
+        self._resources: Resources | None = None
+        self._resolver: StackResolver | None = None
+        self.simulator_url: str | None = None
+        self.workers: list[WorkerSlot] = []
+        self._started = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def resources(self) -> Resources:
+        if self._resources is None:
+            raise FleetError("the fleet is not started")
+        return self._resources
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.resources.endpoint_url
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the local REST API, stage included (``http://127.0.0.1:PORT/dev``)."""
+        if self._api is None:
+            raise FleetError("the fleet is not started")
+        return self._api.url
+
+    @property
+    def simulator(self) -> SimulatorClient:
+        """A client of the running simulator (streams, faults, session log)."""
+        if self.simulator_url is None:
+            raise FleetError("the fleet is not started")
+        return SimulatorClient(self.simulator_url)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [slot.pid for slot in self.workers]
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return [slot.worker_id for slot in self.workers]
+
+    @property
+    def control_queue_prefix(self) -> str:
+        return f"{self.stack_name}-ctl-"
+
+    @property
+    def scheduler(self) -> ReconcileScheduler | None:
+        return self._scheduler
+
+    @property
+    def poller(self) -> StreamPoller | None:
+        return self._poller
+
+    def child_pids(self) -> list[int]:
+        """Every process this fleet started that is still running (for leak checks)."""
+        children = [self._backend, self._simulator, *(slot.process for slot in self.workers)]
+        pids = [child.pid for child in children if child is not None and child.alive()]
+        pids += [pid for function in self._functions.values() if (pid := function.pid)]
+        return pids
+
+    def ports(self) -> list[int]:
+        """The TCP ports the fleet listens on (API, backend, simulator)."""
+        from urllib.parse import urlsplit
+
+        endpoint = self._resources.endpoint_url if self._resources else None
+        urls = [self._api.url if self._api else None, endpoint, self.simulator_url]
+        return [port for url in urls if url and (port := urlsplit(url).port)]
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> LocalFleet:
+        """Bring everything up, in dependency order; on any failure, stop what started."""
+        if self._started:
+            return self
+        self._started = True
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_backend()
+            self._start_simulator()
+            self._start_functions()
+            self._start_event_sources()
+            self._start_api()
+            self._start_workers()
+            self._write_state()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_backend(self) -> None:
+        self._progress("starting DynamoDB + SQS (moto) and creating the stack's tables/queues")
+        command = [
+            sys.executable,
+            "-m",
+            "wsfleet_local.backend",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--create-resources",
+            self.stack_name,
+            "--template",
+            str(self._template_path),
+            "--exit-on-stdin-eof",
+        ]
+        self._backend = spawn(
+            "backend",
+            command,
+            env=self._base_env(),
+            log_path=self.run_dir / "backend.log",
+            stdin_pipe=True,
+            capture_stdout=True,
+        )
+        ready = self._backend.read_json_line(CHILD_READY_TIMEOUT_SECONDS)
+        self._resources = Resources(**ready["resources"])
+        resources = self._resources
+        names: dict[str, str] = {**resources.tables, **resources.queues}
+        attributes: dict[tuple[str, str], str] = {}
+        for logical_id, table in resources.tables.items():
+            attributes[(logical_id, "Arn")] = _table_arn(resources.region, table)
+        attributes[("ConnectionsTable", "StreamArn")] = resources.stream_arn
+        for logical_id, url in resources.queues.items():
+            queue_name = url.rstrip("/").rsplit("/", 1)[-1]
+            attributes[(logical_id, "Arn")] = _queue_arn(resources.region, queue_name)
+            attributes[(logical_id, "QueueName")] = queue_name
+            attributes[(logical_id, "QueueUrl")] = url
+        self._resolver = StackResolver(
+            stack_name=self.stack_name,
+            region=resources.region,
+            names=names,
+            parameters=self.stack.parameters,
+            overrides=self._parameter_overrides(),
+            attributes=attributes,
+        )
+
+    def _parameter_overrides(self) -> dict[str, Any]:
+        t = self.timings
+        return {
+            "LeaseSeconds": _number(t.lease_seconds),
+            "HeartbeatSeconds": _number(t.heartbeat_seconds),
+            "ReconcilePassSeconds": _number(t.reconcile_pass_seconds),
+            "MaxConnectionsPerTask": t.max_connections,
+            "AllowedUpstreamHosts": "127.0.0.1,localhost",
+            "AllowInsecureWs": "true",
+            "Stage": self.stage,
+        }
+
+    def _start_simulator(self) -> None:
+        self._progress("starting the upstream WebSocket simulator")
+        command = [
+            sys.executable,
+            "-m",
+            "wsfleet_local.simulator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--rate",
+            str(self.rate),
+        ]
+        self._simulator = spawn(
+            "simulator",
+            command,
+            env=self._base_env(),
+            log_path=self.run_dir / "simulator.log",
+            capture_stdout=True,
+        )
+        self.simulator_url = str(self._simulator.read_json_line(CHILD_READY_TIMEOUT_SECONDS)["url"])
+
+    def _function_env(self, spec: FunctionSpec) -> dict[str, str]:
+        assert self._resolver is not None
+        return {
+            **self._base_env(),
+            **self.resources.env(),
+            **self._resolver.environment(spec),
+            "POWERTOOLS_TRACE_DISABLED": "true",
+        }
+
+    def _start_functions(self) -> None:
+        names = (ROUTER, RECONCILER, STREAM_NOTIFIER)
+        self._progress(f"starting Lambda environments: {', '.join(names)}")
+        specs = [self.stack.function(name) for name in names]
+        processes = {
+            spec.name: FunctionProcess(
+                spec.name,
+                env=self._function_env(spec),
+                log_path=self.run_dir / f"lambda-{spec.name}.log",
+                handler=spec.handler,
+                timeout_seconds=spec.timeout_seconds,
+                memory_mb=spec.memory_mb,
+            )
+            for spec in specs
+        }
+        self._functions = processes
+        with ThreadPoolExecutor(max_workers=len(processes)) as pool:  # cold starts in parallel
+            for future in [pool.submit(p.start) for p in processes.values()]:
+                future.result()
+
+    def _start_event_sources(self) -> None:
+        import boto3
+
+        from wsfleet.aws import client_config
+
+        self._progress("starting the DynamoDB Streams poller and the reconcile schedule")
+        resources = self.resources
+        notifier_spec = self.stack.function(STREAM_NOTIFIER)
+        if not notifier_spec.streams:
+            raise FleetError("template.yaml gives the stream notifier no DynamoDB event source")
+        source = notifier_spec.streams[0]
+        session = boto3.session.Session(
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=resources.region,
+        )
+        streams_client = session.client(
+            "dynamodbstreams", endpoint_url=resources.endpoint_url, config=client_config()
+        )
+        self._poller = StreamPoller(
+            client=streams_client,
+            stream_arn=resources.stream_arn,
+            invoke=self._functions[STREAM_NOTIFIER].invoke,
+            source=source,
+            region=resources.region,
+            function_arn=f"arn:aws:lambda:{resources.region}:123456789012:function:"
+            f"{self.stack_name}-stream-notifier",
+            poll_interval_seconds=self.stream_poll_seconds,
+            on_failure=self._on_failure_sender(session, source.on_failure_destination),
+        ).start()
+        sample = self._scheduler_sample()
+        self._scheduler = ReconcileScheduler(
+            self._functions[RECONCILER].invoke,
+            interval_seconds=self.timings.reconcile_pass_seconds,
+            schedule_name=f"{self.stack_name}-reconcile",
+            event_template=sample,
+            region=resources.region,
+        ).start()
+
+    def _on_failure_sender(
+        self, session: Any, destination: Any
+    ) -> Callable[[dict[str, Any]], None] | None:
+        """Send given-up batches to the template's on-failure queue, if it exists locally."""
+        if not (isinstance(destination, Mapping) and "Fn::GetAtt" in destination):
+            return None
+        target = destination["Fn::GetAtt"]
+        logical_id = target[0] if isinstance(target, list) else str(target).split(".")[0]
+        url = self.resources.queues.get(logical_id)
+        if url is None:
+            return None
+        sqs = session.client("sqs", endpoint_url=self.resources.endpoint_url)
+
+        def send(message: dict[str, Any]) -> None:
+            sqs.send_message(QueueUrl=url, MessageBody=json.dumps(message, default=str))
+
+        return send
+
+    def _scheduler_sample(self) -> dict[str, Any] | None:
+        path = self._template_path.parent / "events" / SCHEDULER_EVENT_SAMPLE
+        try:
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+
+    def _start_api(self) -> None:
+        router = self._functions[ROUTER]
+        self._api = LocalApi(
+            router.invoke,
+            routes=self.stack.function(ROUTER).routes,
+            port=self.api_port,
+            stage=self.stage,
+        ).start()
+        self._progress(f"REST API listening on {self._api.url}")
+
+    def _start_workers(self) -> None:
+        if not self.worker_count:
+            return
+        self._progress(f"starting {self.worker_count} worker process(es)")
+        self.workers = [self._spawn_worker(index, 0) for index in range(self.worker_count)]
+        for slot in self.workers:
+            self._wait_worker_ready(slot)
+
+    # ------------------------------------------------------------------ workers
+
+    def _worker_env(self, worker_id: str) -> dict[str, str]:
+        assert self._resolver is not None
+        t = self.timings
+        return {
+            **self._base_env(),
+            **self.resources.env(),
+            **self._resolver.resolve_variables(self.stack.worker_environment, owner="worker"),
+            "WORKER_ID": worker_id,
+            "HEALTH_FILE": str(self._health_file(worker_id)),
+            "DRAIN_TIMEOUT_SECONDS": _number(t.drain_timeout_seconds),
+            "LEASE_SAFETY_MARGIN_SECONDS": _number(t.lease_safety_margin_seconds),
+            "WORKER_HINT_WAIT_SECONDS": str(t.queue_wait_seconds),
+            "WORKER_CONTROL_WAIT_SECONDS": str(t.queue_wait_seconds),
+            "WORKER_METRICS_FLUSH_SECONDS": "10",
+            **self.extra_worker_env,
+        }
+
+    def _health_file(self, worker_id: str) -> Path:
+        return self.run_dir / f"worker-{worker_id}.health"
+
+    def _spawn_worker(self, index: int, generation: int) -> WorkerSlot:
+        worker_id = f"w{index}" if generation == 0 else f"w{index}-r{generation}"
+        process = spawn(
+            f"worker {worker_id}",
+            [sys.executable, "-m", "wsfleet_worker"],
+            env=self._worker_env(worker_id),
+            log_path=self.run_dir / f"worker-{worker_id}.log",
+        )
+        return WorkerSlot(index=index, worker_id=worker_id, process=process, generation=generation)
+
+    def _wait_worker_ready(self, slot: WorkerSlot) -> None:
+        """Ready = the worker touched its health file (its loop runs, its queues exist)."""
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_SECONDS
+        health = self._health_file(slot.worker_id)
+        while not health.exists():
+            if not slot.alive():
+                raise FleetError(
+                    f"worker {slot.worker_id} exited with {slot.process.popen.returncode} "
+                    f"during start-up (see {slot.process.log_path})"
+                )
+            if time.monotonic() > deadline:
+                raise FleetError(f"worker {slot.worker_id} did not become healthy")
+            time.sleep(0.05)
+
+    def _slot(self, index: int) -> WorkerSlot:
+        if not 0 <= index < len(self.workers):
+            raise FleetError(f"no worker slot {index} (slots: 0..{len(self.workers) - 1})")
+        return self.workers[index]
+
+    def kill_worker(self, index: int, signum: int = signal.SIGKILL) -> WorkerSlot:
+        """Send ``signum`` to the worker in slot ``index`` (SIGKILL: a crash; SIGTERM: a drain)."""
+        slot = self._slot(index)
+        slot.process.send_signal(signum)
+        return slot
+
+    def wait_worker_exit(self, index: int, timeout_seconds: float | None = None) -> int | None:
+        """The worker's exit code once it ended, or None after ``timeout_seconds``."""
+        return self._slot(index).process.wait(timeout_seconds)
+
+    def restart_worker(self, index: int, *, wait_ready: bool = True) -> WorkerSlot:
+        """Replace the worker in slot ``index`` by a new process with a new worker id.
+
+        A still-running worker is first drained (SIGTERM, bounded like :meth:`stop`). A new id
+        matters: leases and control queues belong to a worker *incarnation*.
+        """
+        old = self._slot(index)
+        if old.alive():
+            old.process.stop(signal.SIGTERM, self.timings.drain_timeout_seconds + 5)
+        else:
+            old.process.stop()
+        slot = self._spawn_worker(index, old.generation + 1)
+        self.workers[index] = slot
+        if wait_ready:
+            self._wait_worker_ready(slot)
+        self._write_state()
+        return slot
+
+    def add_worker(self) -> WorkerSlot:
+        """Scale out by one slot."""
+        slot = self._spawn_worker(len(self.workers), 0)
+        self.workers.append(slot)
+        self._wait_worker_ready(slot)
+        self._write_state()
+        return slot
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self) -> None:
+        """Graceful shutdown in dependency order; safe to call twice and after a failed start."""
+        api, self._api = self._api, None
+        if api is not None:
+            self._progress("stopping the REST API")
+            api.stop()
+        self._drain_workers()
+        scheduler, self._scheduler = self._scheduler, None
+        poller, self._poller = self._poller, None
+        if scheduler is not None or poller is not None:
+            self._progress("stopping the reconcile schedule and the streams poller")
+        if poller is not None:
+            poller.stop()
+        if scheduler is not None:
+            scheduler.stop()
+        functions, self._functions = self._functions, {}
+        if functions:
+            self._progress("stopping the Lambda environments")
+            with ThreadPoolExecutor(max_workers=len(functions)) as pool:
+                list(pool.map(lambda f: f.stop(), functions.values()))
+        simulator, self._simulator = self._simulator, None
+        if simulator is not None:
+            self._progress("stopping the upstream simulator")
+            simulator.stop(signal.SIGTERM, 10)
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            self._progress("stopping DynamoDB + SQS (moto)")
+            if backend.popen.stdin is not None:
+                with contextlib.suppress(OSError):
+                    backend.popen.stdin.close()
+            backend.stop(signal.SIGTERM, 10)
+        self._started = False
+
+    def abort(self) -> None:
+        """Kill every child at once (SIGKILL), no drain: the second Ctrl-C. Safe to call twice."""
+        for slot in self.workers:
+            slot.process.stop(signal.SIGKILL, 5)
+        for function in list(self._functions.values()):
+            function.kill()
+        for child in (self._simulator, self._backend):
+            if child is not None:
+                child.stop(signal.SIGKILL, 5)
+        self.stop()  # now quick: releases threads and sockets, reaps what is left
+
+    def _drain_workers(self) -> None:
+        alive = [slot for slot in self.workers if slot.alive()]
+        if alive:
+            bound = self.timings.drain_timeout_seconds + 5
+            self._progress(f"draining {len(alive)} worker(s) (SIGTERM, at most {bound:.0f} s)")
+            with ThreadPoolExecutor(max_workers=len(alive)) as pool:
+                codes = list(pool.map(lambda slot: slot.process.stop(signal.SIGTERM, bound), alive))
+            for slot, code in zip(alive, codes, strict=True):
+                self._progress(f"worker {slot.worker_id} exited with {code}")
+        for slot in self.workers:
+            slot.process.stop()  # reap the ones that had already exited
+
+    # ------------------------------------------------------------------ misc
+
+    def _progress(self, message: str) -> None:
+        """Tell the caller (spinner, console) and keep a timestamped line in run_dir/fleet.log."""
+        stamp = time.strftime("%H:%M:%S")
+        with (
+            contextlib.suppress(OSError),
+            open(self.run_dir / "fleet.log", "a", encoding="utf-8") as log,
+        ):
+            log.write(f"{stamp} {message}\n")
+        self._on_progress(message)
+
+    def _base_env(self) -> dict[str, str]:
+        """The parent's environment minus anything that could reach a real AWS account."""
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("AWS_", "WSFLEET_API")) and key not in _FUNCTION_VARIABLES
+        }
+        env["PYTHONUNBUFFERED"] = "1"
+        env["WSFLEET_TEMPLATE"] = str(self._template_path)
+        env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        return env
+
+    def _write_state(self) -> None:
+        """``run_dir/fleet.json``: URLs and pids, for humans and for `wsfleet status`."""
+        state = {
+            "api_url": self.api_url,
+            "endpoint_url": self.endpoint_url,
+            "simulator_url": self.simulator_url,
+            "connections_table": self.resources.connections_table,
+            "messages_table": self.resources.messages_table,
+            "supervisor_pid": os.getpid(),
+            "workers": [{"worker_id": s.worker_id, "pid": s.pid} for s in self.workers],
+            "child_pids": self.child_pids(),
+            "ports": self.ports(),
+        }
+        partial = self.run_dir / "fleet.json.tmp"
+        partial.write_text(json.dumps(state, indent=2), encoding="utf-8")
+        partial.replace(self.run_dir / "fleet.json")  # readers never see half a file
+
+    def __enter__(self) -> LocalFleet:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+#: Variables a developer's shell may hold that must not leak into the local processes (each
+#: process gets exactly the value the template or the fleet gives it).
+_FUNCTION_VARIABLES = frozenset(
+    {
+        "CONNECTIONS_TABLE",
+        "MESSAGES_TABLE",
+        "HINT_QUEUE_URL",
+        "LEASE_SECONDS",
+        "HEARTBEAT_EVERY",
+        "WORKER_ID",
+        "CONTROL_QUEUE_PREFIX",
+        "POWERTOOLS_SERVICE_NAME",
+        "RECONCILE_PASS_SECONDS",
+        "ALLOWED_UPSTREAM_HOSTS",
+        "ALLOW_INSECURE_WS",
+        "HEALTH_FILE",
+        "MAX_CONNECTIONS",
+        "DRAIN_TIMEOUT_SECONDS",
+    }
+)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _table_arn(region: str, table: str) -> str:
+    return f"arn:aws:dynamodb:{region}:123456789012:table/{table}"
+
+
+def _queue_arn(region: str, queue: str) -> str:
+    return f"arn:aws:sqs:{region}:123456789012:{queue}"

@@ -1,0 +1,236 @@
+"""Child processes of the local fleet: spawned so that none can outlive the supervisor.
+
+Three rules make ``wsfleet local up`` leave nothing behind, however it ends:
+
+* **Own session.** Every child runs in a new session (its own process group). Ctrl-C in the
+  terminal then reaches only the supervisor, which stops the children *in order* (workers
+  drain while DynamoDB and the upstream are still up, then the rest). Had the children
+  shared the terminal's process group, the backend would exit at the same instant the
+  workers start draining, and every release would fail.
+* **Parent-death signal.** On Linux each child gets ``PR_SET_PDEATHSIG`` = SIGTERM, so even a
+  SIGKILLed supervisor takes its children with it. The kernel ties that signal to the *thread*
+  that forked, so every spawn runs on one long-lived spawner thread, never on a short-lived
+  request thread.
+* **Reaped and group-signalled.** :meth:`ChildProcess.stop` signals the whole process group
+  (while its leader is alive, so the group id cannot have been reused), waits, escalates to
+  SIGKILL after a bound, and reaps the child.
+
+Example::
+
+    child = spawn("sim", [sys.executable, "-m", "wsfleet_local.simulator"], capture_stdout=True)
+    url = child.read_json_line(timeout_seconds=10)["url"]
+    ...
+    child.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any
+
+from wsfleet.exceptions import WsfleetError
+
+__all__ = [
+    "ChildProcess",
+    "ChildProcessError_",
+    "ChildTimeout",
+    "LineReader",
+    "pid_alive",
+    "spawn",
+]
+
+_PR_SET_PDEATHSIG = 1
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsfleet-spawner")
+_libc: Any = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError):
+        _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ChildProcessError_(WsfleetError):
+    """A child process failed to start, died early, or said something unexpected."""
+
+
+class ChildTimeout(ChildProcessError_):
+    """A child said nothing within the time it was given."""
+
+
+def _die_with_parent() -> None:  # runs in the forked child, before exec
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this id exists and is not a zombie (reads /proc where it exists)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        if os.path.isdir("/proc"):
+            return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LineReader:
+    """Read newline-terminated lines from a pipe with a deadline (no thread per pipe)."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        self._buffer = b""
+
+    def readline(self, timeout_seconds: float) -> bytes | None:
+        """The next line (without the newline); None on timeout; b"" only at EOF."""
+        deadline = time.monotonic() + timeout_seconds
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._pipe, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self._pipe.fileno(), 65536)
+                if not chunk:
+                    rest, self._buffer = self._buffer, b""
+                    return rest
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+
+class ChildProcess:
+    """A spawned child: its pid, its log file, its ready line, and an ordered stop."""
+
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: Path | None) -> None:
+        self.name = name
+        self.popen = popen
+        self.log_path = log_path
+        self._stdout = LineReader(popen.stdout) if popen.stdout is not None else None
+        self.signals_sent: list[int] = []
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the child (not its group: SIGKILL of a worker must be exactly that)."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signum)
+                self.signals_sent.append(signum)
+
+    def read_json_line(self, timeout_seconds: float) -> dict[str, Any]:
+        """The child's next stdout line as JSON: how children announce they are ready."""
+        if self._stdout is None:
+            raise ChildProcessError_(f"{self.name}: stdout is not captured")
+        line = self._stdout.readline(timeout_seconds)
+        if line is None:
+            raise ChildTimeout(f"{self.name}: no output within {timeout_seconds:.1f} s")
+        if not line:
+            code = self.popen.wait()
+            raise ChildProcessError_(
+                f"{self.name} exited with {code} before it was ready" + self._log_hint()
+            )
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise ChildProcessError_(f"{self.name}: unexpected output {line!r}") from exc
+        if not isinstance(value, dict):
+            raise ChildProcessError_(f"{self.name}: unexpected output {line!r}")
+        return value
+
+    def _log_hint(self) -> str:
+        return f" (see {self.log_path})" if self.log_path else ""
+
+    def wait(self, timeout_seconds: float | None = None) -> int | None:
+        """The exit code, or None if still running after ``timeout_seconds``."""
+        try:
+            return self.popen.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_seconds: float = 10.0) -> int:
+        """Signal the process group, wait up to the bound, then SIGKILL it; always reaps.
+
+        A signal already sent is not sent again: many programs (the worker, uvicorn) treat a
+        second SIGTERM as "stop draining, exit now". Safe to call twice and after an exit.
+        """
+        if self.alive():
+            if signum not in self.signals_sent:
+                self._signal_group(signum)
+                self.signals_sent.append(signum)
+            if self.wait(timeout_seconds) is None:
+                self._signal_group(signal.SIGKILL)
+        code = self.popen.wait()
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if pipe is not None and not pipe.closed:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return code
+
+    def _signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+    stdin_pipe: bool = False,
+    capture_stdout: bool = False,
+    cwd: Path | None = None,
+) -> ChildProcess:
+    """Start ``argv`` in its own session, dying with this process; output to ``log_path``.
+
+    Without ``capture_stdout`` both stdout and stderr go to the log file (or /dev/null); with
+    it, stdout is a pipe read by :meth:`ChildProcess.read_json_line`.
+    """
+    log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
+    sink: Any = log if log is not None else subprocess.DEVNULL
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if capture_stdout else sink,
+            stderr=sink,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    try:
+        popen = _spawner.submit(start).result()
+    except OSError as exc:
+        raise ChildProcessError_(f"cannot start {name}: {exc}") from exc
+    finally:
+        if log is not None:
+            log.close()  # the child holds its own descriptor
+    return ChildProcess(name, popen, log_path)

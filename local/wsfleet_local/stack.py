@@ -1,0 +1,366 @@
+"""What template.yaml says about the functions, read once so local wiring cannot drift from AWS.
+
+The local runtime invokes the same handlers AWS does, and it must wire them the same way: the
+routes API Gateway exposes, the environment each function gets, the stream event source's
+FilterCriteria and retry settings, the reconciler's schedule. Rather than restating any of
+that in Python, :func:`read_stack` extracts it from the template (parsed by
+:func:`wsfleet_local.backend.load_template`, which turns ``!Ref`` into ``{"Ref": ...}``), and
+:class:`StackResolver` evaluates the intrinsic functions in environment variables against the
+locally created resources.
+
+Pure: a template dict in, dataclasses out. No boto3, no files except through the loader.
+
+Example::
+
+    >>> stack = read_stack(load_template(find_template()))
+    >>> stack.function("router").routes[0]
+    Route(method='POST', path='/events')
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from wsfleet.exceptions import ConfigurationError
+
+__all__ = [
+    "FunctionSpec",
+    "Route",
+    "ScheduleSource",
+    "StackResolver",
+    "StackSpec",
+    "StreamSource",
+    "read_stack",
+]
+
+logger = logging.getLogger(__name__)
+
+FUNCTION_TYPE = "AWS::Serverless::Function"
+TASK_DEFINITION_TYPE = "AWS::ECS::TaskDefinition"
+#: SAM's default function timeout when neither the function nor Globals set one.
+DEFAULT_TIMEOUT_SECONDS = 3
+LOCAL_ACCOUNT_ID = "123456789012"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One API Gateway route of a function (``Events: {Type: Api}``)."""
+
+    method: str
+    path: str  # a resource path, e.g. "/connections/{id}"
+
+    def match(self, method: str, path: str) -> dict[str, str] | None:
+        """Path parameters if ``method path`` hits this route, else None.
+
+        >>> Route("GET", "/connections/{id}").match("GET", "/connections/abc")
+        {'id': 'abc'}
+        """
+        if method.upper() != self.method and self.method != "ANY":
+            return None
+        wanted = [part for part in self.path.split("/") if part]
+        given = [part for part in path.split("/") if part]
+        greedy = bool(wanted) and wanted[-1].endswith("+}")
+        if len(given) != len(wanted) and not (greedy and len(given) >= len(wanted)):
+            return None
+        parameters: dict[str, str] = {}
+        for index, part in enumerate(wanted):
+            if part.startswith("{") and part.endswith("}"):
+                name = part[1:-1]
+                if name.endswith("+"):
+                    parameters[name[:-1]] = "/".join(given[index:])
+                    break
+                parameters[name] = given[index]
+            elif part != given[index]:
+                return None
+        return parameters
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """A DynamoDB Streams event source of a function (``Events: {Type: DynamoDB}``)."""
+
+    stream: Any  # unresolved, e.g. {"Fn::GetAtt": ["ConnectionsTable", "StreamArn"]}
+    starting_position: str = "LATEST"
+    batch_size: int = 100
+    maximum_retry_attempts: int = -1  # -1: retry until the record expires (AWS default)
+    bisect_batch_on_function_error: bool = False
+    report_batch_item_failures: bool = False
+    maximum_batching_window_seconds: float = 0.0
+    maximum_record_age_seconds: float = -1  # -1: no limit (AWS default)
+    filter_criteria: Mapping[str, Any] | None = None
+    on_failure_destination: Any = None  # unresolved, e.g. {"Fn::GetAtt": ["StopDLQ", "Arn"]}
+
+    @property
+    def table_logical_id(self) -> str | None:
+        """The logical id of the table whose stream this is, when the template says so."""
+        if isinstance(self.stream, Mapping) and "Fn::GetAtt" in self.stream:
+            target = self.stream["Fn::GetAtt"]
+            return str(target[0] if isinstance(target, list) else str(target).split(".")[0])
+        return None
+
+
+@dataclass(frozen=True)
+class ScheduleSource:
+    """A schedule that invokes a function (``Events: {Type: ScheduleV2 | Schedule}``)."""
+
+    expression: str
+    input: Any = None  # the target Input, unresolved (a JSON string when set)
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One ``AWS::Serverless::Function`` as wsfleet's local runtime needs it."""
+
+    name: str  # the directory under functions/ (router, reconciler, stream_notifier)
+    logical_id: str
+    handler: str
+    timeout_seconds: float
+    memory_mb: int
+    environment: Mapping[str, Any]  # Globals merged with the function's own; unresolved
+    routes: tuple[Route, ...] = ()
+    streams: tuple[StreamSource, ...] = ()
+    schedules: tuple[ScheduleSource, ...] = ()
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """The functions of the template, by local name, plus its parameters."""
+
+    functions: Mapping[str, FunctionSpec]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    #: The worker container's environment (ECS task definition), unresolved; {} if none.
+    worker_environment: Mapping[str, Any] = field(default_factory=dict)
+
+    def function(self, name: str) -> FunctionSpec:
+        try:
+            return self.functions[name]
+        except KeyError:
+            raise ConfigurationError(
+                f"template.yaml has no function with CodeUri functions/{name}/ "
+                f"(found: {', '.join(sorted(self.functions)) or 'none'})"
+            ) from None
+
+
+def _bool(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def _function_name(properties: Mapping[str, Any], logical_id: str) -> str:
+    code_uri = properties.get("CodeUri")
+    if isinstance(code_uri, str) and code_uri.strip("/"):
+        return PurePosixPath(code_uri.strip("/")).name
+    return logical_id
+
+
+def _events(
+    properties: Mapping[str, Any],
+) -> tuple[list[Route], list[StreamSource], list[ScheduleSource]]:
+    routes: list[Route] = []
+    streams: list[StreamSource] = []
+    schedules: list[ScheduleSource] = []
+    for event in (properties.get("Events") or {}).values():
+        kind = event.get("Type")
+        props = event.get("Properties") or {}
+        if kind == "Api":
+            routes.append(Route(str(props["Method"]).upper(), str(props["Path"])))
+        elif kind == "DynamoDB":
+            types = props.get("FunctionResponseTypes") or []
+            streams.append(
+                StreamSource(
+                    stream=props.get("Stream"),
+                    starting_position=str(props.get("StartingPosition", "LATEST")),
+                    batch_size=int(props.get("BatchSize", 100)),
+                    maximum_retry_attempts=int(props.get("MaximumRetryAttempts", -1)),
+                    bisect_batch_on_function_error=_bool(
+                        props.get("BisectBatchOnFunctionError", False)
+                    ),
+                    report_batch_item_failures="ReportBatchItemFailures" in types,
+                    maximum_batching_window_seconds=float(
+                        props.get("MaximumBatchingWindowInSeconds", 0)
+                    ),
+                    maximum_record_age_seconds=float(props.get("MaximumRecordAgeInSeconds", -1)),
+                    filter_criteria=props.get("FilterCriteria"),
+                    on_failure_destination=(
+                        ((props.get("DestinationConfig") or {}).get("OnFailure") or {}).get(
+                            "Destination"
+                        )
+                    ),
+                )
+            )
+        elif kind in ("ScheduleV2", "Schedule"):
+            expression = props.get("ScheduleExpression") or props.get("Schedule")
+            schedules.append(ScheduleSource(expression=expression, input=props.get("Input")))
+    return routes, streams, schedules
+
+
+def read_stack(template: Mapping[str, Any]) -> StackSpec:
+    """Extract every serverless function of a parsed template, keyed by its functions/ name."""
+    globals_ = ((template.get("Globals") or {}).get("Function")) or {}
+    global_env = ((globals_.get("Environment") or {}).get("Variables")) or {}
+    functions: dict[str, FunctionSpec] = {}
+    for logical_id, resource in (template.get("Resources") or {}).items():
+        if not isinstance(resource, Mapping) or resource.get("Type") != FUNCTION_TYPE:
+            continue
+        properties = resource.get("Properties") or {}
+        own_env = ((properties.get("Environment") or {}).get("Variables")) or {}
+        routes, streams, schedules = _events(properties)
+        name = _function_name(properties, logical_id)
+        functions[name] = FunctionSpec(
+            name=name,
+            logical_id=logical_id,
+            handler=str(properties.get("Handler", globals_.get("Handler", "app.lambda_handler"))),
+            timeout_seconds=float(
+                properties.get("Timeout", globals_.get("Timeout", DEFAULT_TIMEOUT_SECONDS))
+            ),
+            memory_mb=int(properties.get("MemorySize", globals_.get("MemorySize", 128))),
+            environment={**global_env, **own_env},
+            routes=tuple(routes),
+            streams=tuple(streams),
+            schedules=tuple(schedules),
+        )
+    return StackSpec(
+        functions=functions,
+        parameters=dict(template.get("Parameters") or {}),
+        worker_environment=_worker_environment(template),
+    )
+
+
+def _worker_environment(template: Mapping[str, Any]) -> dict[str, Any]:
+    """``Environment`` of the worker container: the task definition's container named
+    ``worker`` (else its first container), as a name -> unresolved value map."""
+    for resource in (template.get("Resources") or {}).values():
+        if not isinstance(resource, Mapping) or resource.get("Type") != TASK_DEFINITION_TYPE:
+            continue
+        containers = (resource.get("Properties") or {}).get("ContainerDefinitions") or []
+        chosen = next((c for c in containers if c.get("Name") == "worker"), None)
+        chosen = chosen or (containers[0] if containers else None)
+        if chosen:
+            return {item["Name"]: item.get("Value", "") for item in chosen.get("Environment") or []}
+    return {}
+
+
+class Unresolvable(ConfigurationError):
+    """An intrinsic function refers to something that does not exist locally."""
+
+
+@dataclass(frozen=True)
+class StackResolver:
+    """Evaluates Ref / GetAtt / Sub / Join against locally created resources.
+
+    ``names`` maps logical ids to what ``Ref`` returns (table names, queue URLs); ``arns`` maps
+    ``(logical_id, attribute)`` to what ``GetAtt`` returns. Parameters take ``overrides`` first,
+    then their template ``Default``.
+
+    Example::
+
+        >>> r = StackResolver(stack_name="demo", region="us-east-1",
+        ...                   names={"HintQueue": "http://q"}, parameters={})
+        >>> r.resolve({"Fn::Sub": "${AWS::StackName}-ctl-"}), r.resolve({"Ref": "HintQueue"})
+        ('demo-ctl-', 'http://q')
+    """
+
+    stack_name: str
+    region: str
+    names: Mapping[str, str]
+    parameters: Mapping[str, Any]
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    attributes: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+    def ref(self, name: str) -> Any:
+        pseudo = {
+            "AWS::Region": self.region,
+            "AWS::StackName": self.stack_name,
+            "AWS::AccountId": LOCAL_ACCOUNT_ID,
+            "AWS::Partition": "aws",
+            "AWS::URLSuffix": "amazonaws.com",
+        }
+        if name in pseudo:
+            return pseudo[name]
+        if name in self.names:
+            return self.names[name]
+        if name in self.overrides:
+            return self.overrides[name]
+        parameter = self.parameters.get(name)
+        if isinstance(parameter, Mapping) and "Default" in parameter:
+            return parameter["Default"]
+        raise Unresolvable(f"Ref {name} has no local value")
+
+    def get_att(self, name: str, attribute: str) -> Any:
+        try:
+            return self.attributes[(name, attribute)]
+        except KeyError:
+            raise Unresolvable(f"GetAtt {name}.{attribute} has no local value") from None
+
+    def resolve(self, value: Any) -> Any:
+        """The value with every supported intrinsic evaluated (Unresolvable otherwise)."""
+        if isinstance(value, list):
+            return [self.resolve(item) for item in value]
+        if not isinstance(value, Mapping):
+            return value
+        if len(value) == 1:
+            ((key, argument),) = value.items()
+            if key == "Ref":
+                return self.ref(argument)
+            if key == "Fn::GetAtt":
+                name, attribute = (
+                    argument if isinstance(argument, list) else str(argument).split(".", 1)
+                )
+                return self.get_att(name, attribute)
+            if key == "Fn::Sub":
+                return self._sub(argument)
+            if key == "Fn::Join":
+                delimiter, items = argument
+                return str(delimiter).join(str(item) for item in self.resolve(items))
+            if key.startswith("Fn::"):
+                raise Unresolvable(f"{key} is not supported locally")
+        return {key: self.resolve(item) for key, item in value.items()}
+
+    def _sub(self, argument: Any) -> str:
+        text, variables = (argument, {}) if isinstance(argument, str) else argument
+        variables = self.resolve(variables)
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name.startswith("!"):
+                return "${" + name[1:] + "}"
+            if name in variables:
+                return str(variables[name])
+            if "." in name and not name.startswith("AWS::"):
+                return str(self.get_att(*name.split(".", 1)))
+            return str(self.ref(name))
+
+        return re.sub(r"\$\{([^}]+)\}", substitute, text)
+
+    def environment(self, spec: FunctionSpec) -> dict[str, str]:
+        """The function's environment variables as strings; unresolvable ones are left out."""
+        return self.resolve_variables(spec.environment, owner=spec.logical_id)
+
+    def resolve_variables(self, variables: Mapping[str, Any], *, owner: str) -> dict[str, str]:
+        """Environment variables (name -> template value) as strings; unresolvable ones left out.
+
+        Leaving one out (with a warning) rather than failing keeps ``local up`` usable when
+        the template grows a variable that only means something on AWS (an ARN of a resource
+        the embedded backend does not create); the handler then sees its default.
+        """
+        resolved: dict[str, str] = {}
+        for name, raw in variables.items():
+            try:
+                value = self.resolve(raw)
+            except Unresolvable as exc:
+                logger.warning("%s: leaving %s unset locally: %s", owner, name, exc)
+                continue
+            resolved[name] = _env_string(value)
+        return resolved
+
+
+def _env_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

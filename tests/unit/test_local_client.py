@@ -1,0 +1,64 @@
+"""The CLI's API client and status rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsfleet.record import ConnectionRecord, DesiredState
+from wsfleet_local.client import ApiClient, ConnectionRow, is_loopback_url
+
+
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("http://127.0.0.1:8080/dev", True),
+        ("http://localhost/dev", True),
+        ("http://[::1]:9/dev", True),
+        ("https://abc123.execute-api.eu-west-1.amazonaws.com/dev", False),
+        ("http://10.0.0.1/dev", False),
+    ],
+)
+def test_only_non_loopback_urls_are_signed(url, loopback):
+    assert is_loopback_url(url) is loopback
+    assert ApiClient(url).sign is (not loopback)
+
+
+def test_region_comes_from_the_execute_api_host():
+    assert ApiClient("https://abc.execute-api.eu-west-1.amazonaws.com/dev").region == "eu-west-1"
+
+
+def test_deployed_requests_carry_a_sigv4_signature(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    client = ApiClient("https://abc.execute-api.eu-west-1.amazonaws.com/dev")
+    headers = client._signed_headers(
+        "PUT", client.base_url + "/connections/a", b"{}", {"Content-Type": "application/json"}
+    )
+    assert headers["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+    assert "/eu-west-1/execute-api/aws4_request" in headers["Authorization"]
+    assert "X-Amz-Date" in headers
+
+
+def test_rows_from_the_api_view_and_from_a_record_agree():
+    record = ConnectionRecord(
+        pk="CONN#a",
+        desired_state=DesiredState.STARTED,
+        ws_url="ws://x",
+        last_seq=7,
+        lease_owner="w1",
+        lease_expires_at_ms=5_000,
+        lease_epoch=2,
+    )
+    from_record = ConnectionRow.from_record(record, now_ms=1_000)
+    view = {
+        "connection_id": "a",
+        "desired_state": "STARTED",
+        "last_seq": 7,
+        "lease": {"state": "held", "owner": "w1", "epoch": 2, "expires_in_ms": 4_000},
+    }
+    assert ConnectionRow.from_api(view) == from_record
+    assert from_record.streaming
+    expired = ConnectionRow.from_record(record, now_ms=6_000)
+    assert (expired.lease_state, expired.lease_left_ms, expired.streaming) == ("expired", 0, False)
+    free = ConnectionRow.from_record(record.with_changes(lease_owner="", lease_expires_at_ms=0), 0)
+    assert (free.lease_state, free.owner, free.lease_left_ms) == ("free", None, None)

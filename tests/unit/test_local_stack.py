@@ -1,0 +1,120 @@
+"""template.yaml as the local runtime reads it: routes, stream source, FilterCriteria, env."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wsfleet_local.backend import find_template, load_template
+from wsfleet_local.eventfilter import RecordFilter
+from wsfleet_local.stack import Route, StackResolver, read_stack
+
+EVENTS = Path(find_template()).parent / "events"
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return read_stack(load_template(find_template()))
+
+
+def sample_records(name: str) -> list[dict]:
+    return json.loads((EVENTS / f"{name}.json").read_text())["Records"]
+
+
+def test_router_routes_come_from_the_template(stack):
+    routes = set(stack.function("router").routes)
+    assert Route("PUT", "/connections/{id}") in routes
+    assert Route("GET", "/connections") in routes
+    assert Route("POST", "/events") in routes
+
+
+def test_stream_source_settings_come_from_the_template(stack):
+    (source,) = stack.function("stream_notifier").streams
+    assert source.table_logical_id == "ConnectionsTable"
+    assert source.report_batch_item_failures
+    assert source.maximum_retry_attempts >= 0
+    assert source.filter_criteria["Filters"]
+
+
+# The template's real pattern, against the checked-in samples of events/ (what AWS would send
+# before filtering) and against hand-built transitions.
+@pytest.mark.parametrize(
+    ("sample", "expected"),
+    [
+        ("stream_stop_modify", [True]),
+        ("stream_ignored_modify", [False, False]),
+        ("stream_insert", [False]),
+        ("stream_batch_partial_failure", [True, True, False]),
+    ],
+)
+def test_template_filter_on_event_samples(stack, sample, expected):
+    keep = RecordFilter.from_criteria(stack.function("stream_notifier").streams[0].filter_criteria)
+    assert [keep(record) for record in sample_records(sample)] == expected
+
+
+def test_template_filter_drops_worker_items_and_removes(stack):
+    keep = RecordFilter.from_criteria(stack.function("stream_notifier").streams[0].filter_criteria)
+    worker_heartbeat = {
+        "eventName": "MODIFY",
+        "dynamodb": {
+            "NewImage": {"pk": {"S": "WORKER#w1"}, "heartbeat_at_ms": {"N": "2"}},
+            "OldImage": {"pk": {"S": "WORKER#w1"}, "heartbeat_at_ms": {"N": "1"}},
+        },
+    }
+    removal = {"eventName": "REMOVE", "dynamodb": {"OldImage": {"desired_state": {"S": "STOPPED"}}}}
+    assert not keep(worker_heartbeat)
+    assert not keep(removal)
+
+
+def test_resolver_evaluates_function_environment(stack):
+    resolver = StackResolver(
+        stack_name="demo",
+        region="us-east-1",
+        names={
+            "ConnectionsTable": "demo-ConnectionsTable",
+            "MessagesTable": "demo-MessagesTable",
+            "HintQueue": "http://localhost/q",
+        },
+        parameters=stack.parameters,
+        overrides={"LeaseSeconds": "4", "HeartbeatSeconds": "1", "AllowInsecureWs": "true"},
+    )
+    env = resolver.environment(stack.function("reconciler"))
+    assert env["CONNECTIONS_TABLE"] == "demo-ConnectionsTable"
+    assert env["HINT_QUEUE_URL"] == "http://localhost/q"
+    assert env["LEASE_SECONDS"] == "4"
+    assert env["CONTROL_QUEUE_PREFIX"] == "demo-ctl-"
+    router_env = resolver.environment(stack.function("router"))
+    assert router_env["ALLOW_INSECURE_WS"] == "true"
+    worker_env = resolver.resolve_variables(stack.worker_environment, owner="worker")
+    assert worker_env["CONTROL_QUEUE_PREFIX"] == env["CONTROL_QUEUE_PREFIX"]
+
+
+def test_resolver_leaves_out_what_it_cannot_resolve():
+    resolver = StackResolver(stack_name="s", region="r", names={}, parameters={})
+    from wsfleet_local.stack import FunctionSpec
+
+    spec = FunctionSpec(
+        name="f",
+        logical_id="F",
+        handler="app.h",
+        timeout_seconds=3,
+        memory_mb=128,
+        environment={"A": {"Ref": "Missing"}, "B": {"Fn::Sub": "${AWS::StackName}-x"}, "C": 5},
+    )
+    assert resolver.environment(spec) == {"B": "s-x", "C": "5"}
+
+
+@pytest.mark.parametrize(
+    ("route", "method", "path", "expected"),
+    [
+        (Route("GET", "/connections/{id}"), "GET", "/connections/a", {"id": "a"}),
+        (Route("GET", "/connections/{id}"), "PUT", "/connections/a", None),
+        (Route("GET", "/connections/{id}"), "GET", "/connections", None),
+        (Route("GET", "/connections"), "GET", "/connections/", {}),
+        (Route("ANY", "/p/{proxy+}"), "POST", "/p/a/b", {"proxy": "a/b"}),
+    ],
+)
+def test_route_matching(route, method, path, expected):
+    assert route.match(method, path) == expected
