@@ -1,0 +1,128 @@
+"""STOP closes the upstream socket: through the worker's control queue, or at the next renewal.
+
+The stream notifier Lambda (another component) turns a STOPPED record into a StopCommand on
+the owner's control queue; here the test sends that command itself, as the notifier would.
+Which path closed the session is read from the worker's own log line ("session finished",
+``via``), so no assertion depends on timing:
+
+* control path: the heartbeat is long (10 s, first renewal 5-10 s after the acquire), and the
+  test acts right after the stream starts, so no renewal can come first;
+* fallback path: the control channel is disabled, heartbeat 0.5 s.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fleet_helpers import Fleet, WorkerProcess, check_stream, wait_until
+from wsfleet.control import StopCommand
+from wsfleet.record import DesiredState, connection_pk
+from wsfleet_local.simulator import SimulatorThread
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SLOW_HEARTBEAT = {"LEASE_SECONDS": "30", "HEARTBEAT_EVERY": "10", "LEASE_SAFETY_MARGIN_SECONDS": "2"}
+
+
+@pytest.fixture
+def sim():
+    with SimulatorThread(rate=20.0) as running:
+        yield running
+
+
+@pytest.fixture
+def fleet(aws) -> Fleet:
+    return Fleet(aws.env())
+
+
+@pytest.fixture
+def spawn(aws, tmp_path):
+    started: list[WorkerProcess] = []
+
+    def start(**overrides: str) -> WorkerProcess:
+        worker = WorkerProcess(aws.env(), log_dir=tmp_path, **overrides)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def streaming(fleet: Fleet, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
+    """Wait until frames of ``stream_id`` are stored (no renewal needed for that)."""
+    wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
+    record = fleet.record(stream_id)
+    assert record.lease_owner == worker.worker_id
+    return record
+
+
+def session_finished(worker: WorkerProcess, stream_id: str) -> dict:
+    return wait_until(
+        lambda: next(
+            (r for r in worker.logs("session finished") if r.get("connection_id") == stream_id),
+            None,
+        ),
+        timeout=30,
+        message=worker.tail,
+    )
+
+
+def assert_stopped_and_released(fleet: Fleet, stream_id: str) -> None:
+    record = fleet.record(stream_id)
+    assert record.desired_state is DesiredState.STOPPED
+    assert (record.lease_owner, record.lease_expires_at_ms) == ("", 0)
+    check = check_stream(fleet.stored(stream_id), stream_id, record.last_seq)
+    assert check.ok, check
+    assert record.last_seq >= 5  # the final checkpoint rode along with the release
+
+
+def test_stop_via_the_control_channel_closes_the_socket(fleet, sim, spawn):
+    worker = spawn(**SLOW_HEARTBEAT)
+    fleet.start("ctl", sim.url_for("ctl"))
+    record = streaming(fleet, sim, "ctl", worker)
+    queue_url = fleet.worker_item(worker.worker_id).control_queue_url
+
+    # A command for another epoch (an earlier owner's session) is ignored.
+    fleet.sqs.send_message(
+        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch + 7).body()
+    )
+    ignored = wait_until(lambda: worker.logs("STOP command received"), timeout=30)
+    assert ignored[0]["applied"] is False
+    assert sim.sessions("ctl")[0].is_open
+
+    fleet.store.stop(connection_pk("ctl"))
+    fleet.sqs.send_message(
+        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch).body()
+    )
+
+    wait_until(lambda: not sim.sessions("ctl")[0].is_open, timeout=30, message=worker.tail)
+    finished = session_finished(worker, "ctl")
+    assert (finished["reason"], finished["via"]) == ("stopped", "control")
+    assert_stopped_and_released(fleet, "ctl")
+    assert len(sim.sessions("ctl")) == 1
+    assert sim.sessions("ctl")[0].close_code == 1000
+
+
+def test_stop_without_control_channel_is_noticed_by_the_next_renewal(fleet, sim, spawn):
+    worker = spawn(WORKER_CONTROL_CHANNEL="false")
+    fleet.start("hb", sim.url_for("hb"))
+    streaming(fleet, sim, "hb", worker)
+    assert fleet.worker_item(worker.worker_id).control_queue_url == ""
+
+    fleet.store.stop(connection_pk("hb"))
+
+    wait_until(lambda: not sim.sessions("hb")[0].is_open, timeout=30, message=worker.tail)
+    finished = session_finished(worker, "hb")
+    assert (finished["reason"], finished["via"]) == ("stopped", "renew")
+    assert_stopped_and_released(fleet, "hb")
+    assert len(sim.sessions("hb")) == 1
+
+
+def test_graceful_exit_deletes_the_control_queue_and_the_worker_item(fleet, spawn):
+    worker = spawn()
+    item = wait_until(lambda: fleet.worker_item(worker.worker_id), timeout=60, message=worker.tail)
+    worker.stop()
+    assert worker.process.returncode == 0
+    assert fleet.worker_item(worker.worker_id) is None
+    queues = fleet.sqs.list_queues().get("QueueUrls", [])
+    assert item.control_queue_url not in queues
