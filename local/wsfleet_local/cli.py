@@ -99,18 +99,22 @@ class _Signals:
         self.stop.set()
 
 
-def _usage_panel(fleet: Any) -> Panel:
+def _print_usage(fleet: Any) -> None:
+    """Where everything is (a panel), then copy-pasteable commands (plain, never wrapped)."""
     api = fleet.api_url
     sim = fleet.simulator_url
+    control = sim.replace("ws://", "http://") + "/_sim/streams"
     workers = ", ".join(f"{slot.worker_id} (pid {slot.pid})" for slot in fleet.workers)
-    lines = [
-        f"REST API     [bold]{api}[/bold]",
-        f"upstream     {sim}/<stream_id>   (simulator; control: {sim.replace('ws://', 'http://')}/_sim/streams)",
-        f"DynamoDB/SQS {fleet.endpoint_url}   tables {fleet.resources.connections_table}, "
-        f"{fleet.resources.messages_table}",
-        f"workers      {workers or 'none'}",
-        f"logs         {fleet.run_dir}",
-        "",
+    where = [
+        f"REST API      [bold]{api}[/bold]",
+        f"upstream      {sim}/<stream_id>  (simulator control: {control})",
+        f"DynamoDB/SQS  {fleet.endpoint_url}",
+        f"tables        {fleet.resources.connections_table}, {fleet.resources.messages_table}",
+        f"workers       {workers or 'none'}",
+        f"logs          {fleet.run_dir}",
+    ]
+    console.print(Panel("\n".join(where), title="wsfleet local fleet is up", expand=False))
+    commands = [
         f"export {API_ENV}={api}",
         f"curl -X PUT {api}/connections/s1 -H 'content-type: application/json' "
         f'-d \'{{"ws_url": "{sim}/s1"}}\'',
@@ -118,10 +122,10 @@ def _usage_panel(fleet: Any) -> Panel:
         f"curl '{api}/connections?state=STARTED'",
         f"curl -X DELETE {api}/connections/s1",
         "wsfleet status --watch",
-        "",
-        "Ctrl-C drains the workers and stops everything (twice: at once).",
     ]
-    return Panel("\n".join(lines), title="wsfleet local fleet is up", expand=False)
+    for command in commands:
+        console.print(command, soft_wrap=True, highlight=False, markup=False)
+    console.print("Ctrl-C drains the workers and stops everything (press twice: at once).")
 
 
 @local_app.command("up")
@@ -161,7 +165,7 @@ def local_up(
     try:
         with status:
             fleet.start()
-        console.print(_usage_panel(fleet))
+        _print_usage(fleet)
         sys.stdout.flush()
         while not signals.stop.wait(0.5):
             dead = [slot.worker_id for slot in fleet.workers if not slot.alive()]

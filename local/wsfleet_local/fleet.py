@@ -484,6 +484,11 @@ class LocalFleet:
                 raise FleetError(f"worker {slot.worker_id} did not become healthy")
             time.sleep(0.05)
 
+    def wait_workers_ready(self) -> None:
+        """Block until every worker slot's current process is healthy (after restarts)."""
+        for slot in self.workers:
+            self._wait_worker_ready(slot)
+
     def _slot(self, index: int) -> WorkerSlot:
         if not 0 <= index < len(self.workers):
             raise FleetError(f"no worker slot {index} (slots: 0..{len(self.workers) - 1})")
