@@ -66,6 +66,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
@@ -89,6 +90,8 @@ __all__ = [
     "FaultPlan",
     "FaultProxy",
     "FaultRule",
+    "FaultyFleet",
+    "ProxyProcess",
     "ProxyStats",
     "RequestInfo",
     "classify",
@@ -617,6 +620,8 @@ class FaultProxy:
                 connection.close()
             host, port = self._upstream
             connection = http.client.HTTPConnection(host, port, timeout=UPSTREAM_TIMEOUT_SECONDS)
+            connection.connect()
+            connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._local.conn = connection
             self._local.target = self._upstream
         return connection
@@ -687,6 +692,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     """One client connection (keep-alive): each request is a control call or forwarded."""
 
     protocol_version = "HTTP/1.1"
+    #: Headers and body go out in two writes; with Nagle on, the second waits for the
+    #: client's delayed ACK (40 ms on Linux) on every request.
+    disable_nagle_algorithm = True
     proxy: FaultProxy
     label: str
 
@@ -852,6 +860,149 @@ class FaultClient:
 
     def reset_stats(self) -> None:
         self._call("DELETE", f"{CONTROL_PREFIX}/stats")
+
+
+# =============================================================================================
+# The proxy as a child process, and a local fleet whose workers go through it
+# =============================================================================================
+
+
+class ProxyProcess:
+    """``python -m wsfleet_local.faults`` as a child of this process (dies with it).
+
+    A child keeps the proxy's threads off the caller's GIL, so a benchmark driver polling
+    the simulator does not slow the workers' DynamoDB calls down.
+    """
+
+    def __init__(
+        self,
+        upstream: str | None = None,
+        *,
+        labels: Sequence[str] = (DEFAULT_LABEL,),
+        seed: int = 0,
+        log_path: Path | None = None,
+    ) -> None:
+        self._argv = [sys.executable, "-m", "wsfleet_local.faults", "--labels", ",".join(labels),
+                      "--seed", str(seed), "--exit-on-stdin-eof"]  # fmt: skip
+        if upstream:
+            self._argv += ["--upstream", upstream]
+        self._log_path = log_path
+        self._child: Any = None
+        self.urls: dict[str, str] = {}
+
+    def start(self) -> Self:
+        from .procs import spawn
+
+        self._child = spawn(
+            "fault proxy", self._argv, log_path=self._log_path, stdin_pipe=True, capture_stdout=True
+        )
+        ready = self._child.read_json_line(30.0)
+        self.urls = dict(ready["urls"])
+        return self
+
+    @property
+    def url(self) -> str:
+        return next(iter(self.urls.values()))
+
+    def url_for(self, label: str) -> str:
+        return self.urls[label]
+
+    def client(self) -> FaultClient:
+        return FaultClient(self.url)
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    def stop(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        if child.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                child.popen.stdin.close()
+        child.stop(signal.SIGTERM, 5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class FaultyFleet:
+    """A :class:`~wsfleet_local.fleet.LocalFleet` whose workers reach DynamoDB and SQS through
+    a fault proxy (label ``worker``), for the chaos suite and the benchmarks.
+
+    Built on LocalFleet's public API only: the fleet starts with no worker, the proxy is
+    pointed at the fleet's backend once it exists, then the workers are added; every worker
+    (restarts included) gets ``AWS_ENDPOINT_URL`` = the proxy. The Lambdas and the Streams
+    poller talk to the backend directly (LocalFleet has no hook for their endpoint yet).
+
+    Example::
+
+        with FaultyFleet(workers=3, seed=7, timings=FleetTimings()) as faulty:
+            faulty.faults.set_rules([FaultRule(kind="throttle", probability=0.05)])
+            faulty.fleet.kill_worker(0)
+            print(faulty.faults.stats().total(service="dynamodb"))
+    """
+
+    LABEL = "worker"
+
+    def __init__(self, *, workers: int = 3, seed: int = 0, **fleet_options: Any) -> None:
+        self.worker_count = workers
+        self.seed = seed
+        self._fleet_options = fleet_options
+        self.proxy: ProxyProcess | None = None
+        self._fleet: Any = None
+
+    @property
+    def fleet(self) -> Any:
+        if self._fleet is None:
+            raise FaultError("the fleet is not started")
+        return self._fleet
+
+    @property
+    def faults(self) -> FaultClient:
+        if self.proxy is None:
+            raise FaultError("the fleet is not started")
+        return self.proxy.client()
+
+    def start(self) -> Self:
+        from .fleet import LocalFleet
+
+        options = dict(self._fleet_options)
+        run_dir = options.pop("run_dir", None)
+        extra = dict(options.pop("extra_worker_env", None) or {})
+        try:
+            self.proxy = ProxyProcess(labels=(self.LABEL,), seed=self.seed).start()
+            extra["AWS_ENDPOINT_URL"] = self.proxy.url_for(self.LABEL)
+            self._fleet = LocalFleet(workers=0, run_dir=run_dir, extra_worker_env=extra, **options)
+            self._fleet.start()
+            self.faults.set_upstream(self._fleet.endpoint_url)
+            for _ in range(self.worker_count):
+                self._fleet.add_worker()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Drain and stop the fleet, then the proxy. Safe to call twice."""
+        fleet, self._fleet = self._fleet, None
+        try:
+            if fleet is not None:
+                fleet.stop()
+        finally:
+            proxy, self.proxy = self.proxy, None
+            if proxy is not None:
+                proxy.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 # =============================================================================================

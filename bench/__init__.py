@@ -1,0 +1,1 @@
+"""wsfleet benchmarks: `python -m bench` (see bench/RESULTS.md)."""

@@ -1,0 +1,334 @@
+"""Benchmarks on a running local fleet: crash failover, graceful hand-off, STOP latency, loss.
+
+Each run starts its own :class:`~wsfleet_local.faults.FaultyFleet` (no faults injected), so
+runs do not disturb each other:
+
+* **crash / handoff** (``disruption``): one worker alone receives K connections (START through
+  the API) and streams them all; then peers join; the lone worker gets SIGKILL (crash) or
+  SIGTERM (graceful hand-off). For every connection, the time from the signal to the first
+  frame the upstream sent to a session opened after the signal (the simulator's session log:
+  ``first_frame_at``) is the failover time. Afterwards the messages table is audited
+  (:func:`wsfleet_local.audit.audit_stream`): every seq up to the record's checkpoint stored
+  exactly once with its own content, no frame under an older epoch after a newer one, no two
+  upstream sessions of one stream open at once.
+* **STOP latency** (``stop_latency``): N streams spread over the workers; STOP each through the
+  API (0.2 s apart) and time API call -> the upstream saw the socket close (``closed_at``).
+  With the control channel (DynamoDB Streams -> notifier -> the owner's control queue) and
+  without it (``WORKER_CONTROL_CHANNEL=false``: the worker only notices at its next renewal).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .harness import BenchTimeout, by_stream, percentiles, records_by_id, wait_until
+
+__all__ = [
+    "Profile",
+    "audit",
+    "fleet_for_bench",
+    "run_disruption",
+    "run_stop_latency",
+    "timings_for",
+]
+
+
+class Profile:
+    """Lease settings of a run: the production defaults, or short local ones."""
+
+    DEFAULT = "default"  # lease 20 s, heartbeat 5 s, margin 2 s, reconcile pass 10 s
+    SHORT = "short"  # lease 4 s, heartbeat 1 s, margin 1 s, reconcile pass 1 s
+
+
+def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = None) -> Any:
+    from wsfleet_local.fleet import FleetTimings
+
+    if profile == Profile.DEFAULT:
+        return FleetTimings(
+            lease_seconds=20.0,
+            heartbeat_seconds=5.0,
+            lease_safety_margin_seconds=2.0,
+            reconcile_pass_seconds=10.0,
+            drain_timeout_seconds=20.0,
+            queue_wait_seconds=queue_wait if queue_wait is not None else 20,
+            max_connections=max_connections,
+        )
+    return FleetTimings(
+        lease_seconds=4.0,
+        heartbeat_seconds=1.0,
+        lease_safety_margin_seconds=1.0,
+        reconcile_pass_seconds=1.0,
+        drain_timeout_seconds=10.0,
+        queue_wait_seconds=queue_wait if queue_wait is not None else 2,
+        max_connections=max_connections,
+    )
+
+
+def _timings_dict(timings: Any) -> dict[str, Any]:
+    return {
+        "lease_seconds": timings.lease_seconds,
+        "heartbeat_seconds": timings.heartbeat_seconds,
+        "safety_margin_seconds": timings.lease_safety_margin_seconds,
+        "reconcile_pass_seconds": timings.reconcile_pass_seconds,
+        "queue_wait_seconds": timings.queue_wait_seconds,
+    }
+
+
+class _PlainFleet:
+    """A LocalFleet with the FaultyFleet shape (``.fleet``), without the proxy hop.
+
+    Latency runs use it: the proxy is a test instrument, not part of the product, and each
+    hop through it costs a little on a loaded machine.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        from wsfleet_local.fleet import LocalFleet
+
+        self.fleet = LocalFleet(**options)
+
+    def __enter__(self) -> _PlainFleet:
+        self.fleet.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.fleet.stop()
+
+
+def fleet_for_bench(
+    *,
+    workers: int,
+    timings: Any,
+    rate: float,
+    run_dir: Path,
+    worker_env: Mapping[str, str],
+    proxied: bool = False,
+) -> Any:
+    """A fleet context (``.fleet``); ``proxied``: workers go through the counting proxy."""
+    env = {"POWERTOOLS_LOG_LEVEL": "WARNING", **worker_env}
+    if proxied:
+        from wsfleet_local.faults import FaultyFleet
+
+        return FaultyFleet(
+            workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env
+        )
+    return _PlainFleet(
+        workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env
+    )
+
+
+def _start_streams(fleet: Any, ids: list[str]) -> None:
+    from wsfleet_local.client import ApiClient
+
+    api = ApiClient(fleet.api_url)
+    simulator = fleet.simulator
+    for stream_id in ids:
+        api.start(stream_id, simulator.url_for(stream_id))
+
+
+def _all_streaming(fleet: Any, ids: list[str], owners: set[str] | None = None) -> bool:
+    records = records_by_id(fleet)
+    now_ms = int(time.time() * 1000)
+    for stream_id in ids:
+        record = records.get(stream_id)
+        if record is None or not record.lease_owner or record.last_seq < 1:
+            return False
+        if record.lease_expires_at_ms < now_ms:
+            return False
+        if owners is not None and record.lease_owner not in owners:
+            return False
+    return True
+
+
+def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
+    """Loss and duplicates over ``ids`` (see wsfleet_local.audit), summed."""
+    from wsfleet.messages import MessageStore
+    from wsfleet.record import connection_pk
+    from wsfleet_local.audit import audit_stream
+
+    from .harness import aws_client
+
+    messages = MessageStore(
+        aws_client("dynamodb", fleet.endpoint_url), fleet.resources.messages_table
+    )
+    records = records_by_id(fleet)
+    sessions = by_stream(fleet.simulator.sessions())
+    totals = {"streams": len(ids), "checkpointed": 0, "stored": 0, "lost": 0,
+              "wrong_content": 0, "stale_epoch": 0, "overlapping_sessions": 0,
+              "replay_gaps": 0, "streams_with_problems": []}  # fmt: skip
+    for stream_id in ids:
+        record = records[stream_id]
+        result = audit_stream(
+            stream_id,
+            final_seq=record.last_seq,
+            ended=False,
+            checkpointed=record.last_seq,
+            items=messages.read_all(connection_pk(stream_id)),
+            sessions=sessions.get(stream_id, []),
+        )
+        totals["checkpointed"] += record.last_seq
+        totals["stored"] += result.stored
+        totals["lost"] += result.lost
+        totals["wrong_content"] += len(result.corrupt)
+        totals["stale_epoch"] += len(result.stale_epoch)
+        totals["overlapping_sessions"] += result.overlapping_sessions
+        totals["replay_gaps"] += result.replay_gaps
+        if result.lost or result.duplicated or result.replay_gaps:
+            totals["streams_with_problems"].append(stream_id)
+    totals["ok"] = not totals["streams_with_problems"]
+    return totals
+
+
+def run_disruption(
+    kind: str,
+    *,
+    connections: int,
+    profile: str,
+    rate: float,
+    run_dir: Path,
+    peers: int = 2,
+) -> dict[str, Any]:
+    """SIGKILL (``kind="crash"``) or SIGTERM (``"handoff"``) a worker holding ``connections``."""
+    signum = signal.SIGKILL if kind == "crash" else signal.SIGTERM
+    timings = timings_for(profile, max_connections=max(100, connections))
+    lease = timings.lease_seconds
+    ids = [f"{kind[0]}{profile[0]}{connections}-{i:03d}" for i in range(connections)]
+    result: dict[str, Any] = {
+        "benchmark": kind,
+        "connections": connections,
+        "profile": profile,
+        "settings": {**_timings_dict(timings), "frames_per_second_per_stream": rate,
+                     "workers": 1 + peers},  # fmt: skip
+    }
+    with fleet_for_bench(
+        workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env={}
+    ) as faulty:
+        fleet = faulty.fleet
+        victim = fleet.workers[0]
+        _start_streams(fleet, ids)
+        wait_until(
+            lambda: _all_streaming(fleet, ids, {victim.worker_id}),
+            timeout=60 + connections * 0.5,
+            interval=0.5,
+            what=f"{connections} streams on the first worker",
+        )
+        for _ in range(peers):
+            fleet.add_worker()
+        time.sleep(2 * timings.heartbeat_seconds)  # steady: peers polling, renewals spread
+        signalled_at = time.time()
+        fleet.kill_worker(0, signum)
+
+        def resumed() -> dict[str, float] | None:
+            grouped = by_stream(fleet.simulator.sessions())
+            found: dict[str, float] = {}
+            for stream_id in ids:
+                firsts = [
+                    s.first_frame_at
+                    for s in grouped.get(stream_id, [])
+                    if s.opened_at > signalled_at and s.first_frame_at is not None
+                ]
+                if not firsts:
+                    return None
+                found[stream_id] = min(firsts) - signalled_at
+            return found
+
+        try:
+            gaps = wait_until(resumed, timeout=lease * 2 + 60, interval=0.25, what="takeover")
+        except BenchTimeout as exc:
+            result["error"] = str(exc)
+            return result
+        fleet.wait_worker_exit(0, timings.drain_timeout_seconds + 5)
+        # Let the new owners checkpoint past the takeover before auditing.
+        time.sleep(2 * timings.heartbeat_seconds + 1)
+        stats = percentiles(gaps.values())
+        assert stats is not None
+        result["seconds"] = stats.to_dict()
+        result["ratio_to_lease"] = {
+            key: round(value / lease, 3)
+            for key, value in stats.to_dict().items()
+            if key != "n"
+        }
+        target = lease + 1.0 if kind == "crash" else 1.0
+        result["target"] = f"p99 {'<=' if kind == 'crash' else '<'} {target:g} s"
+        result["target_met"] = stats.p99 <= target if kind == "crash" else stats.p99 < target
+        result["owners_after"] = sorted(
+            {r.lease_owner for i, r in records_by_id(fleet).items() if i in ids}
+        )
+        result["audit"] = audit(fleet, ids)
+    return result
+
+
+def run_stop_latency(
+    *,
+    control_channel: bool,
+    streams: int,
+    profile: str,
+    rate: float,
+    run_dir: Path,
+    workers: int = 2,
+    spacing_seconds: float = 0.2,
+) -> dict[str, Any]:
+    """STOP ``streams`` connections through the API; API call -> upstream socket closed."""
+    from wsfleet_local.client import ApiClient
+
+    timings = timings_for(profile, max_connections=max(100, streams))
+    worker_env = {} if control_channel else {"WORKER_CONTROL_CHANNEL": "false"}
+    ids = [f"stop{'c' if control_channel else 'h'}-{i:03d}" for i in range(streams)]
+    result: dict[str, Any] = {
+        "benchmark": "stop",
+        "control_channel": control_channel,
+        "profile": profile,
+        "settings": {**_timings_dict(timings), "workers": workers, "streams": streams,
+                     "stop_spacing_seconds": spacing_seconds,
+                     "streams_poll_seconds": 0.15},  # fmt: skip
+    }
+    with fleet_for_bench(
+        workers=workers, timings=timings, rate=rate, run_dir=run_dir, worker_env=worker_env
+    ) as faulty:
+        fleet = faulty.fleet
+        _start_streams(fleet, ids)
+        wait_until(lambda: _all_streaming(fleet, ids), timeout=60 + streams, interval=0.5,
+                   what="all streams streaming")  # fmt: skip
+        time.sleep(timings.heartbeat_seconds)
+        api = ApiClient(fleet.api_url)
+        sent_at: dict[str, float] = {}
+        for stream_id in ids:
+            sent_at[stream_id] = time.time()
+            api.stop(stream_id)
+            time.sleep(spacing_seconds)
+
+        def closed() -> dict[str, float] | None:
+            grouped = by_stream(fleet.simulator.sessions())
+            found: dict[str, float] = {}
+            for stream_id in ids:
+                sessions = grouped.get(stream_id, [])
+                if any(s.is_open for s in sessions):
+                    return None
+                at = sent_at[stream_id]
+                closes = [s.closed_at for s in sessions if s.opened_at <= at and s.closed_at]
+                found[stream_id] = max(closes) - at if closes else 0.0
+            return found
+
+        try:
+            latencies = wait_until(
+                closed, timeout=timings.lease_seconds * 2 + 30, interval=0.25, what="sockets closed"
+            )
+        except BenchTimeout as exc:
+            result["error"] = str(exc)
+            return result
+        stats = percentiles(latencies.values())
+        assert stats is not None
+        result["seconds"] = stats.to_dict()
+        if control_channel:
+            result["target"] = "p99 < 1 s"
+            result["target_met"] = stats.p99 < 1.0
+        else:
+            result["bound"] = f"<= heartbeat ({timings.heartbeat_seconds:g} s) + renew time"
+        records = records_by_id(fleet)
+        result["stopped_records"] = sum(
+            1 for i in ids if records[i].desired_state.value == "STOPPED" and not records[i].lease_owner
+        )
+    return result
