@@ -1,0 +1,1085 @@
+"""Embedded local AWS backend: moto in server mode, made safe for racing conditional writes.
+
+wsfleet's correctness rests on DynamoDB conditional writes: when 32 workers race for one lease,
+exactly one may win. moto's stock threaded server (``moto_server``, ``ThreadedMotoServer``)
+serves requests on many threads against unsynchronised in-memory backends, so racing
+conditional updates can each see the item before any of them writes it (measured with moto
+5.2: rounds with 2-3 winners, and an occasional HTTP 500 "dictionary changed size during
+iteration"). A single-threaded server is atomic but then one SQS long poll (up to 20 s)
+stalls every other caller.
+
+This module keeps the threads and serialises the backend instead:
+
+* every request runs under one global lock (:class:`SerializedMotoApp`), which makes each
+  API call atomic, as it is on AWS;
+* an SQS ``ReceiveMessage`` long poll is the one exception: it is served as a series of
+  short polls (``WaitTimeSeconds=0``) under the lock, sleeping a few tens of milliseconds
+  between attempts *outside* the lock, until a message arrives or the requested wait (or
+  the queue's ``ReceiveMessageWaitTimeSeconds``) runs out. Both SQS wire protocols are
+  handled: JSON (``X-Amz-Target: AmazonSQS.ReceiveMessage``, what boto3 >= 1.34 speaks)
+  and query (form body ``Action=ReceiveMessage``);
+* connections are kept alive (werkzeug's dev server closes each one after a response), so
+  a boto3 call costs no TCP handshake and no new server thread.
+
+moto's own cost dominates: a conditional UpdateItem takes ~5 ms of server CPU in moto 5.2,
+so one server does roughly 100-190 such calls per second however many clients it has.
+
+:class:`EmbeddedBackend` runs that server in a child process (moto's global state then
+dies with it, and a hung test cannot wedge the server) and creates the stack's tables and
+queues from ``template.yaml`` itself, so local resources cannot drift from the deployed
+ones. Command line::
+
+    python -m wsfleet_local.backend [--host 127.0.0.1] [--port 0] [--create-resources PREFIX]
+
+prints one JSON line (``{"endpoint_url": ...}`` plus ``"env"``/``"resources"`` when asked)
+to stdout once the server answers, then serves until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import yaml
+
+from wsfleet.exceptions import WsfleetError
+
+if TYPE_CHECKING:
+    from werkzeug.serving import BaseWSGIServer
+
+__all__ = [
+    "HEALTH_PATH",
+    "BackendError",
+    "EmbeddedBackend",
+    "Resources",
+    "SerializedMotoApp",
+    "TemplateError",
+    "find_template",
+    "load_template",
+    "main",
+    "provision_resources",
+    "serve",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Answered by the wrapper itself (never reaches moto): the readiness probe.
+HEALTH_PATH = "/_wsfleet/health"
+
+DEFAULT_REGION = "us-east-1"
+#: moto accepts any credentials; these keep boto3 from looking for real ones.
+LOCAL_ACCESS_KEY = "testing"
+LOCAL_SECRET_KEY = "testing"
+
+#: Pause between two short polls of an emulated long poll, spent outside the global lock.
+LONG_POLL_INTERVAL_SECONDS = 0.025
+#: SQS caps WaitTimeSeconds at 20; out-of-range values go to moto untouched, which rejects them.
+SQS_MAX_WAIT_SECONDS = 20
+
+#: How long start() waits for the child's ready line (cold moto imports take 1-3 s).
+START_TIMEOUT_SECONDS = 60.0
+#: How long stop() waits after SIGTERM before it SIGKILLs the child.
+STOP_TIMEOUT_SECONDS = 10.0
+
+TABLE_TYPE = "AWS::DynamoDB::Table"
+QUEUE_TYPE = "AWS::SQS::Queue"
+
+#: Logical ids the rest of wsfleet relies on, mapped onto Resources fields.
+CONNECTIONS_TABLE_ID = "ConnectionsTable"
+MESSAGES_TABLE_ID = "MessagesTable"
+HINT_QUEUE_ID = "HintQueue"
+HINT_DLQ_ID = "HintDeadLetterQueue"
+
+
+class BackendError(WsfleetError):
+    """The embedded backend could not be started, reached or provisioned."""
+
+
+class TemplateError(BackendError):
+    """template.yaml holds something the local provisioner cannot turn into resources."""
+
+
+# =============================================================================================
+# The server: moto behind one lock, long polls emulated outside it.
+# =============================================================================================
+
+WSGIEnviron = dict[str, Any]
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[WSGIEnviron, StartResponse], Iterable[bytes]]
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A fully materialised WSGI response, so nothing of moto runs after the lock is released."""
+
+    status: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.status.startswith("200")
+
+
+@dataclass(frozen=True)
+class _ReceiveRequest:
+    """A ReceiveMessage call, decoded just enough to re-issue it as short polls."""
+
+    is_json: bool
+    params: dict[str, Any] | list[tuple[str, str]]  # JSON object, or ordered form pairs
+    queue_url: str
+    wait_seconds: int | None  # None: the request gave none, the queue attribute applies
+
+    def short_poll_body(self) -> bytes:
+        """The same request with ``WaitTimeSeconds=0``: moto then returns at once."""
+        if isinstance(self.params, dict):
+            return json.dumps({**self.params, "WaitTimeSeconds": 0}).encode()
+        pairs = [(k, v) for k, v in self.params if k != "WaitTimeSeconds"]
+        return urlencode([*pairs, ("WaitTimeSeconds", "0")]).encode()
+
+    def has_messages(self, reply: _Reply) -> bool:
+        if self.is_json:
+            try:
+                return bool(json.loads(reply.body or b"{}").get("Messages"))
+            except ValueError:
+                return False
+        return b"<Message>" in reply.body
+
+
+def _materialise(app: WSGIApp, environ: WSGIEnviron) -> _Reply:
+    """Run a WSGI app to completion: status, headers and the whole body."""
+    captured: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    def start_response(
+        status: str, headers: list[tuple[str, str]], exc_info: Any = None
+    ) -> Callable[[bytes], None]:
+        captured["status"], captured["headers"] = status, headers
+        return chunks.append
+
+    result = app(environ, start_response)
+    try:
+        chunks.extend(result)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    return _Reply(captured["status"], captured["headers"], b"".join(chunks))
+
+
+def _read_body(environ: WSGIEnviron) -> bytes:
+    """Read the request body and put an identical, re-readable stream back in its place."""
+    stream = environ["wsgi.input"]
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > 0:
+        body = stream.read(length)
+    elif environ.get("wsgi.input_terminated"):  # chunked: werkzeug's stream ends at the body end
+        body = stream.read()
+    else:
+        body = b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    return body
+
+
+def _with_body(environ: WSGIEnviron, body: bytes) -> WSGIEnviron:
+    """A copy of ``environ`` carrying ``body``, with a matching CONTENT_LENGTH."""
+    copy = dict(environ)
+    copy["wsgi.input"] = io.BytesIO(body)
+    copy["CONTENT_LENGTH"] = str(len(body))
+    return copy
+
+
+def _parse_wait(raw: Any) -> int | None:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _as_receive_request(environ: WSGIEnviron) -> _ReceiveRequest | None:
+    """Recognise an SQS ReceiveMessage in either protocol; anything else gives None.
+
+    Only bodies that could be one (JSON with the SQS target, or a form post) are read.
+    """
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if target == "AmazonSQS.ReceiveMessage":
+        try:
+            params = json.loads(_read_body(environ) or b"{}")
+        except ValueError:
+            return None
+        if not isinstance(params, dict):
+            return None
+        return _ReceiveRequest(
+            is_json=True,
+            params=params,
+            queue_url=str(params.get("QueueUrl", "")),
+            wait_seconds=_parse_wait(params.get("WaitTimeSeconds")),
+        )
+    if target or environ.get("REQUEST_METHOD") != "POST":
+        return None
+    if not environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
+        return None
+    pairs = parse_qsl(_read_body(environ).decode("utf-8", "replace"), keep_blank_values=True)
+    form = dict(pairs)
+    if form.get("Action") != "ReceiveMessage":
+        return None
+    return _ReceiveRequest(
+        is_json=False,
+        params=pairs,
+        queue_url=form.get("QueueUrl", ""),
+        wait_seconds=_parse_wait(form.get("WaitTimeSeconds")),
+    )
+
+
+def _queue_default_wait_seconds(environ: WSGIEnviron, queue_url: str) -> int:
+    """The queue's ReceiveMessageWaitTimeSeconds, read from moto's backend (caller holds the lock).
+
+    moto picks the region from the SigV4 credential scope and the account from the access key;
+    the queue URL carries the account it was created in. A queue that cannot be found gives 0:
+    the request becomes a single short poll, and moto reports the missing queue.
+    """
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sqs.models import sqs_backends
+
+    path = [part for part in urlsplit(queue_url).path.split("/") if part]
+    name = path[-1] if path else queue_url
+    account = path[-2] if len(path) >= 2 else os.environ.get("MOTO_ACCOUNT_ID", DEFAULT_ACCOUNT_ID)
+    scope = re.search(r"Credential=[^/]+/\d+/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
+    region = scope.group(1) if scope else DEFAULT_REGION
+    try:
+        queue = sqs_backends[account][region].queues.get(name)
+        return int(queue.receive_message_wait_time_seconds) if queue is not None else 0
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+class _Dispatcher(Protocol):
+    """moto's DomainDispatcherApplication as used here: routes a request to a service's app."""
+
+    def get_application(self, environ: WSGIEnviron) -> WSGIApp: ...
+
+
+class SerializedMotoApp:
+    """WSGI middleware: each request runs alone against moto; long polls yield between tries.
+
+    Holding one lock per request is what makes a conditional write atomic (moto's backends
+    are plain dicts). The response is read to the end inside the lock, because WSGI bodies
+    may be lazy. An SQS long poll would hold the lock for up to 20 s, so it is replaced by
+    short polls with the lock released in between. Picking moto's per-service app (routing,
+    thread-safe on its own) happens before the lock, so the lock covers moto's work only.
+
+    Example (in-process; :func:`serve` does this for you)::
+
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        app = SerializedMotoApp(DomainDispatcherApplication(create_backend_app))
+    """
+
+    def __init__(
+        self,
+        dispatcher: _Dispatcher,
+        *,
+        poll_interval_seconds: float = LONG_POLL_INTERVAL_SECONDS,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._lock = threading.Lock()
+        self._poll_interval_seconds = poll_interval_seconds
+
+    def __call__(self, environ: WSGIEnviron, start_response: StartResponse) -> list[bytes]:
+        if environ.get("PATH_INFO") == HEALTH_PATH:
+            start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+            return [b"ok"]
+        receive = _as_receive_request(environ)
+        reply = (
+            self._long_poll(environ, receive) if receive is not None else self._call_locked(environ)
+        )
+        start_response(reply.status, reply.headers)
+        return [reply.body]
+
+    def _call_locked(self, environ: WSGIEnviron) -> _Reply:
+        service_app = self._dispatcher.get_application(environ)
+        with self._lock:
+            return _materialise(service_app, environ)
+
+    def _long_poll(self, environ: WSGIEnviron, receive: _ReceiveRequest) -> _Reply:
+        wait_seconds = receive.wait_seconds
+        if wait_seconds is None:
+            with self._lock:
+                wait_seconds = _queue_default_wait_seconds(environ, receive.queue_url)
+        if not 0 <= wait_seconds <= SQS_MAX_WAIT_SECONDS:
+            return self._call_locked(environ)  # moto rejects it before it would wait
+
+        deadline = time.monotonic() + wait_seconds
+        body = receive.short_poll_body()
+        while True:
+            reply = self._call_locked(_with_body(environ, body))
+            remaining = deadline - time.monotonic()
+            if not reply.ok or receive.has_messages(reply) or remaining <= 0:
+                return reply
+            time.sleep(min(self._poll_interval_seconds, remaining))
+
+
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
+def _keep_alive_request_handler() -> type[Any]:
+    """moto's request handler, with keep-alive connections and without per-request log lines.
+
+    werkzeug's dev server closes every connection after one response (it drains unread
+    request bytes, which would eat a pipelined next request), so each boto3 call would pay
+    a TCP handshake and a new server thread. This handler reads each request body whole
+    before the app runs, so the stream always ends where the next request begins, and sends
+    each fully built response with a Content-Length: the connection can stay open.
+    Errors are still logged; the per-request access line is not.
+    """
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+    class KeepAliveMotoRequestHandler(MotoRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+        wbufsize = 64 * 1024  # headers and body leave in one send (flushed per request)
+
+        def run_wsgi(self) -> None:
+            if self.headers.get("Expect", "").lower().strip(" \t") == "100-continue":
+                self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.wfile.flush()
+            self.environ = environ = self.make_environ()
+            _read_body(environ)
+            failed = False
+            try:
+                reply = _materialise(self.server.app, environ)
+            except Exception:
+                logger.exception("error on %s %s", self.command, self.path)
+                reply = _Reply("500 INTERNAL SERVER ERROR", [], b"internal error")
+                failed = True
+            code, _, reason = reply.status.partition(" ")
+            self.send_response(int(code), reason)
+            names: set[str] = set()
+            for name, value in reply.headers:
+                if name.lower() not in ("connection", "transfer-encoding"):
+                    self.send_header(name, value)
+                    names.add(name.lower())
+            if "content-length" not in names and int(code) not in _NO_BODY_STATUSES:
+                self.send_header("Content-Length", str(len(reply.body)))
+            if failed:
+                self.send_header("Connection", "close")  # http.server then closes the socket
+            self.end_headers()
+            if self.command != "HEAD" and reply.body:
+                self.wfile.write(reply.body)
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            return None
+
+    return KeepAliveMotoRequestHandler
+
+
+def _warm_up(dispatcher: Any) -> None:
+    """Build the Flask apps wsfleet uses now, so the first real call is not a 0.5 s outlier."""
+    from moto.moto_server.werkzeug_app import create_backend_app
+
+    for service in ("dynamodb", "dynamodbstreams", "sqs"):
+        if service not in dispatcher.app_instances:
+            dispatcher.app_instances[service] = create_backend_app(service)
+
+
+def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[BaseWSGIServer, threading.Thread]:
+    """Serve moto (serialised, see :class:`SerializedMotoApp`) on a daemon thread of this process.
+
+    Returns the werkzeug server (``server.port`` is the bound port) and its thread. Stop with
+    ``server.shutdown(); server.server_close()``. The moto state is this process's global state;
+    prefer :class:`EmbeddedBackend` unless you need everything in one process.
+
+    Example::
+
+        server, thread = serve(port=0)
+        endpoint_url = f"http://127.0.0.1:{server.port}"
+        ...
+        server.shutdown(); server.server_close()
+    """
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    dispatcher = DomainDispatcherApplication(create_backend_app)
+    _warm_up(dispatcher)
+    server = make_server(
+        host,
+        port,
+        SerializedMotoApp(dispatcher),
+        threaded=True,
+        request_handler=_keep_alive_request_handler(),
+    )
+    thread = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.1},
+        name=f"wsfleet-backend-{server.port}",
+        daemon=True,
+    )
+    thread.start()
+    return server, thread
+
+
+# =============================================================================================
+# The template: CloudFormation YAML -> table and queue definitions (pure).
+# =============================================================================================
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """A SafeLoader that reads CloudFormation short-form tags as their long JSON form."""
+
+
+def _construct_intrinsic(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if suffix in ("Ref", "Condition"):
+        return {suffix: value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+_CfnLoader.add_multi_constructor("!", _construct_intrinsic)
+
+
+def load_template(path: Path) -> dict[str, Any]:
+    """Parse a CloudFormation/SAM YAML template; ``!Ref X`` becomes ``{"Ref": "X"}`` and so on.
+
+    Example::
+
+        >>> template = load_template(find_template())
+        >>> template["Resources"]["ConnectionsTable"]["Type"]
+        'AWS::DynamoDB::Table'
+    """
+    try:
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_CfnLoader)
+    except (OSError, yaml.YAMLError) as exc:
+        raise TemplateError(f"cannot read template {path}: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("Resources"), dict):
+        raise TemplateError(f"{path} has no Resources section")
+    return document
+
+
+def find_template() -> Path:
+    """The repository's template.yaml: $WSFLEET_TEMPLATE if set, else the nearest one above here.
+
+    Example::
+
+        >>> find_template().name
+        'template.yaml'
+    """
+    override = os.environ.get("WSFLEET_TEMPLATE")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise TemplateError(f"WSFLEET_TEMPLATE={override} is not a file")
+        return path
+    for directory in Path(__file__).resolve().parents:
+        candidate = directory / "template.yaml"
+        if candidate.is_file():
+            return candidate
+    raise TemplateError(f"no template.yaml above {Path(__file__).parent}; set WSFLEET_TEMPLATE")
+
+
+@dataclass
+class _Created:
+    """What later resources may refer to: Ref values and GetAtt attributes by logical id."""
+
+    region: str
+    stack_name: str
+    parameters: Mapping[str, Any]
+    refs: dict[str, str] = field(default_factory=dict)
+    attributes: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def ref(self, name: str) -> Any:
+        if name in self.refs:
+            return self.refs[name]
+        pseudo = {
+            "AWS::Region": self.region,
+            "AWS::StackName": self.stack_name,
+            "AWS::Partition": "aws",
+            "AWS::URLSuffix": "amazonaws.com",
+        }
+        if name in pseudo:
+            return pseudo[name]
+        parameter = self.parameters.get(name)
+        if isinstance(parameter, dict) and "Default" in parameter:
+            return parameter["Default"]
+        raise TemplateError(f"cannot resolve Ref {name} locally")
+
+    def get_att(self, name: str, attribute: str) -> str:
+        try:
+            return self.attributes[(name, attribute)]
+        except KeyError:
+            raise TemplateError(f"cannot resolve GetAtt {name}.{attribute} locally") from None
+
+    def resolve(self, value: Any) -> Any:
+        """Evaluate the intrinsic functions a table or queue definition may use."""
+        if isinstance(value, list):
+            return [self.resolve(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            ((key, argument),) = value.items()
+            if key == "Ref":
+                return self.ref(argument)
+            if key == "Fn::GetAtt":
+                name, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
+                return self.get_att(name, attribute)
+            if key == "Fn::Sub":
+                return self._sub(argument)
+            if key == "Fn::Join":
+                delimiter, items = argument
+                return str(delimiter).join(str(item) for item in self.resolve(items))
+            if key.startswith("Fn::"):
+                raise TemplateError(f"{key} is not supported by the local provisioner")
+        return {key: self.resolve(item) for key, item in value.items()}
+
+    def _sub(self, argument: Any) -> str:
+        text, variables = (argument, {}) if isinstance(argument, str) else argument
+        variables = self.resolve(variables)
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name.startswith("!"):
+                return "${" + name[1:] + "}"
+            if name in variables:
+                return str(variables[name])
+            if "." in name:
+                return self.get_att(*name.split(".", 1))
+            return str(self.ref(name))
+
+        return re.sub(r"\$\{([^}]+)\}", substitute, text)
+
+
+def _referenced_ids(value: Any) -> set[str]:
+    """Logical ids a property value points at through Ref, GetAtt or Sub."""
+    found: set[str] = set()
+    if isinstance(value, list):
+        for item in value:
+            found |= _referenced_ids(item)
+    elif isinstance(value, dict):
+        for key, argument in value.items():
+            if key == "Ref" and isinstance(argument, str):
+                found.add(argument)
+            elif key == "Fn::GetAtt":
+                found.add(argument[0] if isinstance(argument, list) else argument.split(".")[0])
+            elif key == "Fn::Sub":
+                text = argument if isinstance(argument, str) else argument[0]
+                found |= {m.split(".")[0] for m in re.findall(r"\$\{([^!}][^}]*)\}", text)}
+                if not isinstance(argument, str):
+                    found |= _referenced_ids(argument[1:])
+            else:
+                found |= _referenced_ids(argument)
+    return found
+
+
+def _creation_order(resources: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Logical ids in an order where every resource comes after the ones it refers to."""
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(logical_id: str) -> None:
+        if logical_id in order:
+            return
+        if logical_id in visiting:
+            raise TemplateError(f"circular reference through {logical_id}")
+        visiting.add(logical_id)
+        properties = resources[logical_id].get("Properties") or {}
+        for dependency in sorted(_referenced_ids(properties) & resources.keys()):
+            visit(dependency)
+        visiting.discard(logical_id)
+        order.append(logical_id)
+
+    for logical_id in resources:
+        visit(logical_id)
+    return order
+
+
+_INDEX_KEYS = ("IndexName", "KeySchema", "Projection", "ProvisionedThroughput")
+
+
+def _table_request(name: str, properties: Mapping[str, Any]) -> dict[str, Any]:
+    """CreateTable arguments from AWS::DynamoDB::Table properties (resolved).
+
+    Properties moto has no use for locally (SSE, PITR, tags, contributor insights, the
+    template's own TableName) are left out; TTL is applied by a separate call.
+    """
+    request: dict[str, Any] = {
+        "TableName": name,
+        "AttributeDefinitions": properties["AttributeDefinitions"],
+        "KeySchema": properties["KeySchema"],
+        "BillingMode": properties.get("BillingMode", "PROVISIONED"),
+    }
+    if "ProvisionedThroughput" in properties:
+        request["ProvisionedThroughput"] = properties["ProvisionedThroughput"]
+    for indexes in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes"):
+        if properties.get(indexes):
+            request[indexes] = [
+                {key: index[key] for key in _INDEX_KEYS if key in index}
+                for index in properties[indexes]
+            ]
+    stream = properties.get("StreamSpecification")
+    if stream and stream.get("StreamViewType"):
+        request["StreamSpecification"] = {
+            "StreamEnabled": True,
+            "StreamViewType": stream["StreamViewType"],
+        }
+    return request
+
+
+_QUEUE_ATTRIBUTES = (
+    "ContentBasedDeduplication",
+    "DeduplicationScope",
+    "DelaySeconds",
+    "FifoQueue",
+    "FifoThroughputLimit",
+    "MaximumMessageSize",
+    "MessageRetentionPeriod",
+    "ReceiveMessageWaitTimeSeconds",
+    "RedriveAllowPolicy",
+    "RedrivePolicy",
+    "VisibilityTimeout",
+)
+
+
+def _queue_attributes(properties: Mapping[str, Any]) -> dict[str, str]:
+    """CreateQueue attributes from AWS::SQS::Queue properties (resolved), as SQS strings."""
+    attributes: dict[str, str] = {}
+    for key in _QUEUE_ATTRIBUTES:
+        if key not in properties:
+            continue
+        value = properties[key]
+        if isinstance(value, dict):
+            attributes[key] = json.dumps(value)
+        elif isinstance(value, bool):
+            attributes[key] = "true" if value else "false"
+        else:
+            attributes[key] = str(value)
+    return attributes
+
+
+_PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+_SQS_MAX_NAME_LENGTH = 80
+
+
+def _physical_name(prefix: str, logical_id: str, *, fifo: bool = False) -> str:
+    name = f"{prefix}-{logical_id}" + (".fifo" if fifo else "")
+    if len(name) > _SQS_MAX_NAME_LENGTH:
+        raise ValueError(f"prefix {prefix!r} is too long: {name!r} exceeds 80 characters")
+    return name
+
+
+# =============================================================================================
+# Provisioning over HTTP (boto3).
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The stack's tables and queues as created on a local endpoint.
+
+    ``tables``/``queues`` map every AWS::DynamoDB::Table / AWS::SQS::Queue of the template by
+    logical id (table names / queue URLs), including any the named fields do not cover.
+
+    Example::
+
+        >>> resources = backend.create_resources("t1")
+        >>> resources.connections_table
+        't1-ConnectionsTable'
+        >>> monkeypatch_env(resources.env())   # AWS_ENDPOINT_URL, CONNECTIONS_TABLE, ...
+    """
+
+    endpoint_url: str
+    region: str
+    connections_table: str
+    messages_table: str
+    hint_queue_url: str
+    hint_dlq_url: str
+    stream_arn: str  # ConnectionsTable's LatestStreamArn
+    tables: dict[str, str]
+    queues: dict[str, str]
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point wsfleet code (and boto3) at these resources.
+
+        Example::
+
+            >>> Resources(...).env()["CONNECTIONS_TABLE"]
+            't1-ConnectionsTable'
+        """
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "AWS_ACCESS_KEY_ID": LOCAL_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": LOCAL_SECRET_KEY,
+            "CONNECTIONS_TABLE": self.connections_table,
+            "MESSAGES_TABLE": self.messages_table,
+            "HINT_QUEUE_URL": self.hint_queue_url,
+        }
+
+
+def _local_client(service: str, endpoint_url: str, region: str) -> Any:
+    import boto3
+
+    session = boto3.session.Session(
+        aws_access_key_id=LOCAL_ACCESS_KEY,
+        aws_secret_access_key=LOCAL_SECRET_KEY,
+        region_name=region,
+    )
+    return session.client(service, endpoint_url=endpoint_url)
+
+
+def provision_resources(
+    endpoint_url: str,
+    prefix: str,
+    *,
+    region: str = DEFAULT_REGION,
+    template_path: Path | None = None,
+) -> Resources:
+    """Create every table and queue of the template on ``endpoint_url``, named ``<prefix>-<Id>``.
+
+    Names are deterministic, so pass a prefix unique to the caller (e.g. one per test) to get
+    isolated resources; reusing a prefix on the same server raises :class:`BackendError`.
+
+    Example::
+
+        >>> provision_resources("http://127.0.0.1:5000", "demo").hint_queue_url
+        'http://127.0.0.1:5000/123456789012/demo-HintQueue'
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if not _PREFIX_PATTERN.fullmatch(prefix):
+        raise ValueError(f"prefix {prefix!r} may hold only letters, digits, '-' and '_'")
+    template = load_template(template_path or find_template())
+    wanted = {
+        logical_id: definition
+        for logical_id, definition in template["Resources"].items()
+        if isinstance(definition, dict) and definition.get("Type") in (TABLE_TYPE, QUEUE_TYPE)
+    }
+    created = _Created(
+        region=region, stack_name=prefix, parameters=template.get("Parameters") or {}
+    )
+    dynamodb = _local_client("dynamodb", endpoint_url, region)
+    sqs = _local_client("sqs", endpoint_url, region)
+    tables: dict[str, str] = {}
+    queues: dict[str, str] = {}
+    stream_arns: dict[str, str] = {}
+    try:
+        for logical_id in _creation_order(wanted):
+            definition = wanted[logical_id]
+            properties = created.resolve(definition.get("Properties") or {})
+            if definition["Type"] == TABLE_TYPE:
+                name = _physical_name(prefix, logical_id)
+                table = dynamodb.create_table(**_table_request(name, properties))
+                description = table["TableDescription"]
+                ttl = properties.get("TimeToLiveSpecification")
+                if ttl and ttl.get("Enabled"):
+                    dynamodb.update_time_to_live(
+                        TableName=name,
+                        TimeToLiveSpecification={
+                            "Enabled": True,
+                            "AttributeName": ttl["AttributeName"],
+                        },
+                    )
+                tables[logical_id] = created.refs[logical_id] = name
+                created.attributes[(logical_id, "Arn")] = description["TableArn"]
+                if description.get("LatestStreamArn"):
+                    stream_arns[logical_id] = description["LatestStreamArn"]
+                    created.attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
+            else:
+                name = _physical_name(
+                    prefix, logical_id, fifo=str(properties.get("FifoQueue")).lower() == "true"
+                )
+                url = sqs.create_queue(QueueName=name, Attributes=_queue_attributes(properties))[
+                    "QueueUrl"
+                ]
+                arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
+                    "Attributes"
+                ]["QueueArn"]
+                queues[logical_id] = created.refs[logical_id] = url
+                created.attributes[(logical_id, "Arn")] = arn
+                created.attributes[(logical_id, "QueueName")] = name
+                created.attributes[(logical_id, "QueueUrl")] = url
+    except (BotoCoreError, ClientError) as exc:
+        raise BackendError(f"creating resources with prefix {prefix!r} failed: {exc}") from exc
+    finally:
+        dynamodb.close()
+        sqs.close()
+
+    required = {
+        CONNECTIONS_TABLE_ID: tables,
+        MESSAGES_TABLE_ID: tables,
+        HINT_QUEUE_ID: queues,
+        HINT_DLQ_ID: queues,
+    }
+    missing = [logical_id for logical_id, made in required.items() if logical_id not in made]
+    if missing or CONNECTIONS_TABLE_ID not in stream_arns:
+        raise TemplateError(f"template lacks {missing or 'a stream on ConnectionsTable'}")
+    return Resources(
+        endpoint_url=endpoint_url,
+        region=region,
+        connections_table=tables[CONNECTIONS_TABLE_ID],
+        messages_table=tables[MESSAGES_TABLE_ID],
+        hint_queue_url=queues[HINT_QUEUE_ID],
+        hint_dlq_url=queues[HINT_DLQ_ID],
+        stream_arn=stream_arns[CONNECTIONS_TABLE_ID],
+        tables=tables,
+        queues=queues,
+    )
+
+
+# =============================================================================================
+# The child process and its handle.
+# =============================================================================================
+
+
+def _read_ready_line(process: subprocess.Popen[bytes], timeout_seconds: float) -> dict[str, Any]:
+    """The child's one JSON line, or BackendError if it dies or stays silent."""
+    assert process.stdout is not None
+    buffer = b""
+    deadline = time.monotonic() + timeout_seconds
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while b"\n" not in buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackendError(f"backend gave no ready line within {timeout_seconds:.0f} s")
+            if not selector.select(remaining):
+                continue
+            chunk = os.read(process.stdout.fileno(), 65536)
+            if not chunk:
+                code = process.wait()
+                raise BackendError(f"backend exited with code {code} before it was ready")
+            buffer += chunk
+    try:
+        ready = json.loads(buffer.split(b"\n", 1)[0])
+        _ = ready["endpoint_url"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BackendError(f"unexpected ready line from backend: {buffer!r}") from exc
+    return ready
+
+
+def _wait_until_answers(endpoint_url: str, timeout_seconds: float) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            with urllib.request.urlopen(endpoint_url + HEALTH_PATH, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.URLError) as exc:
+            if time.monotonic() > deadline:
+                raise BackendError(f"backend at {endpoint_url} does not answer: {exc}") from exc
+        time.sleep(0.05)
+
+
+class EmbeddedBackend:
+    """A serialised moto server in a child process, plus the stack's resources on demand.
+
+    The child exits on SIGTERM (what :meth:`stop` sends) and also when this process goes away
+    (it watches its stdin pipe), so an interrupted test run leaves no server behind.
+
+    Example::
+
+        with EmbeddedBackend() as backend:
+            resources = backend.create_resources("demo")
+            os.environ.update(resources.env())
+            ...  # boto3 clients now talk to backend.endpoint_url
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        template_path: Path | None = None,
+        region: str = DEFAULT_REGION,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.region = region
+        self.template_path = template_path
+        self._process: subprocess.Popen[bytes] | None = None
+        self._endpoint_url: str | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://host:port`` of the running server; BackendError before start()."""
+        if self._endpoint_url is None:
+            raise BackendError("backend not started")
+        return self._endpoint_url
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs, else None."""
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> EmbeddedBackend:
+        """Start the child, wait until it answers, and return self (which is also usable later)."""
+        if self._process is not None:
+            raise BackendError("backend already started")
+        command = [
+            sys.executable, "-m", "wsfleet_local.backend",
+            "--host", self.host, "--port", str(self.port), "--exit-on-stdin-eof",
+        ]  # fmt: skip
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            ready = _read_ready_line(self._process, START_TIMEOUT_SECONDS)
+            assert self._process.stdout is not None
+            self._process.stdout.close()  # the child sends nothing more to stdout
+            _wait_until_answers(ready["endpoint_url"], START_TIMEOUT_SECONDS)
+        except BaseException:
+            self.stop()
+            raise
+        self._endpoint_url = ready["endpoint_url"]
+        self.port = urlsplit(self._endpoint_url).port or self.port
+        return self
+
+    def stop(self) -> None:
+        """Terminate the child and reap it (SIGKILL after a grace period). Safe to call twice."""
+        process, self._process, self._endpoint_url = self._process, None, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+    def create_resources(self, prefix: str = "wsfleet") -> Resources:
+        """Create the template's tables and queues named ``<prefix>-<LogicalId>``.
+
+        Use a distinct prefix per caller for isolated resources (see :func:`provision_resources`).
+
+        Example::
+
+            >>> backend.create_resources("t-3f9a").messages_table
+            't-3f9a-MessagesTable'
+        """
+        return provision_resources(
+            self.endpoint_url, prefix, region=self.region, template_path=self.template_path
+        )
+
+    def __enter__(self) -> EmbeddedBackend:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _install_stop_signals(stop: threading.Event) -> None:
+    """First SIGTERM/SIGINT asks for a clean exit; a second one exits at once."""
+
+    def handle(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def _watch_stdin(stop: threading.Event) -> None:
+    """Set ``stop`` when stdin reaches EOF: the parent holding the pipe has exited.
+
+    Reads the raw descriptor, not ``sys.stdin``: a daemon thread parked inside the buffered
+    reader would make interpreter shutdown abort.
+    """
+    fd = sys.stdin.fileno()
+
+    def drain() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:
+            pass
+        stop.set()
+
+    threading.Thread(target=drain, name="stdin-eof-watch", daemon=True).start()
+
+
+def main(argv: Iterator[str] | list[str] | None = None) -> int:
+    """``python -m wsfleet_local.backend``: serve in the foreground until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(
+        prog="python -m wsfleet_local.backend",
+        description="Serve a serialised moto backend for wsfleet on loopback.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--region", default=DEFAULT_REGION)
+    parser.add_argument("--template", type=Path, default=None, help="default: find_template()")
+    parser.add_argument(
+        "--create-resources", metavar="PREFIX", help="also create the template's resources"
+    )
+    parser.add_argument(
+        "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (parent died)"
+    )
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    stop = threading.Event()
+    _install_stop_signals(stop)
+    server, thread = serve(args.host, args.port)
+    try:
+        endpoint_url = f"http://{args.host}:{server.port}"
+        _wait_until_answers(endpoint_url, START_TIMEOUT_SECONDS)
+        ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
+        if args.create_resources:
+            resources = provision_resources(
+                endpoint_url, args.create_resources, region=args.region, template_path=args.template
+            )
+            ready["env"] = resources.env()
+            ready["resources"] = asdict(resources)
+        sys.stdout.write(json.dumps(ready) + "\n")
+        sys.stdout.flush()
+        # stdout carries exactly one line: anything printed later (moto prints) goes to stderr.
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        if args.exit_on_stdin_eof:
+            _watch_stdin(stop)
+        while not stop.wait(timeout=1.0):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
