@@ -144,7 +144,6 @@ def local_up(
 
     signals = _Signals()
     signals.install()
-    timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
     status = console.status("starting", spinner="dots")
 
     def progress(message: str) -> None:
@@ -152,6 +151,7 @@ def local_up(
         console.print(f"  {message}", style="dim", highlight=False)
 
     try:
+        timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
         fleet = LocalFleet(
             workers=workers,
             timings=timings,
@@ -162,6 +162,7 @@ def local_up(
         )
     except WsfleetError as exc:
         raise _fail(exc) from exc
+    failed = False
     try:
         with status:
             fleet.start()
@@ -178,11 +179,14 @@ def local_up(
         pass
     except WsfleetError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
+        failed = True
     finally:
-        _shutdown(fleet, signals, progress)
+        _shutdown(fleet)
+    if failed:
+        raise typer.Exit(1)
 
 
-def _shutdown(fleet: Any, signals: _Signals, progress: Any) -> None:
+def _shutdown(fleet: Any) -> None:
     console.print("stopping (Ctrl-C again to force)", highlight=False)
     try:
         with console.status("stopping", spinner="dots"):
@@ -215,17 +219,17 @@ def demo(
     from .demo import DemoOptions, render_summary, run_demo
     from .fleet import FleetTimings
 
-    options = DemoOptions(
-        workers=workers,
-        streams=streams,
-        stops=min(stops, streams - 1),
-        rate=rate,
-        seed=seed,
-        steady_seconds=steady,
-        run_dir=run_dir,
-        timings=FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat),
-    )
     try:
+        options = DemoOptions(
+            workers=workers,
+            streams=streams,
+            stops=min(stops, streams - 1),
+            rate=rate,
+            seed=seed,
+            steady_seconds=steady,
+            run_dir=run_dir,
+            timings=FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat),
+        )
         report = run_demo(options, console)
     except KeyboardInterrupt:
         err_console.print("interrupted; the fleet was stopped")

@@ -85,18 +85,49 @@ class FleetError(WsfleetError):
 class FleetTimings:
     """Short local timings; every value becomes the matching template parameter or variable.
 
-    The constraints of :class:`wsfleet.settings.Settings` apply (lease >= 2 heartbeats, the
-    reconcile pass shorter than lease - heartbeat).
+    The rules of :class:`wsfleet.settings.Settings` are checked here, before anything starts
+    (lease >= 2 heartbeats; the self-fence margin and the reconcile pass both shorter than
+    lease - heartbeat). Margin and pass default to 1 s, or half of lease - heartbeat when
+    that is shorter, so any valid lease/heartbeat pair works as is.
     """
 
     lease_seconds: float = 4.0
     heartbeat_seconds: float = 1.0
-    lease_safety_margin_seconds: float = 1.0
-    reconcile_pass_seconds: float = 1.0
+    lease_safety_margin_seconds: float | None = None
+    reconcile_pass_seconds: float | None = None
     drain_timeout_seconds: float = 5.0
     #: Queue long-poll waits of the workers: bound how long a drain waits for a poll to end.
     queue_wait_seconds: int = 2
     max_connections: int = 100
+
+    def __post_init__(self) -> None:
+        from wsfleet.settings import Settings
+
+        Settings(
+            lease_seconds=self.lease_seconds,
+            heartbeat_seconds=self.heartbeat_seconds,
+            lease_safety_margin_seconds=self.margin_seconds,
+            reconcile_pass_seconds=self.pass_seconds,
+            worker_id="check",
+        ).check_reconcile_pass()  # raises ConfigurationError, naming the variable
+
+    @property
+    def _slack_seconds(self) -> float:
+        return min(1.0, (self.lease_seconds - self.heartbeat_seconds) / 2)
+
+    @property
+    def margin_seconds(self) -> float:
+        """LEASE_SAFETY_MARGIN_SECONDS for the workers."""
+        if self.lease_safety_margin_seconds is not None:
+            return self.lease_safety_margin_seconds
+        return self._slack_seconds
+
+    @property
+    def pass_seconds(self) -> float:
+        """RECONCILE_PASS_SECONDS, which is also the local schedule's interval."""
+        if self.reconcile_pass_seconds is not None:
+            return self.reconcile_pass_seconds
+        return self._slack_seconds
 
 
 @dataclass
@@ -298,7 +329,7 @@ class LocalFleet:
         return {
             "LeaseSeconds": _number(t.lease_seconds),
             "HeartbeatSeconds": _number(t.heartbeat_seconds),
-            "ReconcilePassSeconds": _number(t.reconcile_pass_seconds),
+            "ReconcilePassSeconds": _number(t.pass_seconds),
             "MaxConnectionsPerTask": t.max_connections,
             "AllowedUpstreamHosts": "127.0.0.1,localhost",
             "AllowInsecureWs": "true",
@@ -389,7 +420,7 @@ class LocalFleet:
         sample = self._scheduler_sample()
         self._scheduler = ReconcileScheduler(
             self._functions[RECONCILER].invoke,
-            interval_seconds=self.timings.reconcile_pass_seconds,
+            interval_seconds=self.timings.pass_seconds,
             schedule_name=f"{self.stack_name}-reconcile",
             event_template=sample,
             region=resources.region,
@@ -450,7 +481,7 @@ class LocalFleet:
             "WORKER_ID": worker_id,
             "HEALTH_FILE": str(self._health_file(worker_id)),
             "DRAIN_TIMEOUT_SECONDS": _number(t.drain_timeout_seconds),
-            "LEASE_SAFETY_MARGIN_SECONDS": _number(t.lease_safety_margin_seconds),
+            "LEASE_SAFETY_MARGIN_SECONDS": _number(t.margin_seconds),
             "WORKER_HINT_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_CONTROL_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_METRICS_FLUSH_SECONDS": "10",
