@@ -56,6 +56,8 @@ REFRESH_SECONDS = 0.25
 
 @dataclass(frozen=True)
 class DemoOptions:
+    """What to run: fleet size, streams (and how many to STOP), upstream rate, timings."""
+
     workers: int = 3
     streams: int = 12
     stops: int = 3
@@ -81,6 +83,8 @@ class PhaseTiming:
 
 @dataclass
 class DemoReport:
+    """Everything measured; ``ok`` decides the exit status (nothing lost or duplicated)."""
+
     options: DemoOptions
     seed: int
     crash: PhaseTiming

@@ -206,10 +206,6 @@ class StreamPoller:
             self._thread.join(timeout=timeout_seconds)
             self._thread = None
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
