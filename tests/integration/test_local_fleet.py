@@ -127,11 +127,12 @@ def test_start_streams_and_stop_closes_the_upstream(fleet):
         lambda: fleet.simulator.sessions("t1") and not fleet.simulator.open_sessions("t1"),
         "the upstream session to close",
     )
+    # released (on a starved machine the owner may self-fence first and let the lease lapse)
     final = eventually(
         lambda: (
-            (v := call("GET", f"{fleet.api}/connections/t1")[1])["lease"]["state"] == "free" and v
+            (v := call("GET", f"{fleet.api}/connections/t1")[1])["lease"]["state"] != "held" and v
         ),
-        "the lease to be released",
+        "the lease to be given up",
     )
     assert final["desired_state"] == "STOPPED" and final["stop_reason"] == "stopped"
     assert final["last_seq"] >= 5
