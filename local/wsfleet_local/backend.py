@@ -21,8 +21,9 @@ This module keeps the threads and serialises the backend instead:
 * connections are kept alive (werkzeug's dev server closes each one after a response), so
   a boto3 call costs no TCP handshake and no new server thread.
 
-moto's own cost dominates: a conditional UpdateItem takes ~5 ms of server CPU in moto 5.2,
-so one server does roughly 100-190 such calls per second however many clients it has.
+moto's own cost dominates: a conditional UpdateItem takes ~5 ms of server CPU in moto 5.2
+(a GetItem ~3 ms), and the GIL makes the server one core's worth of Python, so it peaks near
+200 such calls/s on an idle core however many clients it has (fewer on a busy machine).
 
 :class:`EmbeddedBackend` runs that server in a child process (moto's global state then
 dies with it, and a hung test cannot wedge the server) and creates the stack's tables and
@@ -188,6 +189,7 @@ def _materialise(app: WSGIApp, environ: WSGIEnviron) -> _Reply:
 def _read_body(environ: WSGIEnviron) -> bytes:
     """Read the request body and put an identical, re-readable stream back in its place."""
     stream = environ["wsgi.input"]
+    body: bytes
     try:
         length = int(environ.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -260,7 +262,7 @@ def _queue_default_wait_seconds(environ: WSGIEnviron, queue_url: str) -> int:
     the queue URL carries the account it was created in. A queue that cannot be found gives 0:
     the request becomes a single short poll, and moto reports the missing queue.
     """
-    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.core.models import DEFAULT_ACCOUNT_ID
     from moto.sqs.models import sqs_backends
 
     path = [part for part in urlsplit(queue_url).path.split("/") if part]
@@ -270,7 +272,7 @@ def _queue_default_wait_seconds(environ: WSGIEnviron, queue_url: str) -> int:
     region = scope.group(1) if scope else DEFAULT_REGION
     try:
         queue = sqs_backends[account][region].queues.get(name)
-        return int(queue.receive_message_wait_time_seconds) if queue is not None else 0
+        return int(getattr(queue, "receive_message_wait_time_seconds", 0) or 0)
     except (KeyError, TypeError, ValueError):
         return 0
 
@@ -712,7 +714,7 @@ class Resources:
         >>> resources = backend.create_resources("t1")
         >>> resources.connections_table
         't1-ConnectionsTable'
-        >>> monkeypatch_env(resources.env())   # AWS_ENDPOINT_URL, CONNECTIONS_TABLE, ...
+        >>> os.environ.update(resources.env())  # AWS_ENDPOINT_URL, CONNECTIONS_TABLE, ...
     """
 
     endpoint_url: str
@@ -730,7 +732,7 @@ class Resources:
 
         Example::
 
-            >>> Resources(...).env()["CONNECTIONS_TABLE"]
+            >>> backend.create_resources("t1").env()["CONNECTIONS_TABLE"]
             't1-ConnectionsTable'
         """
         return {
@@ -879,7 +881,7 @@ def _read_ready_line(process: subprocess.Popen[bytes], timeout_seconds: float) -
                 raise BackendError(f"backend exited with code {code} before it was ready")
             buffer += chunk
     try:
-        ready = json.loads(buffer.split(b"\n", 1)[0])
+        ready: dict[str, Any] = json.loads(buffer.split(b"\n", 1)[0])
         _ = ready["endpoint_url"]
     except (ValueError, KeyError, TypeError) as exc:
         raise BackendError(f"unexpected ready line from backend: {buffer!r}") from exc

@@ -287,7 +287,7 @@ def test_query_protocol_long_poll_gets_a_message_sent_meanwhile(
     assert query_bodies(response) == [body]
 
 
-def test_query_protocol_short_poll_on_an_empty_queue_is_empty(
+def test_query_protocol_long_poll_on_an_empty_queue_ends_empty(
     embedded: EmbeddedBackend, resources: Resources
 ) -> None:
     params = {
