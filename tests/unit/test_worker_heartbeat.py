@@ -156,3 +156,22 @@ def test_removed_sessions_are_neither_renewed_nor_fenced():
         await scheduler.aclose()
 
     asyncio.run(scenario())
+
+
+def test_behind_reports_how_overdue_the_oldest_pending_renewal_is():
+    async def scenario():
+        scheduler = HeartbeatScheduler(WorkerMetrics("t", emit=lambda d: None), max_concurrent=1)
+        gate = asyncio.Event()
+        sessions = [FakeSession(f"s{i}", gate=gate) for i in range(3)]
+        for session in sessions:
+            scheduler.add(session)
+        assert scheduler.behind_ms() == 0
+        task = await running(scheduler)
+        await until(lambda: scheduler.behind_ms() >= 100)  # renewals stuck behind a slow store
+        gate.set()
+        await until(lambda: all(s.renewals >= 1 for s in sessions))
+        await until(lambda: scheduler.behind_ms() < HEARTBEAT_MS)
+        task.cancel()
+        await scheduler.aclose()
+
+    asyncio.run(scenario())

@@ -58,7 +58,7 @@ class ControlChannel:
             "ReceiveMessageWaitTimeSeconds": str(self._wait_seconds),
             "VisibilityTimeout": "30",
         }
-        response = await self._offloader.io(
+        response = await self._offloader.sqs(
             self._sqs.create_queue,
             QueueName=self.queue_name,
             Attributes=attributes,
@@ -109,7 +109,7 @@ class ControlChannel:
             {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
         ]
         try:
-            await self._offloader.io(
+            await self._offloader.sqs(
                 self._sqs.delete_message_batch, QueueUrl=self.queue_url, Entries=entries
             )
         except (ClientError, BotoCoreError) as exc:  # redelivery repeats an idempotent STOP
@@ -120,6 +120,6 @@ class ControlChannel:
         if not self.queue_url:
             return
         try:
-            await self._offloader.io(self._sqs.delete_queue, QueueUrl=self.queue_url)
+            await self._offloader.sqs(self._sqs.delete_queue, QueueUrl=self.queue_url)
         except (ClientError, BotoCoreError) as exc:
             self._logger.warning("control queue delete failed", extra={"error": str(exc)})

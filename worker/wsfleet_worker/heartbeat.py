@@ -56,9 +56,20 @@ class HeartbeatScheduler:
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(max_concurrent)
         self._renewals: set[asyncio.Task[None]] = set()
+        self._due: dict[asyncio.Task[None], int] = {}  # renewal in progress -> when it was due
 
     def __len__(self) -> int:
         return len(self._when)
+
+    def behind_ms(self) -> int:
+        """How overdue the oldest unfinished renewal is (0 when renewals keep up).
+
+        The worker stops taking new connections while this grows: acquiring more leases
+        than the store can renew in time would put the ones already held at risk.
+        """
+        if not self._due:
+            return 0
+        return max(0, self._clock() - min(self._due.values()))
 
     def add(self, session: Renewable) -> None:
         self._schedule(session)
@@ -105,8 +116,13 @@ class HeartbeatScheduler:
                 session.timer.renew_started()
                 task = asyncio.create_task(self._renew(session, session.timer.renew_due_ms))
                 self._renewals.add(task)
-                task.add_done_callback(self._renewals.discard)
+                self._due[task] = session.timer.renew_due_ms
+                task.add_done_callback(self._forget)
             self._schedule(session)  # while renewing: wakes at the self-fence deadline
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._renewals.discard(task)
+        self._due.pop(task, None)
 
     async def _renew(self, session: Renewable, due_ms: int) -> None:
         async with self._slots:

@@ -1,11 +1,14 @@
 """Blocking boto3 calls, run off the event loop on bounded thread pools.
 
 boto3 is synchronous. Calling it on the event loop would stall every connection of the worker
-for the length of each HTTP round trip (the article's worker did exactly that). Three small
+for the length of each HTTP round trip (the article's worker did exactly that). Small
 pools keep the kinds of work from starving each other:
 
-* ``io``: lease and control writes (acquire, renew, release, worker heartbeat, SQS deletes and
-  sends). Renewals must never queue behind a flood of message writes.
+* ``io``: lease writes (acquire, renew, release, worker heartbeat). Renewals must never queue
+  behind a flood of message writes.
+* ``sqs``: SQS sends and deletes (hints for released connections, acknowledged hint and
+  control messages). During a drain, a worker with a thousand connections queues a thousand
+  releases on ``io``; the hints for those already released must not wait behind the rest.
 * ``write``: message batches (BatchWriteItem), bounded so a burst of frames cannot take every
   thread.
 * ``poll``: SQS long polls, which park a thread for up to 20 s each. Each runs on its own
@@ -31,11 +34,12 @@ _T = TypeVar("_T")
 
 
 class Offloader:
-    """Three bounded thread pools and ``await``-able helpers to run calls on them."""
+    """Bounded thread pools and ``await``-able helpers to run calls on them."""
 
-    def __init__(self, *, io_threads: int = 16, write_threads: int = 4) -> None:
+    def __init__(self, *, io_threads: int = 16, write_threads: int = 4, sqs_threads: int = 2) -> None:
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="wsfleet-io")
         self._write = ThreadPoolExecutor(write_threads, thread_name_prefix="wsfleet-write")
+        self._sqs = ThreadPoolExecutor(sqs_threads, thread_name_prefix="wsfleet-sqs")
 
     @staticmethod
     async def _run(pool: ThreadPoolExecutor, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -47,6 +51,9 @@ class Offloader:
 
     async def write(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return await self._run(self._write, fn, *args, **kwargs)
+
+    async def sqs(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        return await self._run(self._sqs, fn, *args, **kwargs)
 
     async def poll(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run a long poll on a fresh daemon thread (never joined at exit)."""
@@ -71,7 +78,7 @@ class Offloader:
 
     def shutdown(self) -> None:
         """Stop accepting work; calls still running are not waited for."""
-        for pool in (self._io, self._write):
+        for pool in (self._io, self._write, self._sqs):
             pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -133,7 +133,7 @@ class HintPoller:
     async def _delete(self, receipts: list[str]) -> None:
         entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]
         try:
-            await self._offloader.io(
+            await self._offloader.sqs(
                 self._sqs.delete_message_batch, QueueUrl=self.queue_url, Entries=entries
             )
         except (ClientError, BotoCoreError) as exc:  # redelivered hints only cost a refused acquire
@@ -146,7 +146,7 @@ class HintPoller:
             for i, r in enumerate(receipts)
         ]
         try:
-            await self._offloader.io(
+            await self._offloader.sqs(
                 self._sqs.change_message_visibility_batch,
                 QueueUrl=self.queue_url,
                 Entries=entries,

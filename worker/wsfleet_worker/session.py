@@ -127,6 +127,7 @@ class Session:
         self._local_unacked = 0
         self._uncovered_since_ms: int | None = None
         self._warned_invalid = False
+        self._ending = False  # the final lease write has begun: renewal outcomes are moot
         self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
 
     # ------------------------------------------------------------------ identity
@@ -195,7 +196,6 @@ class Session:
                 self.finish(ExitReason.CRASHED, via="exception")
             assert self.reason is not None
             self.state = SessionState.CLOSING
-            await self._close_socket()
             return await self._end()
         finally:
             ctx.scheduler.remove(self)
@@ -216,12 +216,21 @@ class Session:
             ws.transport.abort()
 
     async def _end(self) -> SessionResult:
+        """Close the socket and flush (concurrently), then the one final lease write.
+
+        The socket is closed before the lease is released, so the peer that takes the lease
+        next never streams at the same time as this session.
+        """
         reason = self.reason or ExitReason.CRASHED
         plan = exit_plan(reason)
         if plan.flush and not self.fenced:
-            await self._settle_writes()
+            await asyncio.gather(self._close_socket(), self._settle_writes())
+        else:
+            await self._close_socket()
         released = False
         last_seq = self.tracker.durable
+        self._ctx.scheduler.remove(self)  # no renewal may race the final write
+        self._ending = True
         if plan.final_write is not FinalWrite.NONE and not self.fenced:
             released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
         if reason is ExitReason.FENCED:
@@ -288,6 +297,8 @@ class Session:
         except Exception as exc:
             error = exc
         outcome = renew_outcome(error)
+        if self._ending:
+            return  # e.g. refused because our own release landed first
         if outcome is RenewOutcome.RENEWED:
             if self.fenced:
                 return
@@ -403,6 +414,8 @@ class Session:
         await asyncio.sleep(delay)
 
     async def _on_frame(self, raw: str | bytes) -> None:
+        if self.fenced:
+            return
         ctx = self._ctx
         now = ctx.clock()
         ctx.metrics.count("MessagesReceived")

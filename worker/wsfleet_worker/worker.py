@@ -91,7 +91,7 @@ class HintOutbox:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                failed = await self._offloader.io(self._sender.send_many, batch)
+                failed = await self._offloader.sqs(self._sender.send_many, batch)
             except Exception as exc:  # the reconciler will find these leases free
                 failed = batch
                 self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
@@ -197,7 +197,12 @@ class Worker:
 
     # ------------------------------------------------------------------ capacity
     def free_slots(self) -> int:
-        if self._stopping:
+        """Connections this worker may take on now.
+
+        Zero while draining, and while renewals run late (more than a quarter of the
+        heartbeat): the leases already held come before new ones.
+        """
+        if self._stopping or self.scheduler.behind_ms() > self.config.heartbeat_ms // 4:
             return 0
         return self.config.settings.max_connections - len(self.sessions) - len(self._acquiring)
 

@@ -1,0 +1,317 @@
+"""Benchmark: one worker process holding many connections - memory, CPU, renew punctuality.
+
+Starts its own embedded moto server and an upstream simulator (each its own process, so
+neither is counted in the worker's figures), creates N connections, hints them all, starts
+one ``python -m wsfleet_worker`` and waits until it streams every one. Then, over a steady
+window, it samples the worker's RSS and CPU time (``/proc``) and reads the worker's own EMF
+output (printed every few seconds) for messages, write requests and renewal lateness.
+
+* RSS per connection = (RSS with N connections - RSS of the same worker idle) / N.
+* Renew lateness = completion of a renewal minus the moment it was due (``RenewLatenessMs``,
+  maximum per EMF interval; the worker's scheduler measures it). The target is "never later
+  than half the lease".
+* Requests per message = BatchWriteItem requests / frames written.
+
+The embedded backend serialises every request and sustains only a few hundred writes/s, so
+the lease/heartbeat and frame rate are chosen so renewals (N / heartbeat per second) plus
+message batches fit; they are printed beside the figures.
+
+Usage::
+
+    python bench/worker_capacity.py                       # 1,000 connections
+    python bench/worker_capacity.py --connections 2000 --heartbeat 20 --lease 60
+    python bench/worker_capacity.py --json-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def emf_documents(path: Path) -> list[dict[str, Any]]:
+    documents = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith('{"_aws"'):
+            try:
+                documents.append(json.loads(line))
+            except ValueError:
+                continue
+    return documents
+
+
+def value(document: dict[str, Any], name: str) -> float:
+    raw = document.get(name, 0)
+    return sum(raw) if isinstance(raw, list) else float(raw)
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def create_connections(dynamodb: Any, table: str, ids: list[str], sim_url: str) -> None:
+    """STARTED connection items, 25 per BatchWriteItem (the router is not under test)."""
+    from boto3.dynamodb.types import TypeSerializer
+    from wsfleet.clock import now_ms
+    from wsfleet.record import ConnectionRecord
+
+    serializer = TypeSerializer()
+    now = now_ms()
+    for start in range(0, len(ids), 25):
+        requests = [
+            {
+                "PutRequest": {
+                    "Item": {
+                        k: serializer.serialize(v)
+                        for k, v in ConnectionRecord.new(i, f"{sim_url}/{i}", now).to_item().items()
+                    }
+                }
+            }
+            for i in ids[start:start + 25]
+        ]
+        pending: dict[str, Any] = {table: requests}
+        while pending:
+            pending = dynamodb.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from wsfleet.hints import Hint, HintSender
+    from wsfleet.store import LeaseStore
+    from wsfleet_local.backend import EmbeddedBackend
+
+    workdir = Path(tempfile.mkdtemp(prefix="wsfleet-capacity-"))
+    simulator = subprocess.Popen(
+        [sys.executable, "-m", "wsfleet_local.simulator", "--port", "0", "--rate", str(args.rate)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    backend = EmbeddedBackend().start()
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        sim_url = json.loads(simulator.stdout.readline())["url"]  # type: ignore[union-attr]
+        resources = backend.create_resources(f"cap-{uuid.uuid4().hex[:6]}")
+        env = resources.env()
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=resources.region
+        )
+        dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
+        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        store = LeaseStore(dynamodb, resources.connections_table, lease_ms=int(args.lease * 1000))
+
+        log_path = workdir / "worker.log"
+        worker_env = {
+            **os.environ,
+            **env,
+            "WORKER_ID": "capacity-worker",
+            "MAX_CONNECTIONS": str(args.connections),
+            "LEASE_SECONDS": str(args.lease),
+            "HEARTBEAT_EVERY": str(args.heartbeat),
+            "LEASE_SAFETY_MARGIN_SECONDS": str(args.margin),
+            "MESSAGE_FLUSH_MS": "100",
+            "WORKER_METRICS_FLUSH_SECONDS": str(args.metrics_every),
+            "WORKER_HINT_WAIT_SECONDS": "1",
+            "WORKER_CONTROL_WAIT_SECONDS": "5",
+            "HEALTH_FILE": str(workdir / "health"),
+            "CONTROL_QUEUE_PREFIX": f"cap-{uuid.uuid4().hex[:6]}-",
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(log_path, "wb") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "wsfleet_worker"], env=worker_env, stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(lambda: len(emf_documents(log_path)) >= 2, 120, "the idle worker")
+        time.sleep(args.metrics_every)
+        idle_rss = rss_kb(worker.pid)
+
+        t0 = time.monotonic()
+        ids = [f"cap{i:05d}" for i in range(args.connections)]
+        create_connections(dynamodb, resources.connections_table, ids, sim_url)
+        sender = HintSender(sqs, resources.hint_queue_url)
+        failed = sender.send_many(Hint(f"CONN#{i}") for i in ids)
+        created_s = time.monotonic() - t0
+
+        def active() -> float:
+            documents = emf_documents(log_path)
+            return documents and value(documents[-1], "ActiveConnections") >= args.connections
+
+        wait_for(active, 600, f"{args.connections} active connections", interval=1.0)
+        ramp_s = time.monotonic() - t0
+        time.sleep(2 * args.heartbeat)  # settle: the ramp's renewals spread out
+
+        # ---- steady window
+        cpu_start, wall_start, ts_start = cpu_seconds(worker.pid), time.monotonic(), time.time()
+        rss_samples = []
+        while time.monotonic() - wall_start < args.window:
+            rss_samples.append(rss_kb(worker.pid))
+            time.sleep(1.0)
+        cpu_used = cpu_seconds(worker.pid) - cpu_start
+        window_s = time.monotonic() - wall_start
+        ts_end = time.time()
+        time.sleep(args.metrics_every + 0.5)
+        # EMF documents whose interval lies inside the window; rates use their own span.
+        stamped = [(d["_aws"]["Timestamp"] / 1000, d) for d in emf_documents(log_path)]
+        inside = [i for i, (ts, _) in enumerate(stamped) if ts_start < ts <= ts_end and i > 0]
+        window_docs = [stamped[i][1] for i in inside]
+        docs_span = (stamped[inside[-1]][0] - stamped[inside[0] - 1][0]) if inside else window_s
+
+        def total(name: str) -> float:
+            return sum(value(d, name) for d in window_docs)
+
+        received = total("MessagesReceived")
+        written = total("MessagesWritten")
+        requests = total("MessageWriteRequests")
+        all_docs = emf_documents(log_path)
+        lateness_window = max((value(d, "RenewLatenessMs") for d in window_docs), default=0)
+        lateness_ramp = max((value(d, "RenewLatenessMs") for d in all_docs), default=0)
+        owned = sum(
+            1 for i in ids if (r := store.get(f"CONN#{i}", consistent=False)) is not None
+            and r.lease_owner == "capacity-worker"
+        )
+
+        # ---- graceful drain of everything
+        drain_start = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        exit_code = worker.wait(120)
+        drain_s = time.monotonic() - drain_start
+        drained = [
+            json.loads(line) for line in log_path.read_text().splitlines()
+            if '"message":"drained"' in line
+        ]
+        peak_rss = max(rss_samples)
+        return {
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+            "settings": {
+                "connections": args.connections,
+                "frames_per_second_per_connection": args.rate,
+                "lease_seconds": args.lease,
+                "heartbeat_seconds": args.heartbeat,
+                "safety_margin_seconds": args.margin,
+                "window_seconds": round(window_s, 1),
+                "renewals_per_second": round(args.connections / args.heartbeat, 1),
+            },
+            "setup_seconds": round(created_s, 1),
+            "ramp_seconds_to_all_streaming": round(ramp_s, 1),
+            "hints_failed": len(failed),
+            "owned_at_end_of_window": owned,
+            "rss_idle_mb": round(idle_rss / 1024, 1),
+            "rss_peak_mb": round(peak_rss / 1024, 1),
+            "rss_per_connection_kb": round((peak_rss - idle_rss) / args.connections, 1),
+            "cpu_percent_of_one_core": round(100 * cpu_used / window_s, 1),
+            "messages_per_second": round(received / docs_span, 1),
+            "cpu_ms_per_message": (
+                round(1000 * cpu_used / (received * window_s / docs_span), 3) if received else None
+            ),
+            "messages_written": int(written),
+            "write_requests_per_message": round(requests / written, 4) if written else None,
+            "renew_lateness_max_ms_steady": lateness_window,
+            "renew_lateness_max_ms_incl_ramp": lateness_ramp,
+            "renew_lateness_limit_ms": args.lease * 500,
+            "self_fenced": total("SelfFenced"),
+            "lease_lost": sum(value(d, "LeaseLost") for d in all_docs),
+            "renew_failures": sum(value(d, "RenewFailures") for d in all_docs),
+            "drain": {
+                "exit_code": exit_code,
+                "seconds": round(drain_s, 2),
+                "worker_drain_ms": drained[0].get("drain_ms") if drained else None,
+                "hints_sent": drained[0].get("hints_sent") if drained else None,
+            },
+            "worker_log": str(log_path),
+        }
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        simulator.terminate()
+        try:
+            simulator.wait(30)
+        except subprocess.TimeoutExpired:
+            simulator.kill()
+        backend.stop()
+
+
+def table(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    rows = [
+        ("connections", s["connections"]),
+        ("frames/s per connection", s["frames_per_second_per_connection"]),
+        ("lease / heartbeat / margin (s)",
+         f'{s["lease_seconds"]} / {s["heartbeat_seconds"]} / {s["safety_margin_seconds"]}'),
+        ("renewals/s", s["renewals_per_second"]),
+        ("ramp to all streaming (s)", result["ramp_seconds_to_all_streaming"]),
+        ("RSS idle / peak (MB)", f'{result["rss_idle_mb"]} / {result["rss_peak_mb"]}'),
+        ("RSS per connection (KB)", result["rss_per_connection_kb"]),
+        ("CPU (% of one core)", result["cpu_percent_of_one_core"]),
+        ("messages/s", result["messages_per_second"]),
+        ("CPU ms per message", result["cpu_ms_per_message"]),
+        ("write requests per message", result["write_requests_per_message"]),
+        ("max renew lateness steady (ms)", result["renew_lateness_max_ms_steady"]),
+        ("max renew lateness incl. ramp (ms)", result["renew_lateness_max_ms_incl_ramp"]),
+        ("limit: half the lease (ms)", result["renew_lateness_limit_ms"]),
+        ("self-fenced / lease lost", f'{result["self_fenced"]} / {result["lease_lost"]}'),
+        ("owned at end of window", result["owned_at_end_of_window"]),
+        ("SIGTERM drain (s) / hints sent",
+         f'{result["drain"]["seconds"]} / {result["drain"]["hints_sent"]}'),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"| {'metric'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
+    lines += [f"| {name.ljust(width)} | {val} |" for name, val in rows]
+    cores = result["machine"]["cores"]
+    return f"worker capacity on {cores} cores (embedded moto backend)\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--connections", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=0.5, help="frames/s per connection")
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--heartbeat", type=float, default=10.0)
+    parser.add_argument("--margin", type=float, default=3.0)
+    parser.add_argument("--window", type=float, default=60.0, help="steady-state seconds")
+    parser.add_argument("--metrics-every", type=float, default=5.0)
+    parser.add_argument("--json-only", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if not args.json_only:
+        print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
