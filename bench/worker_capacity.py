@@ -86,6 +86,7 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.5):
 def create_connections(dynamodb: Any, table: str, ids: list[str], sim_url: str) -> None:
     """STARTED connection items, 25 per BatchWriteItem (the router is not under test)."""
     from boto3.dynamodb.types import TypeSerializer
+
     from wsfleet.clock import now_ms
     from wsfleet.record import ConnectionRecord
 
@@ -126,7 +127,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         resources = backend.create_resources(f"cap-{uuid.uuid4().hex[:6]}")
         env = resources.env()
         session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=resources.region
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=resources.region,
         )
         dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
         sqs = session.client("sqs", endpoint_url=resources.endpoint_url)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
+
 from wsfleet.hints import Hint, HintSender
 from wsfleet.messages import MessageStore
 from wsfleet.record import ConnectionRecord, connection_pk

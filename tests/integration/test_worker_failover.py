@@ -21,6 +21,7 @@ import time
 
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
+
 from wsfleet.record import connection_pk
 from wsfleet_local.simulator import SimulatorThread
 

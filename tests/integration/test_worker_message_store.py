@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from wsfleet.aws import dynamodb_client
 from wsfleet.messages import Message, MessageStore, local_sk, seq_sk
 

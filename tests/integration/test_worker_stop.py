@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, wait_until
+
 from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
 from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-SLOW_HEARTBEAT = {"LEASE_SECONDS": "30", "HEARTBEAT_EVERY": "10", "LEASE_SAFETY_MARGIN_SECONDS": "2"}
+SLOW_HEARTBEAT = {
+    "LEASE_SECONDS": "30",
+    "HEARTBEAT_EVERY": "10",
+    "LEASE_SAFETY_MARGIN_SECONDS": "2",
+}
 
 
 @pytest.fixture

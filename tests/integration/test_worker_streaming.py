@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
+
 from wsfleet.record import DesiredState
 from wsfleet_local.simulator import SimulatorThread
 from wsfleet_worker.health import is_fresh
@@ -117,19 +118,26 @@ def test_abnormal_closes_reconnect_and_resume_without_gap(fleet, sim, workers):
     fleet.start("flaky", sim.url_for("flaky"))
     streamed_past(fleet, "flaky", 10, workers)
 
+    def sessions_reach(count: int) -> None:
+        wait_until(
+            lambda: len(sim.sessions("flaky")) >= count,
+            timeout=30,
+            message=lambda: logs_of(workers),
+        )
+
     sim.inject_fault("flaky", "drop")  # TCP reset, no close frame
-    wait_until(lambda: len(sim.sessions("flaky")) >= 2, timeout=30, message=lambda: logs_of(workers))
+    sessions_reach(2)
     sim.inject_fault("flaky", "close_error")  # 1011
-    wait_until(lambda: len(sim.sessions("flaky")) >= 3, timeout=30, message=lambda: logs_of(workers))
+    sessions_reach(3)
     sim.inject_fault("flaky", "reject")  # the next handshake gets HTTP 503 ...
     sim.inject_fault("flaky", "drop")  # ... which is the reconnect after this drop
-    wait_until(lambda: len(sim.sessions("flaky")) >= 4, timeout=30, message=lambda: logs_of(workers))
+    sessions_reach(4)
     sent = max(s.last_seq_sent or 0 for s in sim.sessions("flaky"))
     checkpoint = streamed_past(fleet, "flaky", sent + 10, workers)
 
     sessions = sim.sessions("flaky")
     assert resume_problems(sessions) == []
-    assert [s.from_seq for s in sessions][0] == 1
+    assert sessions[0].from_seq == 1
     check = check_stream(fleet.stored("flaky"), "flaky", checkpoint)
     assert check.ok, check
     record = fleet.record("flaky")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
+
 from wsfleet.exceptions import StoreError
 from wsfleet.messages import (
     BATCH_WRITE_LIMIT,

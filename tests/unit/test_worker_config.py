@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from wsfleet.exceptions import ConfigurationError
 from wsfleet_worker.config import WORKER_ENVIRONMENT, WorkerConfig
 from wsfleet_worker.health import is_fresh, main, touch

@@ -68,8 +68,8 @@ def frame(owner: Owner, seq: int) -> QueuedFrame:
     return QueuedFrame(message, owner)
 
 
-async def until(condition, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
+async def until(condition, limit: float = WAIT) -> None:
+    deadline = time.monotonic() + limit
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.005)

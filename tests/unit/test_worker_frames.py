@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from wsfleet_worker.frames import Frame, FrameKind, parse_frame, redact_url, resume_url
 
 

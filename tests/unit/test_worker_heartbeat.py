@@ -55,8 +55,8 @@ class FakeSession:
             self.active -= 1
 
 
-async def until(condition, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
+async def until(condition, limit: float = WAIT) -> None:
+    deadline = time.monotonic() + limit
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.01)

@@ -36,7 +36,14 @@ class CheckpointTracker:
     :param durable: the checkpoint the session started from (the record's ``last_seq``).
     """
 
-    __slots__ = ("_acked", "_acked_heap", "_pending", "_pending_heap", "durable", "highest_received")
+    __slots__ = (
+        "_acked",
+        "_acked_heap",
+        "_pending",
+        "_pending_heap",
+        "durable",
+        "highest_received",
+    )
 
     def __init__(self, durable: int = 0) -> None:
         self.durable = durable

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+
 from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
 
 from .observability import WorkerMetrics

@@ -131,12 +131,12 @@ class MessageFlusher:
         if len(self._frames) < self._capacity:
             self._not_full.set()
 
-    async def _wait_for_frames(self, timeout: float | None) -> None:
+    async def _wait_for_frames(self, seconds: float | None) -> None:
         if self._frames or self._retry:
             return
         self._not_empty.clear()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(seconds):
                 await self._not_empty.wait()
         except TimeoutError:
             pass

@@ -29,7 +29,9 @@ def touch(path: str | os.PathLike[str]) -> None:
     Path(path).touch()
 
 
-def is_fresh(path: str | os.PathLike[str], max_age_seconds: float, *, now: float | None = None) -> bool:
+def is_fresh(
+    path: str | os.PathLike[str], max_age_seconds: float, *, now: float | None = None
+) -> bool:
     """True if ``path`` exists and was modified less than ``max_age_seconds`` ago."""
     try:
         modified = os.stat(path).st_mtime

@@ -129,14 +129,14 @@ class WorkerMetrics:
             service="",  # no implicit "service" dimension: ServiceName is the only one
             default_dimensions={"ServiceName": self.service_name},
         )
-        for name, value in sorted(counters.items()):
-            provider.add_metric(name=name, unit="Count", value=value)
-        for name, value in gauges.items():
-            provider.add_metric(name=name, unit="Count", value=value)
-        for name, value in maxima.items():
-            provider.add_metric(name=name, unit="Milliseconds", value=value)
+        for name, count in sorted(counters.items()):
+            provider.add_metric(name=name, unit="Count", value=count)
+        for name, level in gauges.items():
+            provider.add_metric(name=name, unit="Count", value=level)
+        for name, peak in maxima.items():
+            provider.add_metric(name=name, unit="Milliseconds", value=peak)
             provider.add_metadata(key=f"{name}Samples", value=samples.get(name, 0))
-        document = provider.serialize_metric_set()
+        document: dict[str, Any] = dict(provider.serialize_metric_set())
         if self._emit is not None:
             self._emit(document)
         else:

@@ -22,6 +22,7 @@ unknown, which every wsfleet write tolerates (conditional or idempotent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -36,13 +37,17 @@ _T = TypeVar("_T")
 class Offloader:
     """Bounded thread pools and ``await``-able helpers to run calls on them."""
 
-    def __init__(self, *, io_threads: int = 16, write_threads: int = 4, sqs_threads: int = 2) -> None:
+    def __init__(
+        self, *, io_threads: int = 16, write_threads: int = 4, sqs_threads: int = 2
+    ) -> None:
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="wsfleet-io")
         self._write = ThreadPoolExecutor(write_threads, thread_name_prefix="wsfleet-write")
         self._sqs = ThreadPoolExecutor(sqs_threads, thread_name_prefix="wsfleet-sqs")
 
     @staticmethod
-    async def _run(pool: ThreadPoolExecutor, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    async def _run(
+        pool: ThreadPoolExecutor, fn: Callable[..., _T], *args: Any, **kwargs: Any
+    ) -> _T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
@@ -83,7 +88,5 @@ class Offloader:
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
         loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the loop is closed: nobody is waiting any more
-        pass

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+
 from wsfleet.hints import Hint
 
 from .observability import WorkerMetrics

@@ -246,8 +246,8 @@ class CloseAction(Enum):
 def close_action(received_code: int | None) -> CloseAction:
     """Decide from the close code the upstream sent (None: no close frame, the TCP link died).
 
-    >>> close_action(1000), close_action(1011), close_action(None)
-    (<CloseAction.END: 'end'>, <CloseAction.RECONNECT: 'reconnect'>, <CloseAction.RECONNECT: 'reconnect'>)
+    >>> [close_action(code).value for code in (1000, 1001, 1011, None)]
+    ['end', 'end', 'reconnect', 'reconnect']
     """
     return CloseAction.END if received_code in NORMAL_CLOSE_CODES else CloseAction.RECONNECT
 

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+
 from wsfleet.clock import Clock, now_ms
 from wsfleet.exceptions import LeaseLost, StoreError, WsfleetError
 from wsfleet.lease import Lease
@@ -82,7 +83,7 @@ class SessionContext:
     logger: Any
     connect: Connector
     clock: Clock = now_ms
-    rng: random.Random = random.Random()
+    rng: random.Random = field(default_factory=random.Random)
 
 
 @dataclass(frozen=True)

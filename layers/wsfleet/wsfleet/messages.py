@@ -293,7 +293,10 @@ class MessageStore:
         local = self._pending_guard
         local.check = (lambda: all(guard(m) for m in messages)) if guard is not None else None
         try:
-            return self._client.batch_write_item(RequestItems={self.table_name: request})
+            response: dict[str, Any] = self._client.batch_write_item(
+                RequestItems={self.table_name: request}
+            )
+            return response
         finally:
             local.check = None
 
@@ -366,7 +369,7 @@ class MessageStore:
 
 
 def _is_validation(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") == "ValidationException"
+    return bool(exc.response.get("Error", {}).get("Code") == "ValidationException")
 
 
 def _unprocessed_keys(response: dict[str, Any], table: str) -> list[tuple[str, str]]:
