@@ -68,6 +68,8 @@ __all__ = ["HintOutbox", "Worker", "main"]
 
 #: Bound for the steps after the drain (deregister, delete the control queue).
 _CLEANUP_TIMEOUT_SECONDS = 5.0
+#: Hint delay for a connection whose session crashed (see _session_done).
+_CRASH_HINT_DELAY_SECONDS = 2
 
 
 class HintOutbox:
@@ -168,7 +170,7 @@ class Worker:
             self.metrics,
             self.logger,
             free_slots=self.free_slots,
-            running=lambda: set(self.sessions),
+            running=self.running,
             acquire=self.acquire,
             wait_seconds=config.hint_wait_seconds,
         )
@@ -206,6 +208,10 @@ class Worker:
             return 0
         return self.config.settings.max_connections - len(self.sessions) - len(self._acquiring)
 
+    def running(self) -> set[str]:
+        """Connections streaming here now (sessions already ending do not count)."""
+        return {pk for pk, session in self.sessions.items() if session.reason is None}
+
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
         """Start, serve until asked to stop, drain. Returns the process exit status."""
@@ -228,7 +234,7 @@ class Worker:
         settings = self.config.settings
         now = self._clock()
         self._started_at_ms = now
-        queue_url = await self.control.open() if self.control is not None else ""
+        queue_url = await self._open_control_channel()
         await self.offloader.io(
             self.leases.register_worker,
             WorkerRecord(
@@ -258,6 +264,20 @@ class Worker:
             },
         )
 
+    async def _open_control_channel(self) -> str:
+        """Create the control queue; without one, STOP still arrives with the next renewal."""
+        if self.control is None:
+            return ""
+        try:
+            return await self.control.open()
+        except Exception as exc:
+            self.logger.error(
+                "control queue unavailable; STOP will be noticed by renewals only",
+                extra={"error": describe_error(exc)},
+            )
+            self.control = None
+            return ""
+
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=f"worker:{name}")
         self._background[name] = task
@@ -281,8 +301,19 @@ class Worker:
     async def acquire(self, hint: Hint) -> bool:
         """Acquire the hinted connection and start it; see :class:`HintPoller`."""
         pk = hint.pk
-        if pk in self.sessions or pk in self._acquiring:
+        if pk in self._acquiring:
             return True
+        ending = self.sessions.get(pk)
+        if ending is not None:
+            if ending.reason is None:
+                return True  # streaming here already: a duplicate hint
+            # A session of ours is still winding down (e.g. it self-fenced): let it finish,
+            # then compete for the lease like anyone else.
+            task = self._session_tasks.get(pk)
+            if task is not None:
+                await asyncio.wait({task}, timeout=self.config.settings.heartbeat_seconds * 2)
+            if pk in self.sessions:
+                return False
         if self.free_slots() <= 0:
             return False
         self._acquiring.add(pk)
@@ -343,7 +374,10 @@ class Worker:
             return
         result = task.result()
         if result.hint:
-            self.outbox.add(Hint(result.pk, epoch=result.epoch))
+            # A crashed session is handed over with a short delay, so a frame that crashes
+            # every session cannot spin the connection between workers in a tight loop.
+            delay = _CRASH_HINT_DELAY_SECONDS if result.reason is ExitReason.CRASHED else 0
+            self.outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
 
     def _on_stop_command(self, command: StopCommand) -> bool:
         session = self.sessions.get(command.pk)
@@ -432,10 +466,12 @@ class Worker:
                     await asyncio.gather(*tasks, return_exceptions=True)
                 await self.outbox.flush()
                 poller = self._background.get("poller")
-                if poller is not None and self.outbox.sent > hints_before:
-                    # Our hints may have been caught by our own long poll: wait for it to
-                    # hand them back to the queue (HintPoller does so once stopped).
+                if poller is not None and (self.outbox.sent > hints_before or self._acquiring):
+                    # Our hints may have been caught by our own long poll, or an acquire is
+                    # in flight: let the poller hand messages and leases back (it does so
+                    # once stopped) before we go.
                     await asyncio.wait({poller})
+                    await self.outbox.flush()
         except TimeoutError:
             self.logger.warning(
                 "drain timeout: leaving the rest to lease expiry",
