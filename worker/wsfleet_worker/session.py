@@ -68,6 +68,9 @@ from .upstream import Connector, describe_error, is_permanent
 
 __all__ = ["Session", "SessionContext", "SessionResult"]
 
+#: Base wait for a session's queued frames at its end (plus three flush intervals).
+_SETTLE_GRACE_SECONDS = 1.0
+
 
 @dataclass(frozen=True)
 class SessionContext:
@@ -270,19 +273,26 @@ class Session:
         return True
 
     async def _settle_writes(self) -> None:
-        """Wait until every accepted frame is acknowledged, bounded by the self-fence deadline."""
+        """Wait (briefly) until every accepted frame is acknowledged.
+
+        Flushing only saves the next owner from fetching those frames again: they are above
+        the checkpoint, so a resume replays them. So the wait is bounded by a short grace
+        (a few flush intervals), not by the lease: a hand-off must stay fast even when the
+        write queue is backed up. What is still unwritten then is dropped (see may_write).
+        """
         if self._in_flight() == 0:
             return
         self._ctx.flusher.flush_now()
-        remaining = (self.timer.fence_at_ms - self._ctx.clock()) / 1000
+        fence_in = (self.timer.fence_at_ms - self._ctx.clock()) / 1000
+        grace = _SETTLE_GRACE_SECONDS + 3 * self._ctx.config.settings.message_flush_ms / 1000
         try:
-            async with asyncio.timeout(max(0.0, remaining)):
+            async with asyncio.timeout(max(0.0, min(grace, fence_in))):
                 while self._in_flight() and not self.fenced:
                     self._progress.clear()
                     await self._progress.wait()
         except TimeoutError:
             self._ctx.logger.warning(
-                "frames still unwritten at the end of the session",
+                "frames still unwritten at the end of the session; the next owner replays them",
                 extra={**self._log, "unwritten": self._in_flight()},
             )
 
@@ -328,8 +338,9 @@ class Session:
 
     # ------------------------------------------------------------------ frames (FrameOwner)
     def may_write(self, now: int) -> bool:
-        """Frames may be written only while the lease is surely ours (see LeaseTimer)."""
-        return not self.fenced and self.timer.may_write(now)
+        """Frames may be written only while the lease is surely ours (see LeaseTimer), and
+        not once the final lease write has begun (a peer may acquire right after it)."""
+        return not (self.fenced or self._ending) and self.timer.may_write(now)
 
     def on_written(self, message: Message) -> None:
         if message.seq is None:

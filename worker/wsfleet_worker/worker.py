@@ -463,7 +463,7 @@ class Worker:
                     session.finish(ExitReason.SHUTDOWN, via="shutdown")
                 tasks = list(self._session_tasks.values())
                 if tasks:
-                    await asyncio.gather(*tasks, return_exceptions=True)
+                    await asyncio.wait(tasks)  # (unlike gather, a timeout cancels nothing here)
                 await self.outbox.flush()
                 poller = self._background.get("poller")
                 if poller is not None and (self.outbox.sent > hints_before or self._acquiring):
