@@ -91,7 +91,10 @@ LOCAL_ACCESS_KEY = "testing"
 LOCAL_SECRET_KEY = "testing"
 
 #: Pause between two short polls of an emulated long poll, spent outside the global lock.
-LONG_POLL_INTERVAL_SECONDS = 0.025
+#: An emulated long poll re-polls at once when an SQS write lands (see SerializedMotoApp) and
+#: otherwise every this often, for messages that become visible by themselves (DelaySeconds,
+#: an expired visibility timeout).
+LONG_POLL_INTERVAL_SECONDS = 0.1
 #: SQS caps WaitTimeSeconds at 20; out-of-range values go to moto untouched, which rejects them.
 SQS_MAX_WAIT_SECONDS = 20
 
@@ -255,6 +258,16 @@ def _as_receive_request(environ: WSGIEnviron) -> _ReceiveRequest | None:
     )
 
 
+def _is_sqs_request(environ: WSGIEnviron) -> bool:
+    """An SQS call in either protocol (JSON target, or a query-protocol form post)."""
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if target:
+        return target.startswith("AmazonSQS.")
+    return environ.get("REQUEST_METHOD") == "POST" and environ.get("CONTENT_TYPE", "").startswith(
+        "application/x-www-form-urlencoded"
+    )
+
+
 def _queue_default_wait_seconds(environ: WSGIEnviron, queue_url: str) -> int:
     """The queue's ReceiveMessageWaitTimeSeconds, read from moto's backend (caller holds the lock).
 
@@ -307,15 +320,24 @@ class SerializedMotoApp:
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._poll_interval_seconds = poll_interval_seconds
+        # Bumped after every SQS request that is not a receive, so idle long polls re-poll
+        # right after a send instead of spinning: idle workers cost nearly nothing.
+        self._sqs_changed = threading.Condition()
+        self._sqs_generation = 0
 
     def __call__(self, environ: WSGIEnviron, start_response: StartResponse) -> list[bytes]:
         if environ.get("PATH_INFO") == HEALTH_PATH:
             start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
             return [b"ok"]
         receive = _as_receive_request(environ)
-        reply = (
-            self._long_poll(environ, receive) if receive is not None else self._call_locked(environ)
-        )
+        if receive is not None:
+            reply = self._long_poll(environ, receive)
+        else:
+            reply = self._call_locked(environ)
+            if _is_sqs_request(environ):
+                with self._sqs_changed:
+                    self._sqs_generation += 1
+                    self._sqs_changed.notify_all()
         start_response(reply.status, reply.headers)
         return [reply.body]
 
@@ -335,11 +357,16 @@ class SerializedMotoApp:
         deadline = time.monotonic() + wait_seconds
         body = receive.short_poll_body()
         while True:
+            generation = self._sqs_generation
             reply = self._call_locked(_with_body(environ, body))
             remaining = deadline - time.monotonic()
             if not reply.ok or receive.has_messages(reply) or remaining <= 0:
                 return reply
-            time.sleep(min(self._poll_interval_seconds, remaining))
+            with self._sqs_changed:
+                self._sqs_changed.wait_for(
+                    lambda: self._sqs_generation != generation,
+                    timeout=min(self._poll_interval_seconds, remaining),
+                )
 
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -922,8 +949,10 @@ class EmbeddedBackend:
         *,
         template_path: Path | None = None,
         region: str = DEFAULT_REGION,
+        new_session: bool = False,
     ) -> None:
         self.host = host
+        self.new_session = new_session
         self.port = port
         self.region = region
         self.template_path = template_path
@@ -950,7 +979,11 @@ class EmbeddedBackend:
             sys.executable, "-m", "wsfleet_local.backend",
             "--host", self.host, "--port", str(self.port), "--exit-on-stdin-eof",
         ]  # fmt: skip
-        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # new_session keeps a terminal's Ctrl-C away from the server, so a supervisor can
+        # drain its workers (whose final writes need the server) before stopping it.
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=self.new_session
+        )
         try:
             ready = _read_ready_line(self._process, START_TIMEOUT_SECONDS)
             assert self._process.stdout is not None
