@@ -1,0 +1,190 @@
+"""Stream notifier decisions: which stream records are STOP transitions, and who hears of them.
+
+No network: the sample events are parsed with Powertools' data class, the worker lookup and the
+SQS send are small recording stand-ins. The same events go through the real handler against the
+moto server in tests/integration/test_stream_notifier.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
+
+from wsfleet.control import StopCommand
+from wsfleet.record import WorkerRecord
+from wsfleet_local.functions import load_function
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+#: The sample events are written at 2026-01-01T00:00:00Z; their leases run 14 s past that.
+EVENT_NOW_MS = 1_767_225_600_000
+
+notifier_app = load_function("stream_notifier")
+Outcome = notifier_app.Outcome
+
+
+def records(name: str) -> list[dict[str, Any]]:
+    return json.loads((EVENTS / name).read_text())["Records"]
+
+
+def record(raw: dict[str, Any]) -> DynamoDBRecord:
+    return DynamoDBRecord(raw)
+
+
+@dataclass
+class Workers:
+    """get_worker() over a dict: the part of LeaseStore the notifier reads."""
+
+    items: dict[str, WorkerRecord] = field(default_factory=dict)
+
+    def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        return self.items.get(worker_id)
+
+
+@dataclass
+class Outbox:
+    """send_message() that records what would have been sent, or raises when told to."""
+
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    fail_for: set[str] = field(default_factory=set)
+
+    def send_message(self, *, QueueUrl: str, MessageBody: str) -> dict[str, str]:
+        if QueueUrl in self.fail_for:
+            raise RuntimeError("queue does not exist")
+        self.sent.append((QueueUrl, MessageBody))
+        return {"MessageId": "m"}
+
+
+def live_worker(worker_id: str, url: str, *, expires: int = EVENT_NOW_MS + 60_000) -> WorkerRecord:
+    return WorkerRecord(
+        worker_id=worker_id,
+        control_queue_url=url,
+        started_at_ms=EVENT_NOW_MS - 3_600_000,
+        heartbeat_at_ms=EVENT_NOW_MS,
+        expires_at_ms=expires,
+    )
+
+
+def make_notifier(workers: dict[str, WorkerRecord], outbox: Outbox, now: int = EVENT_NOW_MS):
+    return notifier_app.StopNotifier(Workers(workers), outbox, clock=lambda: now)
+
+
+# ---------------------------------------------------------------- is it a transition?
+def test_the_stop_modify_sample_is_a_transition_carrying_owner_and_epoch() -> None:
+    (raw,) = records("stream_stop_modify.json")
+    connection = notifier_app.stopped_connection(record(raw))
+    assert connection is not None
+    assert (connection.pk, connection.lease_owner, connection.lease_epoch) == (
+        "CONN#ticker-btc-usd",
+        "worker-a",
+        3,
+    )
+
+
+@pytest.mark.parametrize("name", ["stream_ignored_modify.json", "stream_insert.json"])
+def test_heartbeats_releases_and_started_inserts_are_not_transitions(name: str) -> None:
+    for raw in records(name):
+        assert notifier_app.stopped_connection(record(raw)) is None
+
+
+def test_an_insert_that_is_already_stopped_is_a_transition() -> None:
+    (raw,) = records("stream_insert.json")
+    raw = copy.deepcopy(raw)
+    raw["dynamodb"]["NewImage"]["desired_state"] = {"S": "STOPPED"}
+    assert notifier_app.stopped_connection(record(raw)) is not None
+
+
+def test_remove_events_and_worker_items_are_not_transitions() -> None:
+    (raw,) = records("stream_stop_modify.json")
+    removed = copy.deepcopy(raw)
+    removed["eventName"] = "REMOVE"
+    removed["dynamodb"]["OldImage"] = removed["dynamodb"].pop("NewImage")
+    assert notifier_app.stopped_connection(record(removed)) is None
+    not_a_connection = copy.deepcopy(raw)
+    not_a_connection["dynamodb"]["NewImage"]["pk"] = {"S": "WORKER#w1"}
+    assert notifier_app.stopped_connection(record(not_a_connection)) is None
+    no_body = {k: v for k, v in raw.items() if k != "dynamodb"}
+    assert notifier_app.stopped_connection(record(no_body)) is None
+
+
+# ---------------------------------------------------------------- who hears of it
+def test_a_stop_goes_to_the_owners_control_queue() -> None:
+    # GIVEN the owner of the stopped connection is a live worker
+    outbox = Outbox()
+    notifier = make_notifier({"worker-a": live_worker("worker-a", "q://worker-a")}, outbox)
+    # WHEN the STOP transition is handled
+    (raw,) = records("stream_stop_modify.json")
+    outcome = notifier.handle(record(raw))
+    # THEN exactly one STOP for that pk and epoch went to worker-a's queue
+    assert outcome is Outcome.DELIVERED
+    assert outbox.sent == [("q://worker-a", StopCommand("CONN#ticker-btc-usd", 3).body())]
+
+
+def test_nothing_is_sent_when_nobody_holds_the_lease() -> None:
+    (raw,) = records("stream_stop_modify.json")
+    raw = copy.deepcopy(raw)
+    raw["dynamodb"]["NewImage"]["lease_owner"] = {"S": ""}
+    outbox = Outbox()
+    notifier = make_notifier({"worker-a": live_worker("worker-a", "q://a")}, outbox)
+    assert notifier.handle(record(raw)) is Outcome.NO_OWNER
+    assert outbox.sent == []
+
+
+def test_nothing_is_sent_when_the_lease_already_expired() -> None:
+    # A STOPPED lease can no longer be renewed, so once it lapsed its holder is fenced.
+    (raw,) = records("stream_stop_modify.json")
+    outbox = Outbox()
+    notifier = make_notifier(
+        {"worker-a": live_worker("worker-a", "q://a")}, outbox, now=EVENT_NOW_MS + 14_001
+    )
+    assert notifier.handle(record(raw)) is Outcome.LEASE_EXPIRED
+    assert outbox.sent == []
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [
+        {},  # no worker item
+        {"worker-a": live_worker("worker-a", "q://a", expires=EVENT_NOW_MS - 1)},  # expired
+        {"worker-a": live_worker("worker-a", "")},  # no control queue registered
+    ],
+    ids=["missing", "expired", "no-queue"],
+)
+def test_nothing_is_sent_when_the_owner_has_no_live_worker(
+    workers: dict[str, WorkerRecord],
+) -> None:
+    (raw,) = records("stream_stop_modify.json")
+    outbox = Outbox()
+    assert make_notifier(workers, outbox).handle(record(raw)) is Outcome.WORKER_GONE
+    assert outbox.sent == []
+
+
+def test_a_failed_send_raises_so_only_that_record_is_retried() -> None:
+    (raw,) = records("stream_stop_modify.json")
+    outbox = Outbox(fail_for={"q://a"})
+    notifier = make_notifier({"worker-a": live_worker("worker-a", "q://a")}, outbox)
+    with pytest.raises(RuntimeError):
+        notifier.handle(record(raw))
+
+
+def test_ignored_records_never_look_up_a_worker() -> None:
+    class Untouchable:
+        def get_worker(self, worker_id: str) -> None:
+            raise AssertionError("an ignored record must not cost a read")
+
+    notifier = notifier_app.StopNotifier(Untouchable(), Outbox(), clock=lambda: EVENT_NOW_MS)
+    for raw in records("stream_ignored_modify.json") + records("stream_insert.json"):
+        assert notifier.handle(record(raw)) is Outcome.IGNORED
+
+
+def test_skipped_outcomes_are_the_three_nothing_to_send_cases() -> None:
+    assert {o for o in Outcome if o.skipped} == {
+        Outcome.NO_OWNER,
+        Outcome.LEASE_EXPIRED,
+        Outcome.WORKER_GONE,
+    }
