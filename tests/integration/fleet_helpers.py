@@ -17,6 +17,8 @@ Short timings are the defaults of :data:`FAST_WORKER_ENV` (lease 2 s, heartbeat 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
 import json
 import os
@@ -91,6 +93,17 @@ def wait_until(
 # ============================================================================ worker processes
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it if the test process dies (Linux), so a crashed
+    or interrupted test run never leaves workers polling a backend that is gone.
+
+    The kernel ties this to the *thread* that forked: start workers from a thread that lives
+    as long as they should (the test's main thread), not from a short-lived pool thread.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class WorkerProcess:
     """One ``python -m wsfleet_worker`` child. Always :meth:`stop` it (or use ``with``)."""
 
@@ -115,6 +128,7 @@ class WorkerProcess:
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
 
     def __enter__(self) -> WorkerProcess:

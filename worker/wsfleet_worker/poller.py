@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from enum import Enum
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -31,10 +32,18 @@ from .observability import WorkerMetrics
 from .offload import Offloader
 from .protocol import triage_hints
 
-__all__ = ["HintPoller"]
+__all__ = ["HintOutcome", "HintPoller"]
 
 #: SQS returns at most 10 messages per ReceiveMessage.
 RECEIVE_LIMIT = 10
+
+
+class HintOutcome(Enum):
+    """What to do with a hint message after trying to act on it."""
+
+    DONE = "done"  # started, or refused for good (conflict, STOPPED, gone): delete it
+    GIVE_BACK = "give_back"  # no room after all: visible again now, for a peer
+    RETRY_LATER = "retry_later"  # store trouble: let the visibility timeout bring it back
 
 
 class HintPoller:
@@ -42,8 +51,7 @@ class HintPoller:
 
     :param free_slots: how many more sessions the worker may start now.
     :param running: pks of the connections the worker holds.
-    :param acquire: try to acquire and start one connection; True when the hint is handled
-        (started, or refused for good), False to leave it for redelivery.
+    :param acquire: try to acquire and start one connection; see :class:`HintOutcome`.
     """
 
     def __init__(
@@ -56,7 +64,7 @@ class HintPoller:
         *,
         free_slots: Callable[[], int],
         running: Callable[[], set[str]],
-        acquire: Callable[[Hint], Awaitable[bool]],
+        acquire: Callable[[Hint], Awaitable[HintOutcome]],
         wait_seconds: int = 20,
     ) -> None:
         self._sqs = sqs
@@ -123,13 +131,16 @@ class HintPoller:
             self._metrics.count("InvalidHints", triage.invalid)
             self._logger.warning("deleting unparseable hints", extra={"count": triage.invalid})
         outcomes = await asyncio.gather(*(self._acquire(hint) for hint, _ in triage.acquire))
-        handled = triage.drop + [
-            receipt for (_, receipt), ok in zip(triage.acquire, outcomes, strict=True) if ok
-        ]
+        handled, give_back = list(triage.drop), list(triage.release)
+        for (_, receipt), outcome in zip(triage.acquire, outcomes, strict=True):
+            if outcome is HintOutcome.DONE:
+                handled.append(receipt)
+            elif outcome is HintOutcome.GIVE_BACK:
+                give_back.append(receipt)
         if handled:
             await self._delete(handled)
-        if triage.release:
-            await self._release(triage.release)
+        if give_back:
+            await self._release(give_back)
 
     async def _delete(self, receipts: list[str]) -> None:
         entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]

@@ -59,7 +59,7 @@ from .flusher import MessageFlusher
 from .heartbeat import HeartbeatScheduler
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
-from .poller import HintPoller
+from .poller import HintOutcome, HintPoller
 from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
 from .upstream import Connector, describe_error, make_connector
@@ -206,6 +206,9 @@ class Worker:
         """
         if self._stopping or self.scheduler.behind_ms() > self.config.heartbeat_ms // 4:
             return 0
+        return self._capacity_left()
+
+    def _capacity_left(self) -> int:
         return self.config.settings.max_connections - len(self.sessions) - len(self._acquiring)
 
     def running(self) -> set[str]:
@@ -298,24 +301,24 @@ class Worker:
         self.request_stop()
 
     # ------------------------------------------------------------------ acquiring
-    async def acquire(self, hint: Hint) -> bool:
+    async def acquire(self, hint: Hint) -> HintOutcome:
         """Acquire the hinted connection and start it; see :class:`HintPoller`."""
         pk = hint.pk
         if pk in self._acquiring:
-            return True
+            return HintOutcome.DONE
         ending = self.sessions.get(pk)
         if ending is not None:
             if ending.reason is None:
-                return True  # streaming here already: a duplicate hint
+                return HintOutcome.DONE  # streaming here already: a duplicate hint
             # A session of ours is still winding down (e.g. it self-fenced): let it finish,
             # then compete for the lease like anyone else.
             task = self._session_tasks.get(pk)
             if task is not None:
                 await asyncio.wait({task}, timeout=self.config.settings.heartbeat_seconds * 2)
             if pk in self.sessions:
-                return False
-        if self.free_slots() <= 0:
-            return False
+                return HintOutcome.GIVE_BACK
+        if self._stopping or self._capacity_left() <= 0:
+            return HintOutcome.GIVE_BACK
         self._acquiring.add(pk)
         try:
             record = await self.offloader.io(self.leases.acquire, pk, self.worker_id)
@@ -324,21 +327,21 @@ class Worker:
             self.logger.debug(
                 "hint dropped", extra={"connection_id": pk[5:], "reason": type(exc).__name__}
             )
-            return True
+            return HintOutcome.DONE
         except WsfleetError as exc:
             self.logger.warning(
                 "acquire failed; hint left for redelivery",
                 extra={"connection_id": pk[5:], "error": describe_error(exc)},
             )
-            return False
+            return HintOutcome.RETRY_LATER
         finally:
             self._acquiring.discard(pk)
         self.metrics.count("Acquired")
         if self._stopping:  # won a lease while draining: give it straight back
             await self._hand_back(record)
-            return True
+            return HintOutcome.DONE
         self._start_session(record)
-        return True
+        return HintOutcome.DONE
 
     async def _hand_back(self, record: ConnectionRecord) -> None:
         lease = Lease.of(record)
