@@ -330,8 +330,12 @@ def test_claim_hint_once_per_expiry(store, clock):
     assert not store.claim_hint(rec, rehint_after_ms=60_000)
     clock.advance(60_001)
     assert store.claim_hint(rec, rehint_after_ms=60_000)  # a lost hint is retried eventually
-    store.acquire(pk, "w1")
+    held = store.acquire(pk, "w1")
     assert not store.claim_hint(rec, rehint_after_ms=60_000)  # the lease moved on
+    # released again (expiry 0 once more) under a new epoch: a new hint is due at once
+    released = store.release(Lease.of(held))
+    assert released.lease_expires_at_ms == rec.lease_expires_at_ms == 0
+    assert store.claim_hint(released, rehint_after_ms=60_000)
 
 
 # ------------------------------------------------------------------ worker items

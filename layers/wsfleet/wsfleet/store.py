@@ -516,25 +516,32 @@ class LeaseStore:
                 return
 
     def claim_hint(self, record: ConnectionRecord, *, rehint_after_ms: int) -> bool:
-        """Mark that a hint is going out for this lease expiry; False if one already did.
+        """Mark that a hint is going out for this lease; False if one already did.
 
         Keeps the hint queue to at most one pending hint per orphan: a hint is claimed once per
-        (pk, lease_expires_at_ms) and again only after ``rehint_after_ms`` (a lost hint must
-        not strand a connection forever). The condition also re-checks that the lease is the
-        one the caller saw, so a lease renewed meanwhile is not hinted.
+        lease state ``(lease_epoch, lease_expires_at_ms)`` and again only after
+        ``rehint_after_ms`` (a lost hint must not strand a connection forever). The epoch is
+        part of the key because every released lease has expiry 0: without it, a connection
+        released twice within ``rehint_after_ms`` would look already hinted. The condition also
+        re-checks that the lease is the one the caller saw, so a lease renewed or acquired
+        meanwhile is not hinted.
         """
         now = self._clock()
         try:
             self._conditional_update(
                 record.pk,
-                UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
+                UpdateExpression=(
+                    "SET hinted_expiry_ms = :expiry, hinted_epoch = :epoch, hinted_at_ms = :now"
+                ),
                 ConditionExpression=(
                     "desired_state = :started AND lease_expires_at_ms = :expiry AND "
-                    "(attribute_not_exists(hinted_expiry_ms) OR hinted_expiry_ms <> :expiry "
+                    "lease_epoch = :epoch AND (attribute_not_exists(hinted_at_ms) "
+                    "OR hinted_expiry_ms <> :expiry OR hinted_epoch <> :epoch "
                     "OR hinted_at_ms < :stale)"
                 ),
                 ExpressionAttributeValues=_values(
                     expiry=record.lease_expires_at_ms,
+                    epoch=record.lease_epoch,
                     now=now,
                     stale=now - rehint_after_ms,
                     started=DesiredState.STARTED.value,
