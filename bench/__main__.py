@@ -1,0 +1,167 @@
+"""``python -m bench`` (``make bench``): every wsfleet benchmark, one command.
+
+Writes ``bench/results.json`` (after every step, so an interrupted run keeps what it measured)
+and ``bench/RESULTS.md`` (the tables, the command, the machine and the settings).
+
+Options::
+
+    python -m bench                     # full run (about 20-25 min on 2 cores)
+    python -m bench --quick             # smaller K, shorter windows (about 8-10 min)
+    python -m bench --only crash stop   # some groups only (results of others are kept)
+    python -m bench --render            # re-render RESULTS.md from results.json
+
+Groups: crash, handoff, stop, cost, capacity, reconcile, compat. Loss/duplicate figures come
+with crash and handoff (each run audits the messages table afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .harness import ROOT, machine
+
+RESULTS_JSON = ROOT / "bench" / "results.json"
+RESULTS_MD = ROOT / "bench" / "RESULTS.md"
+GROUPS = ("crash", "handoff", "stop", "cost", "capacity", "reconcile", "compat")
+
+
+@dataclass(frozen=True)
+class Step:
+    group: str
+    name: str
+    run: Callable[[Path], dict[str, Any]]
+
+
+def _steps(quick: bool) -> list[Step]:
+    from .fleet_bench import Profile, run_disruption, run_stop_latency
+    from .request_cost import run_request_cost
+    from .wrapped import run_capacity, run_compat, run_reconcile
+
+    steps: list[Step] = []
+
+    def crash(k: int, profile: str, rate: float) -> Step:
+        return Step("crash", f"crash-{profile}-{k}", lambda d: run_disruption(
+            "crash", connections=k, profile=profile, rate=rate, run_dir=d))
+
+    def handoff(k: int, profile: str, rate: float) -> Step:
+        return Step("handoff", f"handoff-{profile}-{k}", lambda d: run_disruption(
+            "handoff", connections=k, profile=profile, rate=rate, run_dir=d))
+
+    def stop(channel: bool, n: int) -> Step:
+        name = "stop-control-channel" if channel else "stop-heartbeat-fallback"
+        return Step("stop", name, lambda d: run_stop_latency(
+            control_channel=channel, streams=n, profile=Profile.DEFAULT, rate=2.0, run_dir=d))
+
+    if quick:
+        steps += [crash(10, Profile.SHORT, 5.0), crash(100, Profile.SHORT, 1.0),
+                  handoff(10, Profile.DEFAULT, 5.0), stop(True, 15), stop(False, 15)]
+        steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
+            run_dir=d, phases=[(10, 1.0), (20, 5.0), (50, 20.0)], window_seconds=10)))
+        steps.append(Step("capacity", "capacity-1000", lambda d: run_capacity(
+            connections=1000, rate=0.2, lease=30, heartbeat=10, margin=3, window=20)))
+        steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
+            items=[10_000], scenarios=["steady"])))
+    else:
+        steps += [crash(10, Profile.SHORT, 5.0), crash(100, Profile.SHORT, 1.0),
+                  crash(10, Profile.DEFAULT, 5.0),
+                  handoff(10, Profile.DEFAULT, 5.0), handoff(100, Profile.DEFAULT, 1.0),
+                  stop(True, 30), stop(False, 30)]
+        steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
+            run_dir=d, phases=[(10, 1.0), (20, 5.0), (50, 20.0)], window_seconds=20)))
+        steps.append(Step("cost", "request-cost-flush-250ms", lambda d: run_request_cost(
+            run_dir=d, phases=[(20, 5.0)], window_seconds=20, flush_ms=250)))
+        steps.append(Step("capacity", "capacity-1000", lambda d: run_capacity(
+            connections=1000, rate=0.2, lease=30, heartbeat=10, margin=3, window=45)))
+        steps.append(Step("capacity", "capacity-5000", lambda d: run_capacity(
+            connections=5000, rate=0.02, lease=90, heartbeat=30, margin=5, window=60)))
+        steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
+            items=[10_000, 100_000], scenarios=["steady"])))
+    steps.append(Step("compat", "compat-dynalite", lambda d: run_compat()))
+    return steps  # fmt: skip
+
+
+def _load() -> dict[str, Any]:
+    try:
+        return dict(json.loads(RESULTS_JSON.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(document: dict[str, Any]) -> None:
+    RESULTS_JSON.write_text(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=GROUPS)
+    parser.add_argument("--render", action="store_true", help="only re-render RESULTS.md")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "wsfleet")
+
+    from .report import render
+
+    if args.render:
+        RESULTS_MD.write_text(render(_load()))
+        return 0
+    command = "python -m bench" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
+    document = _load() if args.only else {}
+    document.update({
+        "command": command,
+        "mode": "quick" if args.quick else "full",
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    })  # fmt: skip
+    results: dict[str, Any] = dict(document.get("results", {}))
+    if not args.only:
+        results = {}
+    began = time.monotonic()
+    failures = 0
+    for step in _steps(args.quick):
+        if args.only and step.group not in args.only:
+            continue
+        print(f"[bench] {step.name} ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        run_dir = Path(tempfile.mkdtemp(prefix=f"wsfleet-bench-{step.name}-"))
+        try:
+            result = step.run(run_dir)
+        except Exception as exc:  # one broken benchmark must not lose the others
+            failures += 1
+            result = {"error": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+        result["group"] = step.group
+        result["elapsed_seconds"] = round(time.monotonic() - started, 1)
+        result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        result["run_dir"] = str(run_dir)
+        results[step.name] = result
+        document["results"] = results
+        document["total_seconds"] = round(time.monotonic() - began, 1)
+        _save(document)
+        RESULTS_MD.write_text(render(document))
+        status = "ERROR " + result["error"] if "error" in result else "done"
+        print(f"[bench] {step.name}: {status} ({result['elapsed_seconds']} s)", file=sys.stderr,
+              flush=True)  # fmt: skip
+    document["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    document["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    _save(document)
+    RESULTS_MD.write_text(render(document))
+    print(f"[bench] wrote {RESULTS_JSON.relative_to(ROOT)} and {RESULTS_MD.relative_to(ROOT)}",
+          file=sys.stderr)  # fmt: skip
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""pytest plugin: run DynamoDB-only integration tests against dynalite instead of moto.
+
+Usage (bench's ``compat`` step does this)::
+
+    python -m pytest -p bench.dynalite_plugin tests/integration/test_lease_store.py
+
+It changes nothing in tests/conftest.py: an autouse fixture takes the ``aws`` resources the
+conftest created on moto (tables and queues), creates the same tables on a session-wide
+dynalite server, and sets ``AWS_ENDPOINT_URL_DYNAMODB``, which botocore prefers over
+``AWS_ENDPOINT_URL`` for DynamoDB clients. SQS stays on moto. Tests that need DynamoDB Streams
+(``stream_arn``) cannot run here; they are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def dynalite_server() -> Iterator[Any]:
+    from wsfleet_local.dynalite import Dynalite, available
+
+    if not available():
+        pytest.skip("dynalite is not installed (python -m wsfleet_local.dynalite --install)")
+    with Dynalite() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _dynamodb_on_dynalite(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if "aws" not in request.fixturenames:
+        return
+    if "stream_arn" in (request.node.get_closest_marker("needs") or ()):
+        pytest.skip("DynamoDB Streams are not implemented by dynalite")
+    resources = request.getfixturevalue("aws")
+    server = request.getfixturevalue("dynalite_server")
+    from wsfleet_local.backend import Resources  # noqa: F401 - the shape we rely on
+
+    moto = _client(resources.endpoint_url)
+    server.clone_tables(moto, resources.tables.values())
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", server.endpoint_url)
+
+
+def _client(endpoint_url: str) -> Any:
+    import boto3
+
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return "wsfleet: DynamoDB on dynalite (bench.dynalite_plugin), SQS on moto"

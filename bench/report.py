@@ -1,0 +1,305 @@
+"""Render bench/results.json as bench/RESULTS.md (tables, command, machine, settings, targets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["render"]
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join("" if v is None else str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _s(value: Any, unit: str = " s") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}{unit}" if value < 10 else f"{value:.2f}{unit}"
+    return f"{value}{unit}"
+
+
+def _met(flag: Any) -> str:
+    if flag is None:
+        return "-"
+    return "**yes**" if flag else "**NO**"
+
+
+def _results(document: dict[str, Any], group: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(n, r) for n, r in document.get("results", {}).items() if r.get("group") == group]
+
+
+def _error_rows(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [f"- `{name}` failed: {r['error']}" for name, r in items if "error" in r]
+
+
+def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kind: str) -> str:
+    rows = []
+    for name, r in items:
+        if "seconds" not in r:
+            continue
+        s, st = r["seconds"], r["settings"]
+        ratio = r.get("ratio_to_lease", {})
+        if kind == "stop":
+            label = "control channel" if r.get("control_channel") else "heartbeat fallback"
+            rows.append([label, st["streams"], f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
+                         _s(s["p50"]), _s(s["p95"]), _s(s["p99"]), _s(s["max"]),
+                         r.get("target") or r.get("bound"), _met(r.get("target_met"))])  # fmt: skip
+        else:
+            rows.append([r["connections"], f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
+                         st["frames_per_second_per_stream"], _s(s["p50"]), _s(s["p95"]),
+                         _s(s["p99"]), _s(s["max"]),
+                         f"{ratio.get('p50', 0):.2f} / {ratio.get('p99', 0):.2f}",
+                         r.get("target"), _met(r.get("target_met"))])  # fmt: skip
+    if kind == "stop":
+        header = ["path", "streams", "lease / heartbeat (s)", "p50", "p95", "p99", "max",
+                  "target", "met"]  # fmt: skip
+    else:
+        header = ["K", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99", "max",
+                  "p50 / p99 as x lease", "target", "met"]  # fmt: skip
+    parts = [title, "", _table(header, rows)] if rows else [title, "", "(not run)"]
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
+def _loss_section(document: dict[str, Any]) -> str:
+    rows = []
+    for group in ("crash", "handoff"):
+        for name, r in _results(document, group):
+            a = r.get("audit")
+            if not a:
+                continue
+            rows.append([name, a["streams"], a["checkpointed"], a["stored"], a["lost"],
+                         a["wrong_content"], a["stale_epoch"], a["overlapping_sessions"],
+                         a["replay_gaps"], _met(a["ok"])])  # fmt: skip
+    header = ["run", "streams", "seqs up to checkpoints", "frames stored", "lost",
+              "wrong content", "stale epoch", "overlapping sessions", "replay gaps", "exactly once"]
+    return "\n".join(["## 4. Loss and duplicates after 1 and 2", "",
+                      "Every seq from 1 to the record's checkpoint must be stored exactly once, "
+                      "with content `<id>:<seq>`, under its own sort key; no frame under an "
+                      "older epoch after a newer one; no two upstream sessions open at once.", "",
+                      _table(header, rows) if rows else "(not run)"])  # fmt: skip
+
+
+def _cost_section(document: dict[str, Any]) -> str:
+    parts = ["## 5. Request cost (steady state, one worker, counted at the proxy)", ""]
+    items = _results(document, "cost")
+    for name, r in items:
+        if "phases" not in r:
+            continue
+        st = r["settings"]
+        parts.append(
+            f"`{name}`: lease {st['lease_seconds']:g} s, heartbeat {st['heartbeat_seconds']:g} s, "
+            f"queue long polls {st['queue_long_poll_seconds']} s, MESSAGE_FLUSH_MS "
+            f"{st['message_flush_ms']}, window {st['window_seconds']:g} s per phase."
+        )
+        parts.append("")
+        rows = []
+        for p in r["phases"]:
+            rows.append([p["streams"], p["frames_per_second_per_stream"], p["messages_per_second"],
+                         p["message_write_requests"], p["messages_written"],
+                         p["requests_per_message"], p["messages_per_request"],
+                         p["renewals_per_connection_hour"], p["wcu_per_connection_hour_renewals"],
+                         p["wcu_per_message"], p["dynamodb_reads_by_worker"],
+                         p["sqs_requests_per_worker_hour"]])  # fmt: skip
+        parts.append(_table(
+            ["streams", "frames/s/stream", "msg/s stored", "BatchWriteItem", "messages",
+             "requests/message", "messages/request", "renewals per conn-hour",
+             "WCU per conn-hour (renewals, incl. GSI)", "WCU/message",
+             "worker DynamoDB reads", "SQS requests per worker-hour"], rows))  # fmt: skip
+        first = r["phases"][0] if r["phases"] else None
+        if first:
+            parts.append("")
+            parts.append(
+                f"Item sizes: connection item {first['connection_item_bytes']} B, message item "
+                f"{first['message_item_bytes']} B. A renewal rewrites the base item (1 WCU) and "
+                "the GSI entry, whose sort key `lease_expires_at_ms` changes (delete + put: 2 "
+                f"WCU): {first['wcu_per_renewal']} WCU per renewal. No polling reads: "
+                f"{_met(r.get('no_polling_reads'))}. <= 1 request per 20 messages at >= 100 "
+                f"msg/s: {_met(r.get('target_met'))}."
+            )
+            parts.append("")
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
+def _capacity_section(document: dict[str, Any]) -> str:
+    items = _results(document, "capacity")
+    rows = []
+    for name, r in items:
+        if "error" in r:
+            continue
+        st = r.get("settings", {})
+        rows.append([st.get("connections"), st.get("frames_per_second_per_connection"),
+                     f"{st.get('lease_seconds')} / {st.get('heartbeat_seconds')} / "
+                     f"{st.get('safety_margin_seconds')}",
+                     st.get("renewals_per_second"), r.get("ramp_seconds_to_all_streaming"),
+                     r.get("owned_at_end_of_window"), r.get("rss_per_connection_kb"),
+                     f"{r.get('rss_idle_mb')} / {r.get('rss_peak_mb')}",
+                     r.get("cpu_percent_of_one_core"), r.get("messages_per_second"),
+                     r.get("cpu_ms_per_message"), r.get("renew_lateness_max_ms_steady"),
+                     r.get("renew_lateness_max_ms_incl_ramp"), r.get("renew_lateness_limit_ms"),
+                     f"{r.get('self_fenced')} / {r.get('lease_lost')}",
+                     _met(r.get("target_met"))])  # fmt: skip
+    header = ["connections", "frames/s/conn", "lease / heartbeat / margin (s)", "renewals/s",
+              "ramp (s)", "held at end", "RSS KB/conn", "RSS idle / peak (MB)", "CPU % of a core",
+              "msg/s", "CPU ms/msg", "max renew lateness steady (ms)",
+              "incl. ramp (ms)", "limit: half lease (ms)", "self-fenced / lost", "target met"]
+    parts = ["## 6. Capacity: one worker process", "",
+             "bench/worker_capacity.py (wrapped). The embedded backend serialises every request "
+             "(a few hundred writes/s), so lease, heartbeat and frame rate are chosen for it to "
+             "sustain; they are printed in each row.", "",
+             _table(header, rows) if rows else "(not run)"]  # fmt: skip
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
+def _reconcile_section(document: dict[str, Any]) -> str:
+    items = _results(document, "reconcile")
+    rows = []
+    for name, r in items:
+        for run in r.get("runs", []):
+            rows.append([run["scenario"], f"{run['items']:,}", f"{run['orphans']:,}",
+                         f"{run['setup_s']} s", f"{run['first_pass_ms']:,} ms",
+                         run["first_hints_sent"], f"{run['warm_pass_ms']:,} ms",
+                         f"{run['cold_pass_ms']:,} ms",
+                         run["warm_hints_sent"] + run["cold_hints_sent"],
+                         run["hint_queue_depth"]])  # fmt: skip
+    header = ["scenario", "items", "orphans", "setup", "first pass", "hints sent",
+              "warm 2nd pass", "cold 2nd pass", "hints re-sent", "queue depth"]
+    parts = ["## 7. Reconciler pass time", "",
+             "bench/reconcile_pass.py (wrapped): real `Reconciler.run_pass` over N connection "
+             "items on the embedded backend (1% orphaned); page size 500. The GSI query reads "
+             "only leases expiring before the next pass, so pass time follows the number of "
+             "orphans, not the table size.", "",
+             _table(header, rows) if rows else "(not run)"]  # fmt: skip
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
+def _compat_section(document: dict[str, Any]) -> str:
+    items = _results(document, "compat")
+    parts = ["## 8. Compatibility: LeaseStore and race tests on dynalite", ""]
+    for name, r in items:
+        if "skipped" in r:
+            parts.append(f"Skipped: {r['skipped']}")
+            continue
+        if "tests" not in r:
+            continue
+        parts.append(
+            f"tests/integration/test_lease_store.py with `-p bench.dynalite_plugin` (DynamoDB on "
+            f"dynalite 4.0.0, SQS on moto): **{r['passed']} passed, {r['failed']} failed, "
+            f"{r['skipped_tests']} skipped** ({r['bench_seconds']} s)."
+        )
+        parts.append("")
+        failed = [t for t in r["tests"] if t["outcome"] != "passed"]
+        if failed:
+            parts.append(_table(["test", "outcome", "first line"],
+                                [[t["name"], t["outcome"], t["message"].replace("|", "/")]
+                                 for t in failed]))  # fmt: skip
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
+def _targets(document: dict[str, Any]) -> str:
+    rows = []
+    for group, label in (("crash", "1. crash failover p99 <= lease + 1 s"),
+                         ("handoff", "2. graceful hand-off p99 < 1 s")):  # fmt: skip
+        for name, r in _results(document, group):
+            if "seconds" in r:
+                rows.append([label, name, f"p99 {r['seconds']['p99']:.2f} s "
+                             f"(lease {r['settings']['lease_seconds']:g} s)",
+                             _met(r.get("target_met"))])  # fmt: skip
+    for name, r in _results(document, "stop"):
+        if "seconds" in r and r.get("control_channel"):
+            rows.append(["3. STOP p99 < 1 s (control channel)", name,
+                         f"p99 {r['seconds']['p99']:.2f} s", _met(r.get("target_met"))])
+    audits = [r["audit"] for g in ("crash", "handoff") for _, r in _results(document, g)
+              if r.get("audit")]  # fmt: skip
+    if audits:
+        lost = sum(a["lost"] for a in audits)
+        dup = sum(a["wrong_content"] + a["stale_epoch"] + a["overlapping_sessions"] for a in audits)
+        rows.append(["4. every seq exactly once", f"{len(audits)} runs",
+                     f"{lost} lost, {dup} duplicated / stale", _met(all(a["ok"] for a in audits))])
+    for name, r in _results(document, "cost"):
+        if "phases" in r:
+            busy = [p for p in r["phases"] if p["messages_per_second"] >= 90]
+            worst = max((p["requests_per_message"] or 0 for p in busy), default=None)
+            rows.append(["5. no polling reads", name,
+                         f"{sum(p['dynamodb_reads_by_worker'] for p in r['phases'])} reads",
+                         _met(r.get("no_polling_reads"))])  # fmt: skip
+            rows.append(["5. <= 1 request / 20 messages at >= 100 msg/s", name,
+                         f"{worst} requests/message" if worst is not None else "-",
+                         _met(r.get("target_met"))])  # fmt: skip
+    for name, r in _results(document, "capacity"):
+        if "error" not in r:
+            rows.append(["6. >= 5,000 conns, < 100 KB each, lateness <= lease/2", name,
+                         f"{r.get('owned_at_end_of_window')} held, {r.get('rss_per_connection_kb')} "
+                         f"KB/conn, max lateness {r.get('renew_lateness_max_ms_steady')} ms of "
+                         f"{r.get('renew_lateness_limit_ms')}", _met(r.get("target_met"))])  # fmt: skip
+    for name, r in _results(document, "compat"):
+        if "tests" in r:
+            rows.append(["8. LeaseStore + race tests pass on dynalite", name,
+                         f"{r['passed']} passed / {r['failed']} failed",
+                         _met(r["failed"] == 0)])  # fmt: skip
+    return "## Targets\n\n" + _table(["target", "run", "measured", "met"], rows)
+
+
+def render(document: dict[str, Any]) -> str:
+    m = document.get("machine", {})
+    minutes = (document.get("total_seconds") or 0) / 60
+    header = [
+        "# wsfleet benchmark results",
+        "",
+        "Generated by the bench itself; do not edit by hand. Reproduce with:",
+        "",
+        "```",
+        f"{document.get('command', 'python -m bench')}      # or: make bench",
+        "```",
+        "",
+        f"- mode: **{document.get('mode', '?')}**, started {document.get('started_at', '?')}, "
+        f"{minutes:.1f} min in total",
+        f"- machine: **{m.get('cores')} cores** ({m.get('cpu')}), {m.get('memory_mb')} MB memory, "
+        f"Python {m.get('python')}, {m.get('platform')}, commit {m.get('commit')}",
+        f"- load average at start {m.get('load_average_at_start')}, at end "
+        f"{document.get('load_average_at_end')}: the machine is **shared with other agents "
+        "working in parallel**, so every latency below includes their CPU contention",
+        "- backend: the embedded moto server (one process, every request serialised) and the "
+        "upstream simulator on 127.0.0.1; workers are real `python -m wsfleet_worker` processes; "
+        "the router, reconciler and STOP notifier run through their real handlers "
+        "(wsfleet_local.fleet.LocalFleet)",
+        "- latencies: nearest-rank percentiles over the connections of a run (with K = 10, p95 "
+        "and p99 are the maximum); times are taken at the upstream (simulator session log)",
+    ]
+    sections = [
+        "\n".join(header),
+        _targets(document),
+        _latency_section(
+            "## 1. Crash failover (SIGKILL a worker holding K connections)\n\n"
+            "Time from the SIGKILL to the first frame the upstream sent to the new owner. The "
+            "dead worker's leases run out (expected: lease minus up to one heartbeat); the "
+            "reconciler's early hint, delayed to land just after the expiry (SQS DelaySeconds is "
+            "whole seconds, rounded up), brings a peer in.",
+            _results(document, "crash"), kind="failover"),
+        _latency_section(
+            "## 2. Graceful hand-off (SIGTERM a worker holding K connections)\n\n"
+            "The worker closes each socket, writes the final checkpoint with the release and sends "
+            "a hint per connection; peers acquire at once (no expiry, no reconcile pass).",
+            _results(document, "handoff"), kind="failover"),
+        _latency_section(
+            "## 3. STOP latency (API STOP -> upstream socket closed)\n\n"
+            "Control channel: DynamoDB Streams (local poller every 150 ms) -> STOP notifier -> the "
+            "owner's control queue -> the session closes. Fallback "
+            "(`WORKER_CONTROL_CHANNEL=false`): the next renewal is refused.",
+            _results(document, "stop"), kind="stop"),
+        _loss_section(document),
+        _cost_section(document),
+        _capacity_section(document),
+        _reconcile_section(document),
+        _compat_section(document),
+    ]
+    return "\n\n".join(sections) + "\n"

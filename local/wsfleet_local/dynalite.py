@@ -1,0 +1,227 @@
+"""dynalite (npm) as a second, independent DynamoDB implementation for compatibility runs.
+
+wsfleet's safety rests on DynamoDB's conditional writes. The embedded backend is moto; a
+test suite that only ever ran against moto could pass because of one of moto's quirks. dynalite
+(LevelDB-backed, written from DynamoDB's documented behaviour, in Node.js) is a second
+opinion: the LeaseStore and race tests run against it too (bench/dynalite_plugin.py), with SQS
+still on moto. dynalite has no Streams and no SQS.
+
+Install (once; outside the repository, nothing is committed)::
+
+    python -m wsfleet_local.dynalite --install      # npm install dynalite into the cache dir
+
+``DYNALITE_HOME`` overrides the install directory (default ``~/.cache/wsfleet/dynalite``).
+
+Example::
+
+    with Dynalite() as dynalite:
+        dynalite.clone_tables(moto_client, ["t1-ConnectionsTable"])
+        client = boto3.client("dynamodb", endpoint_url=dynalite.endpoint_url)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+from wsfleet.exceptions import WsfleetError
+
+__all__ = ["DYNALITE_VERSION", "Dynalite", "DynaliteError", "dynalite_home", "install", "main"]
+
+DYNALITE_VERSION = "4.0.0"
+START_TIMEOUT_SECONDS = 30.0
+
+
+class DynaliteError(WsfleetError):
+    """node/npm missing, dynalite not installed, or the server did not come up."""
+
+
+def dynalite_home() -> Path:
+    override = os.environ.get("DYNALITE_HOME")
+    if override:
+        return Path(override)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "wsfleet" / "dynalite"
+
+
+def _binary(home: Path) -> Path:
+    return home / "node_modules" / ".bin" / "dynalite"
+
+
+def available(home: Path | None = None) -> bool:
+    """node is on PATH and dynalite is installed in ``home``."""
+    return shutil.which("node") is not None and _binary(home or dynalite_home()).exists()
+
+
+def install(home: Path | None = None, *, version: str = DYNALITE_VERSION) -> Path:
+    """``npm install dynalite@version`` into ``home`` (idempotent); returns the binary."""
+    home = home or dynalite_home()
+    if _binary(home).exists():
+        return _binary(home)
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        raise DynaliteError("node and npm are needed to install dynalite")
+    home.mkdir(parents=True, exist_ok=True)
+    package = home / "package.json"
+    if not package.exists():
+        package.write_text(json.dumps({"name": "wsfleet-dynalite", "private": True}))
+    subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", f"dynalite@{version}"],
+        cwd=home, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return _binary(home)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class Dynalite:
+    """A dynalite server (in memory) in a child process on 127.0.0.1."""
+
+    def __init__(self, home: Path | None = None, *, host: str = "127.0.0.1") -> None:
+        self.home = home or dynalite_home()
+        self.host = host
+        self.port: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        if self.port is None:
+            raise DynaliteError("dynalite is not started")
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> Self:
+        if not available(self.home):
+            raise DynaliteError(
+                f"dynalite is not installed in {self.home} (python -m wsfleet_local.dynalite "
+                "--install)"
+            )
+        self.port = _free_port(self.host)
+        command = [str(_binary(self.home)), "--host", self.host, "--port", str(self.port),
+                   "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]  # fmt: skip
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not self._answers():
+            if self._process.poll() is not None:
+                raise DynaliteError(f"dynalite exited with {self._process.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise DynaliteError("dynalite did not answer")
+            time.sleep(0.1)
+        return self
+
+    def _answers(self) -> bool:
+        request = urllib.request.Request(self.endpoint_url + "/", method="GET")
+        try:
+            with urllib.request.urlopen(request, timeout=1):  # noqa: S310 - loopback
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answered (dynalite rejects unsigned requests)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def client(self, region: str = "us-east-1") -> Any:
+        import boto3
+
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
+        )
+        return session.client("dynamodb", endpoint_url=self.endpoint_url)
+
+    def clone_tables(self, source: Any, table_names: Iterable[str]) -> None:
+        """Create tables here shaped like ``source``'s (keys, GSIs, billing; no streams).
+
+        Copying the definitions from the backend the template was provisioned into keeps one
+        source of truth (template.yaml) without a second template reader.
+        """
+        target = self.client()
+        for name in table_names:
+            description = source.describe_table(TableName=name)["Table"]
+            target.create_table(**create_table_request(description))
+            target.get_waiter("table_exists").wait(
+                TableName=name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 100}
+            )
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def create_table_request(description: dict[str, Any]) -> dict[str, Any]:
+    """CreateTable arguments reproducing a DescribeTable result (keys, indexes, billing).
+
+    >>> create_table_request({"TableName": "t", "AttributeDefinitions": [],
+    ...     "KeySchema": [], "BillingModeSummary": {"BillingMode": "PAY_PER_REQUEST"}})["BillingMode"]
+    'PAY_PER_REQUEST'
+    """
+    billing = (description.get("BillingModeSummary") or {}).get("BillingMode", "PAY_PER_REQUEST")
+    request: dict[str, Any] = {
+        "TableName": description["TableName"],
+        "AttributeDefinitions": description["AttributeDefinitions"],
+        "KeySchema": description["KeySchema"],
+        "BillingMode": billing,
+    }
+    if billing == "PROVISIONED":
+        throughput = description.get("ProvisionedThroughput") or {}
+        request["ProvisionedThroughput"] = {
+            "ReadCapacityUnits": max(1, throughput.get("ReadCapacityUnits", 5)),
+            "WriteCapacityUnits": max(1, throughput.get("WriteCapacityUnits", 5)),
+        }
+    indexes = []
+    for index in description.get("GlobalSecondaryIndexes") or ():
+        entry = {key: index[key] for key in ("IndexName", "KeySchema", "Projection")}
+        if billing == "PROVISIONED":
+            entry["ProvisionedThroughput"] = request["ProvisionedThroughput"]
+        indexes.append(entry)
+    if indexes:
+        request["GlobalSecondaryIndexes"] = indexes
+    return request
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wsfleet_local.dynalite")
+    parser.add_argument("--install", action="store_true", help="npm install dynalite")
+    parser.add_argument("--check", action="store_true", help="start it once and stop it")
+    args = parser.parse_args(argv)
+    if args.install:
+        print(install())
+    if args.check:
+        with Dynalite() as dynalite:
+            print(json.dumps({"endpoint_url": dynalite.endpoint_url}))
+    if not (args.install or args.check):
+        print(json.dumps({"installed": available(), "home": str(dynalite_home())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
