@@ -196,6 +196,16 @@ def _compat_section(document: dict[str, Any]) -> str:
             f"{r['skipped_tests']} skipped** ({r['bench_seconds']} s)."
         )
         parts.append("")
+        race = r.get("raw_race")
+        if race:
+            parts.append(
+                f"Raw race on dynalite (wsfleet's acquire condition, {race['racers']} threads x "
+                f"{race['rounds']} rounds, no LeaseStore error mapping): "
+                f"{race['rounds_with_exactly_one_winner']}/{race['rounds']} rounds with exactly "
+                f"one winner, max {race['max_winners_in_a_round']} winner(s) in a round, epochs "
+                f"all 1: {race['epochs_all_one']} -> atomic conditional writes: {_met(race['ok'])}."
+            )
+            parts.append("")
         failed = [t for t in r["tests"] if t["outcome"] != "passed"]
         if failed:
             parts.append(_table(["test", "outcome", "first line"],
@@ -246,6 +256,10 @@ def _targets(document: dict[str, Any]) -> str:
             rows.append(["8. LeaseStore + race tests pass on dynalite", name,
                          f"{r['passed']} passed / {r['failed']} failed",
                          _met(r["failed"] == 0)])  # fmt: skip
+            if r.get("raw_race"):
+                rows.append(["8. conditional writes atomic on dynalite", name,
+                             f"max {r['raw_race']['max_winners_in_a_round']} winner per round",
+                             _met(r["raw_race"]["ok"])])  # fmt: skip
     return "## Targets\n\n" + _table(["target", "run", "measured", "met"], rows)
 
 

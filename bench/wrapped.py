@@ -114,7 +114,76 @@ def run_compat(*, timeout: float = 900) -> dict[str, Any]:
     result["failed"] = outcomes.count("failed")
     result["skipped_tests"] = outcomes.count("skipped")
     result["exit_code"] = completed.returncode
+    result["raw_race"] = dynalite_race()
     return result
+
+
+def dynalite_race(racers: int = 16, rounds: int = 40) -> dict[str, Any]:
+    """Conditional-write atomicity on dynalite itself, without LeaseStore's error mapping.
+
+    ``racers`` threads (one client each) race the acquire condition of wsfleet
+    (``lease_expires_at_ms < :now``, epoch + 1) on a fresh item per round; exactly one
+    conditional UpdateItem per round may succeed and the epoch must end at 1.
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from botocore.exceptions import ClientError
+    from wsfleet_local.dynalite import Dynalite
+
+    with Dynalite() as server:
+        admin = server.client()
+        admin.create_table(
+            TableName="race-table",
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        admin.get_waiter("table_exists").wait(TableName="race-table")
+        for r in range(rounds):
+            admin.put_item(TableName="race-table", Item={
+                "pk": {"S": f"CONN#r{r}"}, "lease_expires_at_ms": {"N": "0"},
+                "lease_epoch": {"N": "0"}})  # fmt: skip
+        clients = [server.client() for _ in range(racers)]
+        barrier = threading.Barrier(racers, timeout=30)
+
+        def race(index: int) -> list[int]:
+            won = []
+            for r in range(rounds):
+                barrier.wait()
+                try:
+                    clients[index].update_item(
+                        TableName="race-table",
+                        Key={"pk": {"S": f"CONN#r{r}"}},
+                        UpdateExpression="SET lease_owner = :me, lease_expires_at_ms = :exp "
+                        "ADD lease_epoch :one",
+                        ConditionExpression="lease_expires_at_ms < :now",
+                        ExpressionAttributeValues={
+                            ":me": {"S": f"w{index}"}, ":exp": {"N": "9999999999999"},
+                            ":now": {"N": "1"}, ":one": {"N": "1"}},
+                    )  # fmt: skip
+                    won.append(r)
+                except ClientError as exc:
+                    if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                        raise
+            return won
+
+        with ThreadPoolExecutor(racers) as pool:
+            results = list(pool.map(race, range(racers)))
+        winners = [sum(r in won for won in results) for r in range(rounds)]
+        epochs = [
+            int(admin.get_item(TableName="race-table", Key={"pk": {"S": f"CONN#r{r}"}})["Item"]
+                ["lease_epoch"]["N"])
+            for r in range(rounds)
+        ]  # fmt: skip
+    return {
+        "racers": racers,
+        "rounds": rounds,
+        "rounds_with_exactly_one_winner": sum(1 for w in winners if w == 1),
+        "max_winners_in_a_round": max(winners),
+        "epochs_all_one": all(e == 1 for e in epochs),
+        "ok": all(w == 1 for w in winners) and all(e == 1 for e in epochs),
+    }
 
 
 def _junit_outcomes(path: Path) -> list[dict[str, str]]:

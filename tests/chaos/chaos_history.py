@@ -1,0 +1,279 @@
+"""What a chaos run recorded, and the invariants checked on it afterwards (pure, no I/O).
+
+Three independent witnesses:
+
+* the **simulator's session log** (wall-clock open/close of every upstream socket, what each
+  sent): overlaps, replay gaps, sockets left open;
+* **samples of the connections table** taken every ~0.2 s during the run: when each lease
+  epoch was first seen (an *upper bound* of its acquire time), and whether a checkpoint or an
+  epoch ever went backwards;
+* the **final tables**: every stored message (``seq``, content, ``lease_epoch``,
+  ``received_at_ms``) and every record.
+
+Invariants (each violation names the stream and the evidence):
+
+``converged``
+    A STARTED stream ends with exactly one owner, a live worker with an unexpired lease, and
+    exactly one open upstream session; a STOPPED stream ends with none.
+``lost`` / ``duplicated``
+    Every seq from 1 to the record's checkpoint is stored, with its own content
+    (``"<id>:<seq>"``), under the sort key of its seq (so it cannot be stored twice).
+``fenced``
+    No message stored under epoch *e* was received after epoch *e' > e* was seen in the table
+    (the sample time is after the real acquire, so this never accuses an innocent write); no
+    seq is stored under an older epoch than a lower seq (an old owner overwrote a newer one's
+    frame); checkpoints and epochs never go backwards.
+``overlap``
+    Two upstream sessions of one stream are open together only within the fencing window
+    (the lease safety margin), or while the older one's worker was paused (SIGSTOP: the
+    kernel keeps its socket open) and until shortly after it resumed; never longer.
+``gap``
+    No resume asked for frames the upstream no longer had.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Pause", "Sample", "Verdict", "Violation", "check_history"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One connection record as seen at ``t`` (wall-clock seconds)."""
+
+    t: float
+    stream_id: str
+    epoch: int
+    owner: str
+    last_seq: int
+    desired_state: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A worker process was SIGSTOPped from ``stopped_at`` until ``resumed_at`` (wall clock)."""
+
+    worker_id: str
+    stopped_at: float
+    resumed_at: float
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    stream_id: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.invariant}] {self.stream_id}: {self.detail}"
+
+
+@dataclass
+class Verdict:
+    """All violations plus the figures the summary prints."""
+
+    violations: list[Violation] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def add(self, invariant: str, stream_id: str, detail: str) -> None:
+        self.violations.append(Violation(invariant, stream_id, detail))
+
+
+def _first_seen(samples: Iterable[Sample]) -> dict[str, dict[int, float]]:
+    seen: dict[str, dict[int, float]] = defaultdict(dict)
+    for sample in samples:
+        epochs = seen[sample.stream_id]
+        if sample.epoch not in epochs or sample.t < epochs[sample.epoch]:
+            epochs[sample.epoch] = sample.t
+    return seen
+
+
+def _check_monotonic(samples: Sequence[Sample], verdict: Verdict) -> None:
+    by_stream: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_stream[sample.stream_id].append(sample)
+    for stream_id, series in by_stream.items():
+        series.sort(key=lambda s: s.t)
+        for before, after in zip(series, series[1:], strict=False):
+            if after.epoch < before.epoch:
+                verdict.add("fenced", stream_id,
+                            f"epoch went back from {before.epoch} to {after.epoch}")  # fmt: skip
+            if after.last_seq < before.last_seq:
+                verdict.add(
+                    "fenced",
+                    stream_id,
+                    f"checkpoint went back from {before.last_seq} (epoch {before.epoch}) to "
+                    f"{after.last_seq} (epoch {after.epoch}) at t={after.t:.2f}",
+                )
+
+
+def _check_messages(
+    stream_id: str,
+    items: Sequence[Mapping[str, Any]],
+    checkpoint: int,
+    first_seen: Mapping[int, float],
+    verdict: Verdict,
+) -> int:
+    """Loss, content, sort keys and fencing of one stream's stored frames; returns #checked."""
+    by_seq: dict[int, Mapping[str, Any]] = {}
+    for item in items:
+        if item.get("seq") is None:
+            continue
+        seq = int(item["seq"])
+        if item.get("sk") != f"{seq:020d}":
+            verdict.add("duplicated", stream_id, f"seq {seq} stored under sk {item.get('sk')}")
+        by_seq[seq] = item
+    missing = [seq for seq in range(1, checkpoint + 1) if seq not in by_seq]
+    if missing:
+        verdict.add("lost", stream_id,
+                    f"{len(missing)} seq(s) missing up to checkpoint {checkpoint}: "
+                    f"{missing[:10]}")  # fmt: skip
+    wrong = [s for s, item in by_seq.items() if item.get("message_data") != f"{stream_id}:{s}"]
+    if wrong:
+        verdict.add("duplicated", stream_id, f"seq(s) with foreign content: {sorted(wrong)[:10]}")
+    # Fencing by time: the earliest sighting of any *later* epoch bounds every older write.
+    newest = 0
+    for seq in sorted(by_seq):
+        item = by_seq[seq]
+        epoch = int(item.get("lease_epoch") or 0)
+        received = int(item.get("received_at_ms") or 0) / 1000
+        limit = min((t for e, t in first_seen.items() if e > epoch), default=float("inf"))
+        if received > limit:
+            verdict.add(
+                "fenced",
+                stream_id,
+                f"seq {seq} stored under epoch {epoch} was received {received - limit:.3f} s "
+                f"after a later epoch was already in the table",
+            )
+        if seq <= checkpoint and epoch < newest:
+            verdict.add("fenced", stream_id,
+                        f"seq {seq} stored under epoch {epoch} after a lower seq under epoch "
+                        f"{newest}")  # fmt: skip
+        newest = max(newest, epoch)
+    return len(by_seq)
+
+
+def _check_overlaps(
+    stream_id: str,
+    sessions: Sequence[Any],
+    pauses: Sequence[Pause],
+    *,
+    window_seconds: float,
+    resume_grace_seconds: float,
+    end_time: float,
+    verdict: Verdict,
+) -> tuple[int, int]:
+    """Returns (overlaps within the fencing window, overlaps excused by a paused owner)."""
+    within = excused = 0
+    ordered = sorted(sessions, key=lambda s: (s.opened_at, s.session_id))
+    active: list[Any] = []
+    for session in ordered:
+        active = [a for a in active if a.closed_at is None or a.closed_at > session.opened_at]
+        for older in active:
+            older_end = older.closed_at if older.closed_at is not None else end_time
+            newer_end = session.closed_at if session.closed_at is not None else end_time
+            length = min(older_end, newer_end) - session.opened_at
+            if length <= window_seconds:
+                within += 1
+                continue
+            zombie = any(
+                p.stopped_at <= session.opened_at and older_end <= p.resumed_at + resume_grace_seconds
+                for p in pauses
+            )
+            if zombie:
+                excused += 1
+                continue
+            verdict.add(
+                "overlap",
+                stream_id,
+                f"sessions {older.session_id} and {session.session_id} streamed together for "
+                f"{length:.2f} s (fencing window {window_seconds:g} s, no paused owner explains it)",
+            )
+        active.append(session)
+    return within, excused
+
+
+def check_history(
+    *,
+    expected_states: Mapping[str, str],
+    final_records: Mapping[str, Any],
+    live_workers: set[str],
+    sessions: Sequence[Any],
+    items: Mapping[str, Sequence[Mapping[str, Any]]],
+    samples: Sequence[Sample],
+    pauses: Sequence[Pause],
+    fencing_window_seconds: float,
+    resume_grace_seconds: float,
+    end_time: float,
+) -> Verdict:
+    """Check every invariant of the module docstring over one run's history."""
+    verdict = Verdict()
+    by_stream: dict[str, list[Any]] = defaultdict(list)
+    for session in sessions:
+        by_stream[session.stream_id].append(session)
+    first_seen = _first_seen(samples)
+    _check_monotonic(samples, verdict)
+    checked = within = excused = 0
+    now_ms = int(end_time * 1000)
+    for stream_id, desired in sorted(expected_states.items()):
+        record = final_records.get(stream_id)
+        stream_sessions = by_stream.get(stream_id, [])
+        open_sessions = [s for s in stream_sessions if s.closed_at is None]
+        if record is None:
+            verdict.add("converged", stream_id, "no record")
+            continue
+        if record.desired_state.value != desired:
+            verdict.add("converged", stream_id,
+                        f"desired_state {record.desired_state.value}, expected {desired}")  # fmt: skip
+        if desired == "STARTED":
+            if record.lease_owner not in live_workers:
+                verdict.add("converged", stream_id,
+                            f"owner {record.lease_owner!r} is not a live worker")  # fmt: skip
+            elif record.lease_expires_at_ms <= now_ms:
+                verdict.add("converged", stream_id, "lease expired at the end")
+            if len(open_sessions) != 1:
+                verdict.add("converged", stream_id,
+                            f"{len(open_sessions)} open upstream sessions, expected 1")  # fmt: skip
+        elif open_sessions:
+            verdict.add("converged", stream_id,
+                        f"STOPPED but {len(open_sessions)} upstream session(s) still open")  # fmt: skip
+        checked += _check_messages(
+            stream_id, items.get(stream_id, ()), record.last_seq, first_seen.get(stream_id, {}),
+            verdict,
+        )  # fmt: skip
+        w, e = _check_overlaps(
+            stream_id, stream_sessions, pauses, window_seconds=fencing_window_seconds,
+            resume_grace_seconds=resume_grace_seconds, end_time=end_time, verdict=verdict,
+        )  # fmt: skip
+        within += w
+        excused += e
+        for session in stream_sessions:
+            if session.gap:
+                verdict.add("gap", stream_id,
+                            f"session {session.session_id} skipped {session.gap} frames")  # fmt: skip
+    epochs = [max(e) for e in first_seen.values() if e]
+    verdict.figures.update(
+        {
+            "streams": len(expected_states),
+            "started_at_end": sum(1 for s in expected_states.values() if s == "STARTED"),
+            "stopped_at_end": sum(1 for s in expected_states.values() if s == "STOPPED"),
+            "upstream_sessions": len(sessions),
+            "lease_epochs_seen": sum(len(e) for e in first_seen.values()),
+            "max_epoch": max(epochs, default=0),
+            "messages_checked": checked,
+            "checkpointed_total": sum(r.last_seq for r in final_records.values()),
+            "overlaps_within_fencing_window": within,
+            "overlaps_of_paused_owners": excused,
+            "table_samples": len(samples),
+        }
+    )
+    return verdict

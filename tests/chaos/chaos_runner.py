@@ -1,0 +1,487 @@
+"""Chaos scenario runner: a local fleet under crashes, drains, zombies, STOPs and AWS faults.
+
+One run:
+
+1. start a :class:`~wsfleet_local.faults.FaultyFleet` (moto, simulator, the three Lambdas,
+   the Streams poller, N workers whose AWS traffic crosses the fault proxy) with short
+   timings, and START the streams through the API;
+2. play the seeded schedule (:mod:`chaos_schedule`) while a sampler thread records the
+   connections table every ~0.2 s;
+3. heal: clear faults, SIGCONT paused workers, replace dead ones; wait until the fleet
+   converges (bounded);
+4. collect the simulator's session log, the records and every stored message, and check the
+   invariants (:mod:`chaos_history`).
+
+Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET_CHAOS_SEED``,
+``WSFLEET_CHAOS_WORKERS``, ``WSFLEET_CHAOS_STREAMS``, ``WSFLEET_CHAOS_SECONDS``,
+``WSFLEET_CHAOS_RATE``. Standalone::
+
+    WSFLEET_CHAOS_SEED=7 python tests/chaos/chaos_runner.py
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from chaos_history import Pause, Sample, Verdict, check_history
+from chaos_schedule import FAULT_MENUS, Action, make_schedule
+
+__all__ = ["DEFAULT_SEED", "ChaosConfig", "ChaosReport", "run_chaos"]
+
+DEFAULT_SEED = 20240601
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int = DEFAULT_SEED
+    workers: int = 4
+    streams: int = 50
+    chaos_seconds: float = 40.0
+    rate: float = 1.0  # frames/s per stream
+    lease_seconds: float = 6.0
+    heartbeat_seconds: float = 1.5
+    safety_margin_seconds: float = 1.5
+    reconcile_pass_seconds: float = 1.0
+    drain_timeout_seconds: float = 5.0
+    #: Above the reconciler's re-hint floor (60 s): a hint lost with a crashed worker or a
+    #: reconcile pass cut short is only replaced after it (see the report's convergence time).
+    converge_timeout_seconds: float = 150.0
+    sample_every_seconds: float = 0.2
+    run_dir: Path | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> ChaosConfig:
+        env = os.environ
+        values: dict[str, Any] = {}
+        for name, field_name, kind in (
+            ("WSFLEET_CHAOS_SEED", "seed", int),
+            ("WSFLEET_CHAOS_WORKERS", "workers", int),
+            ("WSFLEET_CHAOS_STREAMS", "streams", int),
+            ("WSFLEET_CHAOS_SECONDS", "chaos_seconds", float),
+            ("WSFLEET_CHAOS_RATE", "rate", float),
+        ):
+            if env.get(name):
+                values[field_name] = kind(env[name])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+
+@dataclass
+class ChaosReport:
+    config: ChaosConfig
+    schedule: list[Action]
+    events: list[str] = field(default_factory=list)
+    verdict: Verdict = field(default_factory=Verdict)
+    converged_after_seconds: float | None = None
+    proxy: dict[str, int] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.verdict.ok
+
+    def summary(self) -> str:
+        c = self.config
+        lines = [
+            f"chaos run seed={c.seed}: {c.workers} workers, {c.streams} streams at {c.rate:g}/s, "
+            f"{c.chaos_seconds:g} s of chaos, lease {c.lease_seconds:g} s / heartbeat "
+            f"{c.heartbeat_seconds:g} s / margin {c.safety_margin_seconds:g} s "
+            f"({self.wall_seconds:.0f} s wall)",
+            "events:",
+            *(f"  {event}" for event in self.events),
+            f"converged {self.converged_after_seconds:.1f} s after healing"
+            if self.converged_after_seconds is not None else "did NOT converge",
+            "figures: " + json.dumps(self.verdict.figures),
+            "proxy: " + json.dumps(self.proxy),
+        ]  # fmt: skip
+        if self.error:
+            lines.append(f"ERROR: {self.error}")
+        if self.verdict.violations:
+            lines.append(f"{len(self.verdict.violations)} violation(s):")
+            lines += [f"  {v}" for v in self.verdict.violations[:40]]
+        lines.append(
+            f"verdict: {'OK' if self.ok else 'FAILED'}; replay with WSFLEET_CHAOS_SEED={c.seed}"
+        )
+        return "\n".join(lines)
+
+
+class _Sampler(threading.Thread):
+    """Scans the connections table every ``every`` seconds (stamped after each response)."""
+
+    def __init__(self, client: Any, table: str, every: float) -> None:
+        super().__init__(name="chaos-sampler", daemon=True)
+        self._client = client
+        self._table = table
+        self._every = every
+        self._halt = threading.Event()
+        self.samples: list[Sample] = []
+        self.errors = 0
+
+    def run(self) -> None:
+        from wsfleet_local.client import scan_table
+
+        while not self._halt.is_set():
+            try:
+                connections, _workers = scan_table(self._client, self._table)
+            except Exception:  # the backend is busy: a missed sample is only less evidence
+                self.errors += 1
+                self._halt.wait(self._every)
+                continue
+            t = time.time()
+            for item in connections:
+                self.samples.append(
+                    Sample(
+                        t=t,
+                        stream_id=str(item["pk"])[5:],
+                        epoch=int(item.get("lease_epoch", 0)),
+                        owner=str(item.get("lease_owner", "")),
+                        last_seq=int(item.get("last_seq", 0)),
+                        desired_state=str(item.get("desired_state", "")),
+                        expires_at_ms=int(item.get("lease_expires_at_ms", 0)),
+                    )
+                )
+            self._halt.wait(self._every)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+class _Chaos:
+    """Plays a schedule against a running FaultyFleet (single-threaded, like LocalFleet)."""
+
+    def __init__(self, faulty: Any, config: ChaosConfig, report: ChaosReport) -> None:
+        self.faulty = faulty
+        self.fleet = faulty.fleet
+        self.config = config
+        self.report = report
+        self.rng = random.Random(config.seed + 1)
+        self.ids = [f"chaos-{i:03d}" for i in range(config.streams)]
+        self.desired = dict.fromkeys(self.ids, "STARTED")
+        self.paused: dict[int, tuple[str, float]] = {}  # slot -> (worker id, stopped at)
+        self.revive_waits: dict[int, float] = {}
+        self.pauses: list[Pause] = []
+        self.fault_window_end = 0.0
+        self.started = time.monotonic()
+        from wsfleet_local.client import ApiClient
+
+        self.api = ApiClient(self.fleet.api_url)
+
+    def log(self, message: str) -> None:
+        line = f"t+{time.monotonic() - self.started:5.1f}s {message}"
+        self.report.events.append(line)
+        print(f"[chaos] {line}", file=sys.stderr, flush=True)
+
+    # -- actions ------------------------------------------------------------------------------
+    def run_schedule(self, schedule: list[Action]) -> None:
+        self.started = time.monotonic()
+        queue = list(schedule)
+        heapq.heapify(queue)
+        while queue:
+            action = heapq.heappop(queue)
+            delay = self.started + action.at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            retry = self.apply(action)
+            if retry is not None:
+                heapq.heappush(queue, replace(action, at=action.at + retry))
+        remaining = self.started + self.config.chaos_seconds - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def apply(self, action: Action) -> float | None:
+        """Carry out one action; a delay in seconds asks for it to be retried later."""
+        fleet = self.fleet
+        if action.slot is not None:
+            slot = fleet.workers[action.slot]
+        match action.kind:
+            case "kill" | "term":
+                signum = signal.SIGKILL if action.kind == "kill" else signal.SIGTERM
+                if not slot.alive() or action.slot in self.paused or signal.SIGTERM in slot.process.signals_sent:
+                    self.log(f"skip {action.kind} of slot {action.slot}: not running")
+                    return None
+                fleet.kill_worker(action.slot, signum)
+                self.log(f"{signum.name} {slot.worker_id}")
+            case "revive":
+                if slot.alive():
+                    waited = self.revive_waits.get(action.slot, 0.0)
+                    if waited > self.config.drain_timeout_seconds + 10:  # a stuck drain
+                        fleet.kill_worker(action.slot, signal.SIGKILL)
+                        self.log(f"{slot.worker_id} still draining: SIGKILL")
+                    self.revive_waits[action.slot] = waited + 0.5
+                    return 0.5
+                self.revive_waits.pop(action.slot, None)
+                new = fleet.restart_worker(action.slot, wait_ready=False)
+                self.log(f"replaced {slot.worker_id} by {new.worker_id}")
+            case "pause":
+                if not slot.alive() or signal.SIGTERM in slot.process.signals_sent:  # gone or draining
+                    self.log(f"skip pause of slot {action.slot}: not running")
+                    return None
+                fleet.kill_worker(action.slot, signal.SIGSTOP)
+                self.paused[action.slot] = (slot.worker_id, time.time())
+                self.log(f"SIGSTOP {slot.worker_id} for {action.duration:.1f} s (zombie)")
+            case "resume":
+                self._resume(action.slot)
+            case "restart":  # a rolling deploy: drain, and the slot is replaced at once
+                if not slot.alive() or action.slot in self.paused or signal.SIGTERM in slot.process.signals_sent:
+                    self.log(f"skip restart of slot {action.slot}: not running")
+                    return None
+                fleet.kill_worker(action.slot, signal.SIGTERM)
+                self.log(f"SIGTERM {slot.worker_id} (rolling restart)")
+                return None
+            case "stop":
+                started = sorted(i for i, s in self.desired.items() if s == "STARTED")
+                if started:
+                    victim = self.rng.choice(started)
+                    self.api.stop(victim)
+                    self.desired[victim] = "STOPPED"
+                    self.log(f"STOP {victim}")
+            case "start":
+                stopped = sorted(i for i, s in self.desired.items() if s == "STOPPED")
+                if stopped:
+                    again = self.rng.choice(stopped)
+                    self.api.start(again, self.fleet.simulator.url_for(again))
+                    self.desired[again] = "STARTED"
+                    self.log(f"re-START {again}")
+            case "faults":
+                from wsfleet_local.faults import FaultRule
+
+                name, rules = FAULT_MENUS[action.menu or 0]
+                self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in rules])
+                self.fault_window_end = action.at + action.duration
+                self.log(f"faults on: {name} for {action.duration:.1f} s")
+            case "clear":
+                if action.at + 1e-6 >= self.fault_window_end:
+                    self.faulty.faults.clear_rules()
+                    self.log("faults off")
+            case _:
+                raise ValueError(f"unknown action {action.kind}")
+        return None
+
+    def _resume(self, index: int) -> None:
+        entry = self.paused.pop(index, None)
+        if entry is None:
+            return
+        worker_id, stopped_at = entry
+        self.fleet.kill_worker(index, signal.SIGCONT)
+        self.pauses.append(Pause(worker_id, stopped_at, time.time()))
+        self.log(f"SIGCONT {worker_id}")
+
+    # -- healing and convergence --------------------------------------------------------------
+    def heal(self) -> None:
+        self.faulty.faults.clear_rules()
+        for index in list(self.paused):
+            self._resume(index)
+        for index, slot in enumerate(self.fleet.workers):
+            if not slot.alive():
+                new = self.fleet.restart_worker(index, wait_ready=False)
+                self.log(f"heal: replaced {slot.worker_id} by {new.worker_id}")
+
+
+def _direct_client(service: str, endpoint_url: str) -> Any:
+    """A client straight to the backend: the observer is not behind the fault proxy."""
+    import boto3
+    from wsfleet.aws import client_config
+
+    session = boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )
+    return session.client(service, endpoint_url=endpoint_url, config=client_config())
+
+
+def _live_worker_ids(fleet: Any) -> set[str]:
+    return {slot.worker_id for slot in fleet.workers if slot.alive()}
+
+
+def _records(client: Any, table: str) -> dict[str, Any]:
+    from wsfleet.record import ConnectionRecord
+    from wsfleet_local.client import scan_table
+
+    connections, _ = scan_table(client, table)
+    return {str(item["pk"])[5:]: ConnectionRecord.from_item(item) for item in connections}
+
+
+def _is_converged(chaos: _Chaos, client: Any) -> bool:
+    fleet = chaos.fleet
+    records = _records(client, fleet.resources.connections_table)
+    live = _live_worker_ids(fleet)
+    now_ms = int(time.time() * 1000)
+    open_by_stream: dict[str, int] = {}
+    for session in fleet.simulator.open_sessions():
+        open_by_stream[session.stream_id] = open_by_stream.get(session.stream_id, 0) + 1
+    for stream_id, desired in chaos.desired.items():
+        record = records.get(stream_id)
+        if record is None or record.desired_state.value != desired:
+            return False
+        if desired == "STARTED":
+            if record.lease_owner not in live or record.lease_expires_at_ms <= now_ms:
+                return False
+            if open_by_stream.get(stream_id, 0) != 1:
+                return False
+        elif open_by_stream.get(stream_id, 0):
+            return False
+    return True
+
+
+def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
+    """Why the fleet has not converged: queues, lease states, a few stuck streams."""
+    fleet = chaos.fleet
+    lines: list[str] = []
+    sqs = _direct_client("sqs", fleet.endpoint_url)
+    for name in ("HintQueue", "HintDeadLetterQueue"):
+        url = fleet.resources.queues.get(name)
+        if url:
+            attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+            counts = {k[len("ApproximateNumberOfMessages"):] or "Visible": v
+                      for k, v in attributes.items() if k.startswith("ApproximateNumberOfMessages")}  # fmt: skip
+            lines.append(f"{name}: {counts}")
+    records = _records(client, fleet.resources.connections_table)
+    live = _live_worker_ids(fleet)
+    now_ms = int(time.time() * 1000)
+    open_by_stream: dict[str, int] = {}
+    for session in fleet.simulator.open_sessions():
+        open_by_stream[session.stream_id] = open_by_stream.get(session.stream_id, 0) + 1
+    stuck = []
+    for stream_id, desired in sorted(chaos.desired.items()):
+        record = records.get(stream_id)
+        if record is None:
+            stuck.append(f"{stream_id}: no record")
+            continue
+        state = (
+            "free" if not record.lease_owner
+            else "expired" if record.lease_expires_at_ms <= now_ms
+            else "held-by-dead" if record.lease_owner not in live else "held"
+        )  # fmt: skip
+        if desired == "STARTED" and (state != "held" or open_by_stream.get(stream_id, 0) != 1):
+            stuck.append(
+                f"{stream_id}: {state} owner={record.lease_owner!r} epoch={record.lease_epoch} "
+                f"expired {(now_ms - record.lease_expires_at_ms) / 1000:.1f} s ago, "
+                f"open sessions {open_by_stream.get(stream_id, 0)}"
+            )
+        elif desired == "STOPPED" and open_by_stream.get(stream_id, 0):
+            stuck.append(f"{stream_id}: STOPPED with {open_by_stream[stream_id]} open session(s)")
+    lines.append(f"{len(stuck)} stream(s) not converged; live workers {sorted(live)}")
+    lines += stuck[:8]
+    return lines
+
+
+def run_chaos(config: ChaosConfig) -> ChaosReport:
+    """One full scenario; never raises for a violated invariant (see the report)."""
+    from wsfleet.messages import MessageStore
+    from wsfleet.record import connection_pk
+    from wsfleet_local.faults import FaultyFleet
+    from wsfleet_local.fleet import FleetTimings
+
+    began = time.monotonic()
+    schedule = make_schedule(
+        random.Random(config.seed),
+        duration=config.chaos_seconds,
+        workers=config.workers,
+        lease_seconds=config.lease_seconds,
+    )
+    report = ChaosReport(config=config, schedule=schedule)
+    run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="wsfleet-chaos-"))
+    timings = FleetTimings(
+        lease_seconds=config.lease_seconds,
+        heartbeat_seconds=config.heartbeat_seconds,
+        lease_safety_margin_seconds=config.safety_margin_seconds,
+        reconcile_pass_seconds=config.reconcile_pass_seconds,
+        drain_timeout_seconds=config.drain_timeout_seconds,
+        queue_wait_seconds=1,
+        max_connections=config.streams,
+    )
+    faulty = FaultyFleet(
+        workers=config.workers,
+        seed=config.seed,
+        timings=timings,
+        rate=config.rate,
+        run_dir=run_dir,
+        extra_worker_env={"POWERTOOLS_LOG_LEVEL": "INFO", "WORKER_METRICS_FLUSH_SECONDS": "5"},
+    )
+    sampler: _Sampler | None = None
+    try:
+        faulty.start()
+        fleet = faulty.fleet
+        client = _direct_client("dynamodb", fleet.endpoint_url)
+        chaos = _Chaos(faulty, config, report)
+        for stream_id in chaos.ids:
+            chaos.api.start(stream_id, fleet.simulator.url_for(stream_id))
+        _wait(lambda: _is_converged(chaos, client), 60 + config.streams, "initial streaming")
+        sampler = _Sampler(client, fleet.resources.connections_table, config.sample_every_seconds)
+        sampler.start()
+        chaos.log(f"{config.streams} streams streaming on {config.workers} workers; chaos begins")
+        chaos.run_schedule(schedule)
+        chaos.heal()
+        healed = time.monotonic()
+        try:
+            _wait(lambda: _is_converged(chaos, client), config.converge_timeout_seconds,
+                  "convergence", interval=0.5)  # fmt: skip
+            report.converged_after_seconds = time.monotonic() - healed
+        except TimeoutError:
+            chaos.log("did not converge in time")
+            for line in _diagnose(chaos, client):
+                chaos.log(f"  diagnosis: {line}")
+        time.sleep(2 * config.heartbeat_seconds + 0.5)  # checkpoints catch up
+        sampler.stop()
+        end_time = time.time()
+        sessions = fleet.simulator.sessions()
+        records = _records(client, fleet.resources.connections_table)
+        messages = MessageStore(client, fleet.resources.messages_table)
+        items = {i: messages.read_all(connection_pk(i)) for i in chaos.ids}
+        report.verdict = check_history(
+            expected_states=chaos.desired,
+            final_records=records,
+            live_workers=_live_worker_ids(fleet),
+            sessions=sessions,
+            items=items,
+            samples=sampler.samples,
+            pauses=chaos.pauses,
+            fencing_window_seconds=config.safety_margin_seconds,
+            resume_grace_seconds=config.heartbeat_seconds + 2.0,
+            end_time=end_time,
+        )
+        stats = faulty.faults.stats()
+        report.proxy = {
+            "requests": stats.total(),
+            "faults_injected": stats.total(what="injected"),
+            "sampler_errors": sampler.errors,
+        }
+    except Exception as exc:  # report, with the seed, rather than lose the history
+        report.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if sampler is not None and sampler.is_alive():
+            sampler.stop()
+        faulty.stop()
+        report.wall_seconds = time.monotonic() - began
+    return report
+
+
+def _wait(condition: Any, timeout: float, what: str, interval: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def main() -> int:
+    report = run_chaos(ChaosConfig.from_env())
+    print(report.summary())
+    print(json.dumps(asdict(report.config), default=str))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The chaos checker catches what it claims to catch (synthetic histories, no fleet).
+
+A checker that never fails proves nothing: each test builds a small history with exactly one
+defect and expects exactly that invariant to be reported.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from chaos_history import Pause, Sample, check_history
+from chaos_schedule import make_schedule
+from wsfleet.record import DesiredState
+
+END = 1000.0
+
+
+@dataclass
+class Rec:
+    desired_state: DesiredState = DesiredState.STARTED
+    lease_owner: str = "w1"
+    lease_expires_at_ms: int = int((END + 10) * 1000)
+    last_seq: int = 3
+    lease_epoch: int = 2
+
+
+@dataclass
+class Sess:
+    stream_id: str
+    session_id: int
+    opened_at: float
+    closed_at: float | None = None
+    gap: int = 0
+
+
+def item(seq: int, epoch: int = 2, received: float = 500.0, data: str | None = None) -> dict:
+    return {"seq": seq, "sk": f"{seq:020d}", "message_data": data or f"s:{seq}",
+            "lease_epoch": epoch, "received_at_ms": int(received * 1000)}  # fmt: skip
+
+
+def check(**overrides):
+    base = dict(
+        expected_states={"s": "STARTED"},
+        final_records={"s": Rec()},
+        live_workers={"w1"},
+        sessions=[Sess("s", 1, 100.0, 200.0), Sess("s", 2, 200.5)],
+        items={"s": [item(1, 1, 150.0), item(2, 2, 300.0), item(3, 2, 301.0)]},
+        samples=[Sample(150.0, "s", 1, "w0", 0, "STARTED", 0),
+                 Sample(250.0, "s", 2, "w1", 2, "STARTED", 0)],
+        pauses=[],
+        fencing_window_seconds=1.0,
+        resume_grace_seconds=3.0,
+        end_time=END,
+    )  # fmt: skip
+    base.update(overrides)
+    return check_history(**base)
+
+
+def invariants(verdict) -> set[str]:
+    return {v.invariant for v in verdict.violations}
+
+
+def test_a_clean_history_passes():
+    verdict = check()
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["messages_checked"] == 3
+
+
+def test_a_missing_seq_below_the_checkpoint_is_lost():
+    assert invariants(check(items={"s": [item(1, 1, 150.0), item(3, 2, 301.0)]})) == {"lost"}
+
+
+def test_foreign_content_is_a_duplicate():
+    bad = [item(1, 1, 150.0), item(2, 2, 300.0, data="t:2"), item(3, 2, 301.0)]
+    assert invariants(check(items={"s": bad})) == {"duplicated"}
+
+
+def test_a_write_received_after_a_later_epoch_was_seen_breaks_fencing():
+    late = [item(1, 1, 150.0), item(2, 2, 300.0), item(3, 2, 301.0), item(4, 1, 260.0)]
+    assert invariants(check(items={"s": late})) == {"fenced"}
+
+
+def test_an_old_epoch_above_a_newer_one_breaks_fencing():
+    stale = [item(1, 2, 240.0), item(2, 1, 200.0), item(3, 2, 301.0)]
+    assert "fenced" in invariants(check(items={"s": stale}))
+
+
+def test_a_checkpoint_going_backwards_breaks_fencing():
+    samples = [Sample(150.0, "s", 1, "w0", 5, "STARTED", 0),
+               Sample(250.0, "s", 2, "w1", 4, "STARTED", 0)]  # fmt: skip
+    assert invariants(check(samples=samples)) == {"fenced"}
+
+
+def test_overlaps_allowed_within_the_window_or_for_a_paused_owner_only():
+    brief = [Sess("s", 1, 100.0, 200.8), Sess("s", 2, 200.0)]
+    assert check(sessions=brief).ok
+    long = [Sess("s", 1, 100.0, 230.0), Sess("s", 2, 200.0)]
+    assert invariants(check(sessions=long)) == {"overlap"}
+    paused = [Pause("w0", 190.0, 228.0)]
+    assert check(sessions=long, pauses=paused).ok
+    too_late = [Pause("w0", 190.0, 220.0)]
+    assert invariants(check(sessions=long, pauses=too_late)) == {"overlap"}
+
+
+def test_convergence_needs_one_live_owner_and_one_socket():
+    assert invariants(check(live_workers={"w9"})) == {"converged"}
+    two_open = [Sess("s", 1, 100.0), Sess("s", 2, 100.5)]
+    assert "converged" in invariants(check(sessions=two_open))
+    stopped = {"s": Rec(desired_state=DesiredState.STOPPED, lease_owner="")}
+    assert invariants(check(expected_states={"s": "STOPPED"}, final_records=stopped)) == {
+        "converged"
+    }
+
+
+def test_a_resume_gap_is_reported():
+    gap = [Sess("s", 1, 100.0, 200.0), Sess("s", 2, 200.5, gap=5)]
+    assert invariants(check(sessions=gap)) == {"gap"}
+
+
+def test_schedules_are_reproducible_and_keep_one_worker_untouched():
+    first = make_schedule(random.Random(5), duration=60, workers=3, lease_seconds=4)
+    assert first == make_schedule(random.Random(5), duration=60, workers=3, lease_seconds=4)
+    assert first != make_schedule(random.Random(6), duration=60, workers=3, lease_seconds=4)
+    disrupted: dict[int, float] = {}
+    for action in first:
+        if action.kind in ("kill", "term", "pause", "restart"):
+            busy = {s for s, until in disrupted.items() if until > action.at}
+            assert len(busy | {action.slot}) < 3
+            disrupted[action.slot] = action.at + 10
+        if action.kind in ("revive", "resume"):
+            disrupted[action.slot] = action.at
