@@ -14,6 +14,7 @@ renewal has noticed the STOPPED record long before.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +122,9 @@ class ControlChannel:
         if not self.queue_url:
             return
         try:
-            await self._offloader.sqs(self._sqs.delete_queue, QueueUrl=self.queue_url)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                None, functools.partial(self._sqs.delete_queue, QueueUrl=self.queue_url)
+            )
         except (ClientError, BotoCoreError) as exc:
             self._logger.warning("control queue delete failed", extra={"error": str(exc)})

@@ -49,7 +49,11 @@ class HintOutcome(Enum):
 class HintPoller:
     """Long-polls the hint queue on behalf of a worker.
 
-    :param free_slots: how many more sessions the worker may start now.
+    :param free_slots: how many more sessions the worker wants to start now (zero while it
+        is at capacity or its renewals run late): decides whether and how much to receive.
+    :param capacity: how many more sessions fit at all: decides, once messages are in hand,
+        how many to act on. Giving a received hint back costs a receive, and a hint received
+        too often ends in the dead-letter queue.
     :param running: pks of the connections the worker holds.
     :param acquire: try to acquire and start one connection; see :class:`HintOutcome`.
     """
@@ -63,6 +67,7 @@ class HintPoller:
         logger: Any,
         *,
         free_slots: Callable[[], int],
+        capacity: Callable[[], int],
         running: Callable[[], set[str]],
         acquire: Callable[[Hint], Awaitable[HintOutcome]],
         wait_seconds: int = 20,
@@ -73,6 +78,7 @@ class HintPoller:
         self._metrics = metrics
         self._logger = logger
         self._free_slots = free_slots
+        self._capacity = capacity
         self._running = running
         self._acquire = acquire
         self._wait_seconds = wait_seconds
@@ -125,7 +131,7 @@ class HintPoller:
         triage = triage_hints(
             ((m["ReceiptHandle"], m.get("Body", "")) for m in messages),
             self._running(),
-            self._free_slots(),
+            self._capacity(),
         )
         if triage.invalid:
             self._metrics.count("InvalidHints", triage.invalid)

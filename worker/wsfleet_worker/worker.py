@@ -33,7 +33,7 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from wsfleet.aws import dynamodb_client, sqs_client
@@ -170,6 +170,7 @@ class Worker:
             self.metrics,
             self.logger,
             free_slots=self.free_slots,
+            capacity=self._capacity_left,
             running=self.running,
             acquire=self.acquire,
             wait_seconds=config.hint_wait_seconds,
@@ -480,6 +481,10 @@ class Worker:
                 "drain timeout: leaving the rest to lease expiry",
                 extra={"undrained": len(self.sessions)},
             )
+            # Leases already released must still be hinted, or they wait for the reconciler.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLEANUP_TIMEOUT_SECONDS):
+                    await self.outbox.flush()
         for task in list(self._session_tasks.values()):
             task.cancel()
         self.logger.info(
@@ -496,7 +501,12 @@ class Worker:
         for task in self._background.values():
             task.cancel()
         await asyncio.gather(*self._background.values(), return_exceptions=True)
-        steps = [self.offloader.io(self.leases.deregister_worker, self.worker_id)]
+        # On the default executor: after a drain timeout the io pool may still hold a queue
+        # of releases, and deregistering must not wait behind them.
+        loop = asyncio.get_running_loop()
+        steps: list[Awaitable[None]] = [
+            loop.run_in_executor(None, self.leases.deregister_worker, self.worker_id)
+        ]
         if self.control is not None:
             steps.append(self.control.close())
         try:
