@@ -126,3 +126,10 @@ def test_redacted_urls_carry_no_credentials_or_query(url, safe):
 
 def test_unparseable_url_is_not_echoed():
     assert redact_url("ws://h:notaport/s?token=x") == "<unparseable url>"
+
+
+def test_error_descriptions_redact_urls():
+    from wsfleet_worker.upstream import describe_error
+
+    text = describe_error(ValueError("wss://user:pw@feed.example/s?token=abc is not a valid URI"))
+    assert text == "ValueError: wss://feed.example/s is not a valid URI"

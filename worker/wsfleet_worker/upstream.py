@@ -14,6 +14,7 @@ Errors: :func:`is_permanent` separates URLs that can never work from transient f
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from functools import cache
@@ -22,9 +23,13 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidURI
 
+from .frames import redact_url
+
 __all__ = ["Connector", "describe_error", "is_permanent", "make_connector"]
 
 Connector = Callable[[str], Awaitable[ClientConnection]]
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
 
 @cache
@@ -69,6 +74,10 @@ def is_permanent(exc: BaseException) -> bool:
 
 
 def describe_error(exc: BaseException) -> str:
-    """A short, URL-free description for logs and ``last_error``."""
-    text = str(exc).split("?", 1)[0]  # never leak a query string someone put in a message
+    """A short description for logs and ``last_error``; URLs in it are redacted.
+
+    >>> describe_error(ValueError("wss://u:pw@h/s?token=x isn't valid"))
+    "ValueError: wss://h/s isn't valid"
+    """
+    text = _URL.sub(lambda m: redact_url(m.group(0)), str(exc))
     return f"{type(exc).__name__}: {text}"[:300]
