@@ -357,3 +357,29 @@ def test_worker_items(store, clock):
     assert store.get_worker("w1") is None
     with pytest.raises(StoreError):
         store.heartbeat_worker("w1", expires_at_ms=1, connection_count=0)
+
+
+def test_checkpoint_never_moves_backwards(store):
+    """Two writes of one holder can land out of order (a retried request, a paused process)."""
+    pk = started(store)
+    lease = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(lease, 31)
+    store.checkpoint(lease, 30)  # the late, older write
+    assert store.get(pk).last_seq == 31
+    renewed = store.renew(lease, last_seq=29)  # the renewal itself still lands
+    rec = store.get(pk)
+    assert rec.last_seq == 31 and rec.lease_expires_at_ms == renewed.expires_at_ms
+    released = store.release(renewed, last_seq=28)
+    assert (released.last_seq, released.lease_owner, released.lease_expires_at_ms) == (31, "", 0)
+
+
+def test_stale_checkpoint_of_a_fenced_holder_is_still_lost(store, clock):
+    pk = started(store)
+    old = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(old, 10)
+    clock.advance(LEASE_MS + 1)
+    store.acquire(pk, "w2")
+    with pytest.raises(LeaseLost):
+        store.renew(old, last_seq=5)
+    with pytest.raises(LeaseLost):
+        store.checkpoint(old, 5)

@@ -15,6 +15,7 @@ from wsfleet.lease import (
     is_free,
     is_orphan,
     is_ours,
+    is_stale_checkpoint,
     is_worker_alive,
     refusal_reason,
     self_fence_at_ms,
@@ -146,3 +147,11 @@ def test_worker_alive_until_its_expiry():
     assert is_worker_alive(worker, NOW)
     assert not is_worker_alive(worker, NOW + 1)
     assert not is_worker_alive(None, NOW)
+
+
+def test_stale_checkpoint_only_when_ours_and_behind():
+    ahead = HELD.with_changes(last_seq=31)
+    assert is_stale_checkpoint(ahead, LEASE, 30)
+    assert not is_stale_checkpoint(ahead, LEASE, 31)
+    assert not is_stale_checkpoint(ahead.with_changes(lease_epoch=4), LEASE, 30)  # fenced instead
+    assert not is_stale_checkpoint(None, LEASE, 30)

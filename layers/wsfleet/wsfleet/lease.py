@@ -36,6 +36,7 @@ __all__ = [
     "is_free",
     "is_orphan",
     "is_ours",
+    "is_stale_checkpoint",
     "is_worker_alive",
     "refusal_reason",
     "self_fence_at_ms",
@@ -106,6 +107,11 @@ def is_ours(record: ConnectionRecord, lease: Lease) -> bool:
 def is_fenced(record: ConnectionRecord | None, lease: Lease) -> bool:
     """Someone else acquired since we did (or the item is gone): we must not write again."""
     return record is None or not is_ours(record, lease)
+
+
+def is_stale_checkpoint(current: ConnectionRecord | None, lease: Lease, seq: int) -> bool:
+    """Still ours, but a later checkpoint already landed: ``seq`` would move it backwards."""
+    return current is not None and is_ours(current, lease) and current.last_seq > seq
 
 
 def refusal_reason(current: ConnectionRecord | None, lease: Lease) -> RefusalReason:

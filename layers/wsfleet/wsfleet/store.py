@@ -37,7 +37,7 @@ from .exceptions import (
     LeaseLost,
     StoreError,
 )
-from .lease import Lease, RefusalReason, is_ours, refusal_reason
+from .lease import Lease, RefusalReason, is_ours, is_stale_checkpoint, refusal_reason
 from .record import ConnectionRecord, DesiredState, WorkerRecord, worker_pk
 
 __all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult", "StopResult"]
@@ -45,6 +45,8 @@ __all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult", "StopResul
 GSI_NAME = "gsi_desired_state_lease"
 _MAX_ERROR_CHARS = 1024
 _BATCH_GET_LIMIT = 100
+#: Checkpoints only move forward (see LeaseStore._holder_write).
+_MONOTONIC_SEQ = "(attribute_not_exists(last_seq) OR last_seq <= :seq)"
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -364,6 +366,7 @@ class LeaseStore:
         """
         now = self._clock()
         set_seq = ", last_seq = :seq" if last_seq is not None else ""
+        seq_guard = f" AND {_MONOTONIC_SEQ}" if last_seq is not None else ""
         values: dict[str, Any] = {
             "owner": lease.owner,
             "epoch": lease.epoch,
@@ -379,11 +382,15 @@ class LeaseStore:
                 UpdateExpression="SET lease_expires_at_ms = :expires, updated_at_ms = :now" + set_seq,
                 ConditionExpression=(
                     "lease_owner = :owner AND lease_epoch = :epoch AND desired_state = :started"
+                    + seq_guard
                 ),
                 ExpressionAttributeValues=_values(**values),
             )
         except ClientError as exc:
-            self._raise_refusal(lease, self._refused_record(exc), exc)
+            current = self._refused_record(exc)
+            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
+                return self.renew(lease)  # a later checkpoint of ours landed first: keep it
+            self._raise_refusal(lease, current, exc)
         except StoreError as exc:
             if exc.__cause__ is None or not is_ambiguous(exc.__cause__):
                 raise
@@ -413,17 +420,33 @@ class LeaseStore:
             current,
         ) from cause
 
-    def _holder_write(self, lease: Lease, update: str, **values: Any) -> ConnectionRecord:
-        """An UpdateItem allowed only while owner and epoch are ours (STOPPED or not)."""
+    def _holder_write(
+        self, lease: Lease, assignments: str, *, last_seq: int | None = None, **values: Any
+    ) -> ConnectionRecord:
+        """An UpdateItem allowed only while owner and epoch are ours (STOPPED or not).
+
+        ``last_seq``, when given, is written only if it does not move the checkpoint back: two
+        writes of one holder can land out of order (a retried request, a paused process), and
+        the checkpoint must never regress. If a later checkpoint of ours already landed, the
+        write goes ahead without the stale one.
+        """
+        update, condition = "SET " + assignments, "lease_owner = :owner AND lease_epoch = :epoch"
+        if last_seq is not None:
+            update += ", last_seq = :seq"
+            condition += f" AND {_MONOTONIC_SEQ}"
+            values["seq"] = last_seq
         try:
             item = self._conditional_update(
                 lease.pk,
                 UpdateExpression=update,
-                ConditionExpression="lease_owner = :owner AND lease_epoch = :epoch",
+                ConditionExpression=condition,
                 ExpressionAttributeValues=_values(owner=lease.owner, epoch=lease.epoch, **values),
             )
         except ClientError as exc:
             current = self._refused_record(exc)
+            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
+                values.pop("seq")
+                return self._holder_write(lease, assignments, **values)
             raise LeaseLost(
                 f"{lease.pk} lease epoch {lease.epoch} of {lease.owner!r} is no longer held",
                 current,
@@ -431,25 +454,21 @@ class LeaseStore:
         return ConnectionRecord.from_item(item)
 
     def checkpoint(self, lease: Lease, last_seq: int) -> None:
-        """Record ``last_seq`` as durable. Fenced by owner and epoch; raises LeaseLost."""
-        self._holder_write(
-            lease, "SET last_seq = :seq, updated_at_ms = :now", seq=last_seq, now=self._clock()
-        )
+        """Record ``last_seq`` as durable (never backwards). Fenced by owner and epoch."""
+        self._holder_write(lease, "updated_at_ms = :now", last_seq=last_seq, now=self._clock())
 
     def release(self, lease: Lease, *, last_seq: int | None = None) -> ConnectionRecord:
         """Give the lease up now (owner "", expiry 0; the epoch is kept so it keeps counting).
 
         The final checkpoint can ride along. Raises LeaseLost if it was not ours any more.
         """
-        set_seq = ", last_seq = :seq" if last_seq is not None else ""
-        extra = {"seq": last_seq} if last_seq is not None else {}
         return self._holder_write(
             lease,
-            "SET lease_owner = :empty, lease_expires_at_ms = :zero, updated_at_ms = :now" + set_seq,
+            "lease_owner = :empty, lease_expires_at_ms = :zero, updated_at_ms = :now",
+            last_seq=last_seq,
             empty="",
             zero=0,
             now=self._clock(),
-            **extra,
         )
 
     def mark_stopped(
@@ -461,17 +480,13 @@ class LeaseStore:
         """
         now = self._clock()
         ttl = self._stopped_ttl(now)
-        set_seq = ", last_seq = :seq" if last_seq is not None else ""
-        set_ttl = ", expires_at = :ttl" if ttl else ""
-        extra: dict[str, Any] = {}
-        if last_seq is not None:
-            extra["seq"] = last_seq
-        if ttl:
-            extra["ttl"] = ttl["expires_at"]
+        extra: dict[str, Any] = {"ttl": ttl["expires_at"]} if ttl else {}
         return self._holder_write(
             lease,
-            "SET desired_state = :stopped, stop_reason = :reason, lease_owner = :empty, "
-            "lease_expires_at_ms = :zero, updated_at_ms = :now" + set_seq + set_ttl,
+            "desired_state = :stopped, stop_reason = :reason, lease_owner = :empty, "
+            "lease_expires_at_ms = :zero, updated_at_ms = :now"
+            + (", expires_at = :ttl" if ttl else ""),
+            last_seq=last_seq,
             stopped=DesiredState.STOPPED.value,
             reason=reason,
             empty="",
@@ -484,7 +499,7 @@ class LeaseStore:
         """Note the latest upstream trouble on the record (truncated), fenced by owner+epoch."""
         self._holder_write(
             lease,
-            "SET last_error = :error, updated_at_ms = :now",
+            "last_error = :error, updated_at_ms = :now",
             error=message[:_MAX_ERROR_CHARS],
             now=self._clock(),
         )
