@@ -180,14 +180,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # scans the whole queue on every receive, so thousands of queued hints would slow
         # every request of the backend, renewals included, which is not what is measured.
         failed: list[Any] = []
+        ramp_deadline = time.monotonic() + args.ramp_timeout
         for start in range(0, len(ids), args.hint_wave):
             wave = ids[start:start + args.hint_wave]
             failed += sender.send_many(Hint(f"CONN#{i}") for i in wave)
             target = start + len(wave) - args.hint_wave // 2
-            wait_for(lambda t=target: active() >= t, 900, "the worker to take the hints", 1.0)
-        wait_for(
-            lambda: active() >= args.connections, 300, "all connections active", 1.0, soft=True
-        )
+            left = max(1.0, ramp_deadline - time.monotonic())
+            wait_for(lambda t=target: active() >= t, left, "the hints", 1.0, soft=True)
+        left = max(1.0, ramp_deadline - time.monotonic())
+        wait_for(lambda: active() >= args.connections, left, "all active", 1.0, soft=True)
         ramp_s = time.monotonic() - t0 - created_s
         held = int(active())
         time.sleep(2 * args.heartbeat)  # settle: the ramp's renewals spread out
@@ -324,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=60.0, help="steady-state seconds")
     parser.add_argument("--metrics-every", type=float, default=5.0)
     parser.add_argument("--hint-wave", type=int, default=200, help="hints queued at a time")
+    parser.add_argument(
+        "--ramp-timeout", type=float, default=900.0,
+        help="seconds allowed to reach N connections; then measure what is active",
+    )
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     result = run(args)
