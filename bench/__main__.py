@@ -65,7 +65,7 @@ def _steps(quick: bool) -> list[Step]:
             control_channel=channel, streams=n, profile=Profile.DEFAULT, rate=2.0, run_dir=d))
 
     if quick:
-        steps += [crash(10, Profile.SHORT, 5.0), crash(100, Profile.SHORT, 1.0),
+        steps += [crash(10, Profile.SHORT, 5.0), crash(100, Profile.MEDIUM, 1.0),
                   handoff(10, Profile.DEFAULT, 5.0), stop(True, 15), stop(False, 15)]
         steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
             run_dir=d, phases=[(10, 1.0), (20, 5.0), (50, 20.0)], window_seconds=10)))
@@ -74,8 +74,8 @@ def _steps(quick: bool) -> list[Step]:
         steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
             items=[10_000], scenarios=["steady"])))
     else:
-        steps += [crash(10, Profile.SHORT, 5.0), crash(100, Profile.SHORT, 1.0),
-                  crash(10, Profile.DEFAULT, 5.0),
+        steps += [crash(10, Profile.SHORT, 5.0), crash(100, Profile.MEDIUM, 1.0),
+                  crash(10, Profile.DEFAULT, 5.0), crash(100, Profile.DEFAULT, 1.0),
                   handoff(10, Profile.DEFAULT, 5.0), handoff(100, Profile.DEFAULT, 1.0),
                   stop(True, 30), stop(False, 30)]
         steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
@@ -85,7 +85,7 @@ def _steps(quick: bool) -> list[Step]:
         steps.append(Step("capacity", "capacity-1000", lambda d: run_capacity(
             connections=1000, rate=0.2, lease=30, heartbeat=10, margin=3, window=45)))
         steps.append(Step("capacity", "capacity-5000", lambda d: run_capacity(
-            connections=5000, rate=0.02, lease=90, heartbeat=30, margin=5, window=60)))
+            connections=5000, rate=0.02, lease=180, heartbeat=60, margin=10, window=60)))
         steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
             items=[10_000, 100_000], scenarios=["steady"])))
     steps.append(Step("compat", "compat-dynalite", lambda d: run_compat()))
@@ -103,10 +103,21 @@ def _save(document: dict[str, Any]) -> None:
     RESULTS_JSON.write_text(json.dumps(document, indent=2, default=str) + "\n")
 
 
+def _write_markdown(document: dict[str, Any]) -> None:
+    """Render RESULTS.md; a rendering bug must not end the run (results.json is kept)."""
+    from .report import render
+
+    try:
+        RESULTS_MD.write_text(render(document))
+    except Exception:  # noqa: BLE001
+        print(f"[bench] RESULTS.md not rendered:\n{traceback.format_exc()}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=GROUPS)
+    parser.add_argument("--only", nargs="+", metavar="GROUP_OR_STEP",
+                        help=f"groups ({', '.join(GROUPS)}) or step names (e.g. capacity-5000)")
     parser.add_argument("--render", action="store_true", help="only re-render RESULTS.md")
     args = parser.parse_args(argv)
     os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
@@ -119,20 +130,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python -m bench" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
     document = _load() if args.only else {}
-    document.update({
-        "command": command,
-        "mode": "quick" if args.quick else "full",
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-    })  # fmt: skip
-    results: dict[str, Any] = dict(document.get("results", {}))
-    if not args.only:
-        results = {}
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    if args.only and document.get("command"):  # a partial re-run joins the last full table
+        document.setdefault("reruns", []).append(
+            {"command": command, "started_at": stamp, "machine": machine()}
+        )
+    else:
+        document.update({
+            "command": command,
+            "mode": "quick" if args.quick else "full",
+            "started_at": stamp,
+            "machine": machine(),
+        })  # fmt: skip
+    steps = [
+        step for step in _steps(args.quick)
+        if not args.only or step.group in args.only or step.name in args.only
+    ]  # fmt: skip
+    rerun = {step.name for step in steps}
+    results: dict[str, Any] = {
+        name: result
+        for name, result in document.get("results", {}).items()
+        # what is re-run starts afresh (a re-run group also drops steps it no longer has)
+        if args.only and name not in rerun and result.get("group") not in args.only
+    }
     began = time.monotonic()
     failures = 0
-    for step in _steps(args.quick):
-        if args.only and step.group not in args.only:
-            continue
+    for step in steps:
         print(f"[bench] {step.name} ...", file=sys.stderr, flush=True)
         started = time.monotonic()
         run_dir = Path(tempfile.mkdtemp(prefix=f"wsfleet-bench-{step.name}-"))
@@ -148,16 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         result["run_dir"] = str(run_dir)
         results[step.name] = result
         document["results"] = results
-        document["total_seconds"] = round(time.monotonic() - began, 1)
+        if not args.only:
+            document["total_seconds"] = round(time.monotonic() - began, 1)
         _save(document)
-        RESULTS_MD.write_text(render(document))
+        _write_markdown(document)
         status = "ERROR " + result["error"] if "error" in result else "done"
         print(f"[bench] {step.name}: {status} ({result['elapsed_seconds']} s)", file=sys.stderr,
               flush=True)  # fmt: skip
-    document["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-    document["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    if not args.only:
+        document["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        document["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     _save(document)
-    RESULTS_MD.write_text(render(document))
+    _write_markdown(document)
     print(f"[bench] wrote {RESULTS_JSON.relative_to(ROOT)} and {RESULTS_MD.relative_to(ROOT)}",
           file=sys.stderr)  # fmt: skip
     return 1 if failures else 0

@@ -42,6 +42,9 @@ class Profile:
 
     DEFAULT = "default"  # lease 20 s, heartbeat 5 s, margin 2 s, reconcile pass 10 s
     SHORT = "short"  # lease 4 s, heartbeat 1 s, margin 1 s, reconcile pass 1 s
+    #: lease 8 s, heartbeat 2 s: the short-lease run for K = 100, since 100 renewals/s (lease
+    #: 4 s / heartbeat 1 s) is more than the embedded backend sustains beside everything else
+    MEDIUM = "medium"
 
 
 def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = None) -> Any:
@@ -55,6 +58,16 @@ def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = 
             reconcile_pass_seconds=10.0,
             drain_timeout_seconds=20.0,
             queue_wait_seconds=queue_wait if queue_wait is not None else 20,
+            max_connections=max_connections,
+        )
+    if profile == Profile.MEDIUM:
+        return FleetTimings(
+            lease_seconds=8.0,
+            heartbeat_seconds=2.0,
+            lease_safety_margin_seconds=1.0,
+            reconcile_pass_seconds=2.0,
+            drain_timeout_seconds=10.0,
+            queue_wait_seconds=queue_wait if queue_wait is not None else 2,
             max_connections=max_connections,
         )
     return FleetTimings(

@@ -155,8 +155,11 @@ def _check_messages(
                 f"after a later epoch was already in the table",
             )
         if seq <= checkpoint and epoch < newest:
+            seen = first_seen.get(newest)
+            late = f", {received - seen:+.2f} s vs epoch {newest} first seen" if seen else ""
             verdict.add("fenced", stream_id,
-                        f"seq {seq} stored under epoch {epoch} after a lower seq under epoch "
+                        f"seq {seq} stored under epoch {epoch} (by {item.get('worker_id')}, "
+                        f"received at {received:.2f}{late}) after a lower seq under epoch "
                         f"{newest}")  # fmt: skip
         newest = max(newest, epoch)
     return len(by_seq)
