@@ -19,8 +19,8 @@ Graceful shutdown (first SIGTERM/SIGINT; a second one exits at once), uvicorn's 
        expiry 0, epoch kept);
     3. hints for all released connections go out as they are released (SendMessageBatch),
        so a peer acquires each one within a poll round trip instead of after the lease;
-    4. all of the above bounded by DRAIN_TIMEOUT_SECONDS (keep it below ECS's stopTimeout);
-       whatever is left is cancelled and its lease simply expires;
+    4. all of the above bounded by DRAIN_TIMEOUT_SECONDS; whatever is left is cancelled and
+       its lease simply expires (ECS's stopTimeout must exceed DRAIN_TIMEOUT_SECONDS + 5 s);
     5. deregister the worker item, delete the control queue, flush metrics, exit 0.
 """
 
@@ -66,8 +66,10 @@ from .upstream import Connector, describe_error, make_connector
 
 __all__ = ["HintOutbox", "Worker", "main"]
 
-#: Bound for the steps after the drain (deregister, delete the control queue).
-_CLEANUP_TIMEOUT_SECONDS = 5.0
+#: Bounds after DRAIN_TIMEOUT_SECONDS: hints still queued when the drain timed out, then
+#: deregistering and deleting the control queue. Keep drain + both below ECS's stopTimeout.
+_LATE_HINTS_TIMEOUT_SECONDS = 2.0
+_CLEANUP_TIMEOUT_SECONDS = 3.0
 #: Hint delay for a connection whose session crashed (see _session_done).
 _CRASH_HINT_DELAY_SECONDS = 2
 
@@ -483,7 +485,7 @@ class Worker:
             )
             # Leases already released must still be hinted, or they wait for the reconciler.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_CLEANUP_TIMEOUT_SECONDS):
+                async with asyncio.timeout(_LATE_HINTS_TIMEOUT_SECONDS):
                     await self.outbox.flush()
         for task in list(self._session_tasks.values()):
             task.cancel()
