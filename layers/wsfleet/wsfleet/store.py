@@ -156,10 +156,17 @@ class LeaseStore:
         )
         return _load(response.get("Attributes")) or {}
 
-    @staticmethod
-    def _refused_record(exc: ClientError) -> ConnectionRecord | None:
+    def _refused_record(self, exc: ClientError, pk: str) -> ConnectionRecord | None:
+        """The item that made a conditional write fail.
+
+        DynamoDB returns it with the refusal (ALL_OLD). A refusal without it means the item is
+        absent, or the backend ignores ReturnValuesOnConditionCheckFailure (dynalite does), so
+        a consistent read settles which.
+        """
         item = _load(exc.response.get("Item"))
-        return ConnectionRecord.from_item(item) if item else None
+        if item:
+            return ConnectionRecord.from_item(item)
+        return self.get(pk, consistent=True)
 
     def _stopped_ttl(self, now: int) -> dict[str, Any]:
         if self.stopped_retention_ms <= 0:
@@ -234,9 +241,9 @@ class LeaseStore:
             )
             return StartResult(record, created=True)
         except ClientError as exc:
-            current = self._refused_record(exc)
-        if current is None:  # deleted between our write and now: try once more from scratch
-            return self.start(connection_id, ws_url, resume=resume)
+            current = self._refused_record(exc, record.pk)
+        if current is None:  # only if it was deleted between our write and our read
+            raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
         if current.desired_state is DesiredState.STARTED:
             return StartResult(current)
         try:
@@ -258,7 +265,7 @@ class LeaseStore:
                 ),
             )
         except ClientError as exc:  # a concurrent START won the restart: report its result
-            winner = self._refused_record(exc)
+            winner = self._refused_record(exc, current.pk)
             if winner is None:
                 raise ConnectionNotFound(current.pk) from exc
             return StartResult(winner)
@@ -291,7 +298,7 @@ class LeaseStore:
                 ),
             )
         except ClientError as exc:
-            current = self._refused_record(exc)
+            current = self._refused_record(exc, pk)
             if current is None:
                 raise ConnectionNotFound(pk) from exc
             return StopResult(current, stopped=False)
@@ -347,7 +354,7 @@ class LeaseStore:
                 ),
             )
         except ClientError as exc:
-            current = self._refused_record(exc)
+            current = self._refused_record(exc, pk)
             if current is None:
                 raise ConnectionNotFound(pk) from exc
             if current.desired_state is DesiredState.STOPPED:
@@ -387,7 +394,7 @@ class LeaseStore:
                 ExpressionAttributeValues=_values(**values),
             )
         except ClientError as exc:
-            current = self._refused_record(exc)
+            current = self._refused_record(exc, lease.pk)
             if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
                 return self.renew(lease)  # a later checkpoint of ours landed first: keep it
             self._raise_refusal(lease, current, exc)
@@ -443,7 +450,7 @@ class LeaseStore:
                 ExpressionAttributeValues=_values(owner=lease.owner, epoch=lease.epoch, **values),
             )
         except ClientError as exc:
-            current = self._refused_record(exc)
+            current = self._refused_record(exc, lease.pk)
             if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
                 values.pop("seq")
                 return self._holder_write(lease, assignments, **values)
