@@ -9,8 +9,8 @@ the old epoch, over the new owner's copy (chaos: "seq N stored under epoch 1 aft
 under epoch 2" after a throttling window with paused workers).
 
 This test makes the rate limiter's wait explicit (1 s) and gives the guard 0.5 s: the frame
-must not be stored. It is expected to fail until the guard runs last (e.g.
-``events.register_last("before-send", hook)`` filtered on the BatchWriteItem event name).
+must not be stored. Fixed by registering the guard last on the generic ``before-send`` event,
+filtered on the BatchWriteItem event name.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from wsfleet.messages import Message, MessageStore, seq_sk
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(strict=True, reason="guard runs before botocore's rate limiter (see docstring)")
 def test_a_frame_is_not_sent_once_its_guard_has_expired_behind_the_rate_limiter(aws):
     # GIVEN a messages store on an adaptive-retry client whose rate limiter makes sends wait 1 s
     client = dynamodb_client()

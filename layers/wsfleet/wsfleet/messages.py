@@ -199,8 +199,11 @@ class MessageStore:
         self._pending_guard = threading.local()  # the guard of this thread's request in flight
         events = getattr(getattr(client, "meta", None), "events", None)
         if events is not None:
-            events.register(
-                "before-send.dynamodb.BatchWriteItem",
+            # Registered last on the generic event: botocore runs handlers of the more specific
+            # name first, and the adaptive retry mode's rate limiter (which may sleep past the
+            # lease when throttled) hangs on before-send. The guard must run after it.
+            events.register_last(
+                "before-send",
                 self._check_guard_before_send,
                 unique_id=f"wsfleet-messages-guard-{id(self)}",
             )
@@ -300,8 +303,10 @@ class MessageStore:
         finally:
             local.check = None
 
-    def _check_guard_before_send(self, **_kwargs: Any) -> None:
+    def _check_guard_before_send(self, event_name: str = "", **_kwargs: Any) -> None:
         """botocore before-send hook: the last moment to keep a fenced request from leaving."""
+        if not event_name.endswith(".BatchWriteItem"):
+            return
         check = getattr(self._pending_guard, "check", None)
         if check is not None and not check():
             raise _GuardTripped()
