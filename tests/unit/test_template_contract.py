@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from wsfleet.settings import ENVIRONMENT
 from wsfleet.store import GSI_NAME
+from wsfleet_local.backend import load_template
 from wsfleet_worker.config import WORKER_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,30 +33,9 @@ WORKER_ITEMS_ONLY = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["WORKE
 
 
 # ------------------------------------------------------------------------------------- loading
-class _CfnLoader(yaml.SafeLoader):
-    """Reads CloudFormation short-form tags (!Ref, !Sub, ...) as their long JSON form."""
-
-
-def _intrinsic(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    if suffix in ("Ref", "Condition"):
-        return {suffix: value}
-    if suffix == "GetAtt" and isinstance(value, str):
-        value = value.split(".", 1)
-    return {f"Fn::{suffix}": value}
-
-
-_CfnLoader.add_multi_constructor("!", _intrinsic)
-
-
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return yaml.load((ROOT / "template.yaml").read_text(), Loader=_CfnLoader)
+    return load_template(ROOT / "template.yaml")
 
 
 @pytest.fixture(scope="module")
