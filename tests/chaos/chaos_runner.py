@@ -241,20 +241,20 @@ class _Chaos:
                 fleet.kill_worker(action.slot, signal.SIGTERM)
                 self.log(f"SIGTERM {slot.worker_id} (rolling restart)")
                 return None
-            case "stop":
+            case "stop" | "start":
                 started = sorted(i for i, s in self.desired.items() if s == "STARTED")
-                if started:
-                    victim = self.rng.choice(started)
-                    self.api.stop(victim)
-                    self.desired[victim] = "STOPPED"
-                    self.log(f"STOP {victim}")
-            case "start":
                 stopped = sorted(i for i, s in self.desired.items() if s == "STOPPED")
-                if stopped:
+                # a re-START needs a stopped stream: with none yet, STOP one instead
+                if action.kind == "start" and stopped:
                     again = self.rng.choice(stopped)
                     self.api.start(again, self.fleet.simulator.url_for(again))
                     self.desired[again] = "STARTED"
                     self.log(f"re-START {again}")
+                elif started:
+                    victim = self.rng.choice(started)
+                    self.api.stop(victim)
+                    self.desired[victim] = "STOPPED"
+                    self.log(f"STOP {victim}")
             case "faults":
                 from wsfleet_local.faults import FaultRule
 

@@ -16,6 +16,7 @@ restart       a rolling deploy: SIGTERM, and a new worker replaces it as soon as
 stop          STOP a random STARTED stream through the API
 start         re-START a random STOPPED stream through the API
 faults        inject DynamoDB/SQS faults through the proxy for ``duration`` s; ``clear`` after
+              (its own track of non-overlapping windows, every menu in turn)
 ============  ==============================================================================
 
 The seed fixes the schedule, the runner's choices and the proxy's fault draws; process timing
@@ -64,7 +65,6 @@ WEIGHTS = {
     "restart": 1,
     "stop": 3,
     "start": 2,
-    "faults": 2,
 }
 
 
@@ -133,12 +133,24 @@ def make_schedule(
                 actions.append(Action(t, "restart", slot))
                 actions.append(Action(t + 0.1, "revive", slot))
                 busy_until[slot] = t + 4.0
-        elif kind == "faults":
-            length = rng.uniform(2.0, 6.0)
-            menu = rng.randrange(len(FAULT_MENUS))
-            actions.append(Action(t, "faults", duration=length, menu=menu))
-            actions.append(Action(t + length, "clear"))
         else:
             actions.append(Action(t, kind))
         t += rng.expovariate(1 / mean_gap)
-    return sorted(actions)
+    return sorted(actions + _fault_windows(rng, duration))
+
+
+def _fault_windows(rng: random.Random, duration: float) -> list[Action]:
+    """A separate track of non-overlapping fault windows, every menu at least once if time
+    allows (shuffled), so each run exercises every kind of AWS trouble."""
+    menus = list(range(len(FAULT_MENUS)))
+    rng.shuffle(menus)
+    actions: list[Action] = []
+    t = rng.uniform(1.0, 3.0)
+    index = 0
+    while t < duration:
+        length = rng.uniform(3.0, 6.0)
+        actions.append(Action(t, "faults", duration=length, menu=menus[index % len(menus)]))
+        actions.append(Action(t + length, "clear"))
+        index += 1
+        t += length + rng.uniform(1.0, 4.0)
+    return actions
