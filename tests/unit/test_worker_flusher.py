@@ -27,6 +27,9 @@ class RecordingStore:
         self.rejected: set[tuple[str, str]] = set()
         self.gate = threading.Event()
         self.gate.set()
+        self.sent = threading.Event()  # a request passed the guard ("left the process")
+        self.landed = threading.Event()  # ...and its response came back
+        self.landed.set()
 
     def put_batch(self, messages: list[Message], guard=None) -> PutResult:
         self.gate.wait(WAIT)
@@ -34,6 +37,8 @@ class RecordingStore:
         if guard is not None:
             result.fenced = [m for m in messages if not guard(m)]
             messages = [m for m in messages if guard(m)]
+        self.sent.set()
+        self.landed.wait(WAIT)
         self.batches.append(list(messages))
         for m in messages:
             if m.key in self.unwritten_once:
@@ -89,6 +94,7 @@ def run_with_flusher(scenario, *, flush_ms: int = 20, capacity: int = 1000, in_f
             await scenario(flusher, store, metrics)
         finally:
             store.gate.set()
+            store.landed.set()
             task.cancel()
             await flusher.aclose()
             offloader.shutdown()
@@ -213,3 +219,24 @@ def test_a_full_queue_blocks_the_producer():
         await until(lambda: len(owner.written) == 100)
 
     run_with_flusher(scenario, capacity=5)
+
+
+def test_quiesce_waits_for_a_request_that_already_left():
+    """A session about to release its lease must not race its own last batch: the guard
+    cannot recall a request already sent, so quiesce waits until its response is back."""
+
+    async def scenario(flusher, store, metrics):
+        owner, bystander = Owner("a"), Owner("b")
+        store.landed.clear()
+        await flusher.put(frame(owner, 1))
+        flusher.flush_now()
+        await until(store.sent.is_set)
+        owner.writable = False  # the session is ending: no new request may carry its frames
+        assert await flusher.quiesce(bystander, 0.01)  # nothing of b's is out
+        assert not await flusher.quiesce(owner, 0.2)  # a's batch is still out
+        store.landed.set()
+        assert await flusher.quiesce(owner, WAIT)
+        assert [m.seq for b in store.batches for m in b] == [1]  # it had landed by then
+        assert owner.written == [1]
+
+    run_with_flusher(scenario)

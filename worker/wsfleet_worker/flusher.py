@@ -16,6 +16,10 @@ Fencing: each frame's owner is asked :meth:`FrameOwner.may_write` when its batch
 and again (through the store's ``guard``) before every request, at the last moment before it
 is sent. A session that lost its lease, or whose self-fence deadline has passed (e.g. the
 process was paused past its lease), gets its frames dropped: a fenced worker writes nothing.
+The guard cannot recall a request that has already left, so a session that releases its lease
+first waits (:meth:`MessageFlusher.quiesce`) until no batch holding its frames is still being
+written: BatchWriteItem is unconditional, and a batch landing after the release could land after
+the next owner's acquire.
 
 Backpressure: the queue is bounded. When it is full, :meth:`put` waits, the session stops
 reading its socket, websockets stops reading TCP, and the upstream's sends block. Memory stays
@@ -94,6 +98,8 @@ class MessageFlusher:
         self._writes: set[asyncio.Task[None]] = set()
         self._logger = logger
         self._clock = clock
+        self._writing: collections.Counter[FrameOwner] = collections.Counter()
+        self._write_ended = asyncio.Event()
 
     @property
     def queued(self) -> int:
@@ -112,6 +118,22 @@ class MessageFlusher:
         """Send what is queued without waiting for batches to fill (shutdown, STOP)."""
         self._urgent = True
         self._not_empty.set()
+
+    async def quiesce(self, owner: FrameOwner, timeout: float) -> bool:
+        """Wait until no batch holding ``owner``'s frames is being written.
+
+        Call it once ``owner.may_write`` has turned false, so that no new request (nor a
+        retry: the guard runs before every attempt) can carry its frames. Returns False if a
+        request is still out after ``timeout`` seconds.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                while self._writing[owner]:
+                    self._write_ended.clear()
+                    await self._write_ended.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def run(self) -> None:
         """Collect and send batches forever (cancel to stop; in-flight writes finish)."""
@@ -163,6 +185,8 @@ class MessageFlusher:
             if not live:
                 return
             owners = {frame.message.key: frame.owner for frame in live}
+            writing = set(owners.values())
+            self._writing.update(writing)
             clock = self._clock
 
             def guard(message: Message) -> bool:  # runs on the write thread, before each send
@@ -175,6 +199,8 @@ class MessageFlusher:
             except Exception as exc:  # StoreError, or anything unexpected: keep the frames
                 self._log_warning("message batch failed; will retry", exc)
                 result = PutResult(unwritten=[frame.message for frame in live], requests=1)
+            finally:
+                self._done_writing(writing)
             if result.fenced:
                 self._metrics.count("FencedFramesDropped", len(result.fenced))
             self._settle(live, result)
@@ -185,6 +211,13 @@ class MessageFlusher:
                 self._not_empty.set()
         finally:
             self._slots.release()
+
+    def _done_writing(self, owners: set[FrameOwner]) -> None:
+        for owner in owners:
+            self._writing[owner] -= 1
+            if not self._writing[owner]:
+                del self._writing[owner]  # a finished session must not stay referenced
+        self._write_ended.set()
 
     def _writable(self, batch: list[QueuedFrame]) -> list[QueuedFrame]:
         """Drop frames whose session may no longer write (fenced or past its deadline)."""

@@ -70,6 +70,9 @@ __all__ = ["Session", "SessionContext", "SessionResult"]
 
 #: Base wait for a session's queued frames at its end (plus three flush intervals).
 _SETTLE_GRACE_SECONDS = 1.0
+# One DynamoDB attempt at most (connect 2 s + read 5 s, wsfleet.aws): once the session is
+# ending the flusher's guard refuses every retry of a batch holding its frames.
+_IN_FLIGHT_WAIT_SECONDS = 7.0
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,13 @@ class Session:
         self._ctx.scheduler.remove(self)  # no renewal may race the final write
         self._ending = True
         if plan.final_write is not FinalWrite.NONE and not self.fenced:
-            released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
+            if await self._ctx.flusher.quiesce(self, _IN_FLIGHT_WAIT_SECONDS):
+                released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
+            else:
+                self._ctx.logger.warning(
+                    "a message write is still out; leaving the lease to expire",
+                    extra=self._log,
+                )
         if reason is ExitReason.FENCED:
             self._ctx.metrics.count("LeaseLost")
         self._info(
