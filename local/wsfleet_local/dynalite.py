@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from wsfleet.exceptions import WsfleetError
+
+from .procs import ChildProcess, ChildProcessError_, spawn
 
 __all__ = ["DYNALITE_VERSION", "Dynalite", "DynaliteError", "dynalite_home", "install", "main"]
 
@@ -90,13 +93,25 @@ def _free_port(host: str) -> int:
 
 
 class Dynalite:
-    """A dynalite server (in memory) in a child process on 127.0.0.1."""
+    """A dynalite server (in memory) in a child process on 127.0.0.1.
 
-    def __init__(self, home: Path | None = None, *, host: str = "127.0.0.1") -> None:
+    The child is spawned like the local fleet's own (:func:`wsfleet_local.procs.spawn`): in its
+    own session and killed with this process, so an interrupted run leaves no node behind.
+    """
+
+    def __init__(
+        self, home: Path | None = None, *, host: str = "127.0.0.1", log_path: Path | None = None
+    ) -> None:
         self.home = home or dynalite_home()
         self.host = host
+        self.log_path = log_path
         self.port: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
+        self._child: ChildProcess | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs, else None."""
+        return self._child.pid if self._child is not None and self._child.alive() else None
 
     @property
     def endpoint_url(self) -> str:
@@ -113,13 +128,15 @@ class Dynalite:
         self.port = _free_port(self.host)
         command = [str(_binary(self.home)), "--host", self.host, "--port", str(self.port),
                    "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]  # fmt: skip
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        try:
+            self._child = spawn("dynalite", command, log_path=self.log_path)
+        except ChildProcessError_ as exc:
+            raise DynaliteError(str(exc)) from exc
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while not self._answers():
-            if self._process.poll() is not None:
-                raise DynaliteError(f"dynalite exited with {self._process.returncode}")
+            if not self._child.alive():
+                code = self._child.stop()
+                raise DynaliteError(f"dynalite exited with {code}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise DynaliteError("dynalite did not answer")
@@ -137,16 +154,10 @@ class Dynalite:
             return False
 
     def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        """Terminate the server (SIGKILL after 10 s) and reap it. Safe to call twice."""
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop(signal.SIGTERM, 10)
 
     def client(self, region: str = "us-east-1") -> Any:
         import boto3

@@ -21,6 +21,12 @@ environment the same way. Template *parameters* are overridden with short local 
 (lease 4 s, heartbeat 1 s, a reconcile pass every second) and with what a loopback upstream
 needs (``ws://`` allowed, 127.0.0.1 allowed).
 
+``dynamodb="dynalite"`` puts the tables on dynalite (:mod:`wsfleet_local.dynalite`, a second,
+concurrent DynamoDB implementation) instead of moto, with SQS still on moto: every process
+gets ``AWS_ENDPOINT_URL_DYNAMODB``, the standard per-service override. dynalite has no Streams,
+so the STOP notifier is not fed: a STOP reaches its worker at the next renewal. The benchmarks
+use it to show what the serialised moto server costs the K = 100 runs.
+
 Everything listens on 127.0.0.1; every child runs in its own session and dies with the
 supervisor (see :mod:`wsfleet_local.procs`); logs go to ``run_dir`` (one file per process).
 :meth:`LocalFleet.stop` shuts down in dependency order: API first (no new work), workers
@@ -56,6 +62,7 @@ from wsfleet.exceptions import WsfleetError
 
 from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template
+from .dynalite import Dynalite
 from .procs import ChildProcess, spawn
 from .runtime import FunctionProcess
 from .scheduler import ReconcileScheduler
@@ -71,6 +78,8 @@ STREAM_NOTIFIER = "stream_notifier"
 RECONCILER = "reconciler"
 ROUTER = "router"
 SCHEDULER_EVENT_SAMPLE = "scheduler_reconcile.json"
+#: Where the tables live: the embedded moto server, or dynalite (SQS is moto's either way).
+DYNAMODB_BACKENDS = ("moto", "dynalite")
 
 #: How long a worker may take from spawn to its first health-file touch.
 WORKER_READY_TIMEOUT_SECONDS = 60.0
@@ -169,9 +178,13 @@ class LocalFleet:
         stream_poll_seconds: float = 0.15,
         extra_worker_env: Mapping[str, str] | None = None,
         progress: Progress | None = None,
+        dynamodb: str = "moto",
     ) -> None:
         if workers < 0:
             raise FleetError("workers must be >= 0")
+        if dynamodb not in DYNAMODB_BACKENDS:
+            raise FleetError(f"dynamodb must be one of {', '.join(DYNAMODB_BACKENDS)}")
+        self.dynamodb = dynamodb
         self.worker_count = workers
         self.timings = timings or FleetTimings()
         self.rate = rate
@@ -185,6 +198,7 @@ class LocalFleet:
         self._template_path = find_template()
         self.stack: StackSpec = read_stack(load_template(self._template_path))
         self._backend: ChildProcess | None = None
+        self._dynalite: Dynalite | None = None
         self._simulator: ChildProcess | None = None
         self._functions: dict[str, FunctionProcess] = {}
         self._api: LocalApi | None = None
@@ -207,6 +221,13 @@ class LocalFleet:
     @property
     def endpoint_url(self) -> str:
         return self.resources.endpoint_url
+
+    @property
+    def dynamodb_endpoint_url(self) -> str:
+        """Where the tables are: dynalite's URL with ``dynamodb="dynalite"``, else the backend's."""
+        if self._dynalite is not None:
+            return self._dynalite.endpoint_url
+        return self.endpoint_url
 
     @property
     def api_url(self) -> str:
@@ -247,6 +268,8 @@ class LocalFleet:
         children = [self._backend, self._simulator, *(slot.process for slot in self.workers)]
         pids = [child.pid for child in children if child is not None and child.alive()]
         pids += [pid for function in self._functions.values() if (pid := function.pid)]
+        if self._dynalite is not None and (pid := self._dynalite.pid):
+            pids.append(pid)
         return pids
 
     def ports(self) -> list[int]:
@@ -254,7 +277,8 @@ class LocalFleet:
         from urllib.parse import urlsplit
 
         endpoint = self._resources.endpoint_url if self._resources else None
-        urls = [self._api.url if self._api else None, endpoint, self.simulator_url]
+        dynalite = self._dynalite.endpoint_url if self._dynalite else None
+        urls = [self._api.url if self._api else None, endpoint, dynalite, self.simulator_url]
         return [port for url in urls if url and (port := urlsplit(url).port)]
 
     # ------------------------------------------------------------------ start
@@ -267,6 +291,8 @@ class LocalFleet:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_backend()
+            if self.dynamodb == "dynalite":
+                self._start_dynalite()
             self._start_simulator()
             self._start_functions()
             self._start_event_sources()
@@ -324,6 +350,24 @@ class LocalFleet:
             attributes=attributes,
         )
 
+    def _start_dynalite(self) -> None:
+        """dynalite, holding tables shaped like the ones the backend made from template.yaml."""
+        import boto3
+
+        self._progress("starting DynamoDB on dynalite (SQS stays on moto)")
+        resources = self.resources
+        self._dynalite = Dynalite().start()
+        moto = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+            region_name=resources.region,
+        ).client("dynamodb", endpoint_url=resources.endpoint_url)  # fmt: skip
+        self._dynalite.clone_tables(moto, resources.tables.values())
+
+    def _dynamodb_env(self) -> dict[str, str]:
+        if self._dynalite is None:
+            return {}
+        return {"AWS_ENDPOINT_URL_DYNAMODB": self._dynalite.endpoint_url}
+
     def _parameter_overrides(self) -> dict[str, Any]:
         t = self.timings
         return {
@@ -363,6 +407,7 @@ class LocalFleet:
         return {
             **self._base_env(),
             **self.resources.env(),
+            **self._dynamodb_env(),
             **self._resolver.environment(spec),
             "POWERTOOLS_TRACE_DISABLED": "true",
         }
@@ -388,16 +433,31 @@ class LocalFleet:
                 future.result()
 
     def _start_event_sources(self) -> None:
-        import boto3
-
-        from wsfleet.aws import client_config
-
-        self._progress("starting the DynamoDB Streams poller and the reconcile schedule")
         resources = self.resources
         notifier_spec = self.stack.function(STREAM_NOTIFIER)
         if not notifier_spec.streams:
             raise FleetError("template.yaml gives the stream notifier no DynamoDB event source")
-        source = notifier_spec.streams[0]
+        if self._dynalite is None:
+            self._progress("starting the DynamoDB Streams poller")
+            self._start_stream_poller(notifier_spec.streams[0])
+        else:
+            self._progress("dynalite has no Streams: STOP reaches workers at their next renewal")
+        self._progress("starting the reconcile schedule")
+        sample = self._scheduler_sample()
+        self._scheduler = ReconcileScheduler(
+            self._functions[RECONCILER].invoke,
+            interval_seconds=self.timings.pass_seconds,
+            schedule_name=f"{self.stack_name}-reconcile",
+            event_template=sample,
+            region=resources.region,
+        ).start()
+
+    def _start_stream_poller(self, source: Any) -> None:
+        import boto3
+
+        from wsfleet.aws import client_config
+
+        resources = self.resources
         session = boto3.session.Session(
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
@@ -416,14 +476,6 @@ class LocalFleet:
             f"{self.stack_name}-stream-notifier",
             poll_interval_seconds=self.stream_poll_seconds,
             on_failure=self._on_failure_sender(session, source.on_failure_destination),
-        ).start()
-        sample = self._scheduler_sample()
-        self._scheduler = ReconcileScheduler(
-            self._functions[RECONCILER].invoke,
-            interval_seconds=self.timings.pass_seconds,
-            schedule_name=f"{self.stack_name}-reconcile",
-            event_template=sample,
-            region=resources.region,
         ).start()
 
     def _on_failure_sender(
@@ -477,6 +529,7 @@ class LocalFleet:
         return {
             **self._base_env(),
             **self.resources.env(),
+            **self._dynamodb_env(),
             **self._resolver.resolve_variables(self.stack.worker_environment, owner="worker"),
             "WORKER_ID": worker_id,
             "HEALTH_FILE": str(self._health_file(worker_id)),
@@ -594,6 +647,10 @@ class LocalFleet:
                 with contextlib.suppress(OSError):
                     backend.popen.stdin.close()
             backend.stop(signal.SIGTERM, 10)
+        dynalite, self._dynalite = self._dynalite, None
+        if dynalite is not None:
+            self._progress("stopping dynalite")
+            dynalite.stop()
         self._started = False
 
     def abort(self) -> None:
@@ -648,6 +705,7 @@ class LocalFleet:
         state = {
             "api_url": self.api_url,
             "endpoint_url": self.endpoint_url,
+            "dynamodb_endpoint_url": self.dynamodb_endpoint_url,
             "simulator_url": self.simulator_url,
             "connections_table": self.resources.connections_table,
             "messages_table": self.resources.messages_table,

@@ -1,0 +1,91 @@
+"""LocalFleet with its tables on dynalite (``dynamodb="dynalite"``), SQS still on moto.
+
+The benchmarks use this mode to separate wsfleet's own cost from the serialised moto
+server's. These tests check that the whole path really runs on dynalite: START through the
+API lands in dynalite's table (not moto's), a worker streams and checkpoints there, a SIGTERM
+hands the stream to a peer, and stopping the fleet leaves no dynalite process behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from wsfleet.record import ConnectionRecord, connection_pk
+from wsfleet_local import dynalite
+from wsfleet_local.client import ApiClient, scan_table
+from wsfleet_local.fleet import FleetError, FleetTimings, LocalFleet
+from wsfleet_local.procs import pid_alive
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not dynalite.available(), reason="dynalite is not installed (node/npm)"),
+]
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+def client(endpoint_url: str) -> Any:
+    return boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    ).client("dynamodb", endpoint_url=endpoint_url)
+
+
+def record(dynamodb: Any, table: str, stream_id: str) -> ConnectionRecord | None:
+    connections, _workers = scan_table(dynamodb, table)
+    found = [item for item in connections if item["pk"] == connection_pk(stream_id)]
+    return ConnectionRecord.from_item(found[0]) if found else None
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_an_unknown_dynamodb_backend_is_refused():
+    with pytest.raises(FleetError, match="dynamodb must be one of"):
+        LocalFleet(workers=0, dynamodb="cassandra")
+
+
+def test_streams_and_hand_off_run_on_dynalite(tmp_path):
+    timings = FleetTimings(lease_seconds=4.0, heartbeat_seconds=1.0)
+    with LocalFleet(workers=1, timings=timings, run_dir=tmp_path, dynamodb="dynalite") as fleet:
+        assert fleet.dynamodb_endpoint_url != fleet.endpoint_url
+        table = fleet.resources.connections_table
+        on_dynalite, on_moto = client(fleet.dynamodb_endpoint_url), client(fleet.endpoint_url)
+        ApiClient(fleet.api_url).start("d1", fleet.simulator.url_for("d1"))
+
+        first = eventually(
+            lambda: (r := record(on_dynalite, table, "d1")) and r.last_seq > 0 and r,
+            "the first worker to checkpoint on dynalite",
+        )
+        assert first.lease_owner == fleet.worker_ids[0]
+        assert record(on_moto, table, "d1") is None  # moto's table is not used
+
+        fleet.add_worker()
+        fleet.kill_worker(0, signal.SIGTERM)
+        second = eventually(
+            lambda: (r := record(on_dynalite, table, "d1"))
+            and r.lease_owner == fleet.worker_ids[1]
+            and r.last_seq > first.last_seq
+            and r,
+            "the peer to take the stream over and checkpoint",
+        )
+        assert second.lease_epoch == first.lease_epoch + 1
+        (dynalite_pid,) = [pid for pid in fleet.child_pids() if "dynalite" in cmdline(pid)]
+    eventually(lambda: not pid_alive(dynalite_pid), "dynalite to exit", timeout=15)
