@@ -47,17 +47,21 @@ class Step:
 def _steps(quick: bool) -> list[Step]:
     from .fleet_bench import Profile, run_disruption, run_stop_latency
     from .request_cost import run_request_cost
+    from wsfleet_local.dynalite import available as dynalite_available
+
     from .wrapped import run_capacity, run_compat, run_reconcile
 
     steps: list[Step] = []
 
-    def crash(k: int, profile: str, rate: float) -> Step:
-        return Step("crash", f"crash-{profile}-{k}", lambda d: run_disruption(
-            "crash", connections=k, profile=profile, rate=rate, run_dir=d))
+    def crash(k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
+        suffix = "" if dynamodb == "moto" else f"-{dynamodb}"
+        return Step("crash", f"crash-{profile}-{k}{suffix}", lambda d: run_disruption(
+            "crash", connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb))
 
-    def handoff(k: int, profile: str, rate: float) -> Step:
-        return Step("handoff", f"handoff-{profile}-{k}", lambda d: run_disruption(
-            "handoff", connections=k, profile=profile, rate=rate, run_dir=d))
+    def handoff(k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
+        suffix = "" if dynamodb == "moto" else f"-{dynamodb}"
+        return Step("handoff", f"handoff-{profile}-{k}{suffix}", lambda d: run_disruption(
+            "handoff", connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb))
 
     def stop(channel: bool, n: int) -> Step:
         name = "stop-control-channel" if channel else "stop-heartbeat-fallback"
@@ -78,6 +82,11 @@ def _steps(quick: bool) -> list[Step]:
                   crash(10, Profile.DEFAULT, 5.0), crash(100, Profile.DEFAULT, 1.0),
                   handoff(10, Profile.DEFAULT, 5.0), handoff(100, Profile.DEFAULT, 1.0),
                   stop(True, 30), stop(False, 30)]
+        # The K = 100 runs again with the tables on dynalite (SQS still on moto): the same
+        # code, without the serialised moto server in the way (skipped without node).
+        if dynalite_available():
+            steps += [crash(100, Profile.SHORT, 1.0, "dynalite"),
+                      handoff(100, Profile.DEFAULT, 1.0, "dynalite")]
         steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
             run_dir=d, phases=[(10, 1.0), (20, 5.0), (50, 20.0)], window_seconds=20)))
         steps.append(Step("cost", "request-cost-flush-250ms", lambda d: run_request_cost(

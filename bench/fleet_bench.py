@@ -3,6 +3,9 @@
 Each run starts its own :class:`~wsfleet_local.faults.FaultyFleet` (no faults injected), so
 runs do not disturb each other:
 
+Runs use the embedded moto server for DynamoDB and SQS, or (``dynamodb="dynalite"``) dynalite
+for DynamoDB: a concurrent implementation that shows what the serialised moto server costs.
+
 * **crash / handoff** (``disruption``): one worker alone receives K connections (START through
   the API) and streams them all; then peers join; the lone worker gets SIGKILL (crash) or
   SIGTERM (graceful hand-off). For every connection, the time from the signal to the first
@@ -119,8 +122,10 @@ def fleet_for_bench(
     run_dir: Path,
     worker_env: Mapping[str, str],
     proxied: bool = False,
+    dynamodb: str = "moto",
 ) -> Any:
-    """A fleet context (``.fleet``); ``proxied``: workers go through the counting proxy."""
+    """A fleet context (``.fleet``); ``proxied``: workers go through the counting proxy;
+    ``dynamodb``: where the tables are (see :class:`wsfleet_local.fleet.LocalFleet`)."""
     env = {"POWERTOOLS_LOG_LEVEL": "WARNING", **worker_env}
     if proxied:
         from wsfleet_local.faults import FaultyFleet
@@ -129,7 +134,8 @@ def fleet_for_bench(
             workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env
         )
     return _PlainFleet(
-        workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env
+        workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env,
+        dynamodb=dynamodb,
     )
 
 
@@ -165,7 +171,7 @@ def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
     from .harness import aws_client
 
     messages = MessageStore(
-        aws_client("dynamodb", fleet.endpoint_url), fleet.resources.messages_table
+        aws_client("dynamodb", fleet.dynamodb_endpoint_url), fleet.resources.messages_table
     )
     records = records_by_id(fleet)
     sessions = by_stream(fleet.simulator.sessions())
@@ -203,6 +209,7 @@ def run_disruption(
     rate: float,
     run_dir: Path,
     peers: int = 2,
+    dynamodb: str = "moto",
 ) -> dict[str, Any]:
     """SIGKILL (``kind="crash"``) or SIGTERM (``"handoff"``) a worker holding ``connections``."""
     signum = signal.SIGKILL if kind == "crash" else signal.SIGTERM
@@ -214,10 +221,10 @@ def run_disruption(
         "connections": connections,
         "profile": profile,
         "settings": {**_timings_dict(timings), "frames_per_second_per_stream": rate,
-                     "workers": 1 + peers},  # fmt: skip
+                     "workers": 1 + peers, "dynamodb": dynamodb},  # fmt: skip
     }
     with fleet_for_bench(
-        workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env={}
+        workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env={}, dynamodb=dynamodb
     ) as faulty:
         fleet = faulty.fleet
         victim = fleet.workers[0]

@@ -159,7 +159,7 @@ def records_by_id(fleet: Any) -> dict[str, Any]:
     from wsfleet.record import ConnectionRecord
     from wsfleet_local.client import scan_table
 
-    client = aws_client("dynamodb", fleet.endpoint_url)
+    client = aws_client("dynamodb", fleet.dynamodb_endpoint_url)
     connections, _workers = scan_table(client, fleet.resources.connections_table)
     records = [ConnectionRecord.from_item(item) for item in connections]
     return {record.connection_id: record for record in records}

@@ -50,7 +50,8 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
                          _s(s["p50"]), _s(s["p95"]), _s(s["p99"]), _s(s["max"]),
                          r.get("target") or r.get("bound"), _met(r.get("target_met"))])  # fmt: skip
         else:
-            rows.append([r["connections"], f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
+            rows.append([r["connections"], st.get("dynamodb", "moto"),
+                         f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
                          st["frames_per_second_per_stream"], _s(s["p50"]), _s(s["p95"]),
                          _s(s["p99"]), _s(s["max"]),
                          f"{ratio.get('p50', 0):.2f} / {ratio.get('p99', 0):.2f}",
@@ -59,7 +60,7 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
         header = ["path", "streams", "lease / heartbeat (s)", "p50", "p95", "p99", "max",
                   "target", "met"]  # fmt: skip
     else:
-        header = ["K", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99", "max",
+        header = ["K", "DynamoDB", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99", "max",
                   "p50 / p99 as x lease", "target", "met"]  # fmt: skip
     parts = [title, "", _table(header, rows)] if rows else [title, "", "(not run)"]
     parts += _error_rows(items)
@@ -368,7 +369,9 @@ def render(document: dict[str, Any]) -> str:
         "- backend: the embedded moto server (one process, every request serialised) and the "
         "upstream simulator on 127.0.0.1; workers are real `python -m wsfleet_worker` processes; "
         "the router, reconciler and STOP notifier run through their real handlers "
-        "(wsfleet_local.fleet.LocalFleet)",
+        "(wsfleet_local.fleet.LocalFleet); runs named `-dynalite` keep their tables on dynalite "
+        "(DynamoDB only, concurrent; SQS stays on moto) to show what the serialised moto server "
+        "costs",
         "- latencies: nearest-rank percentiles over the connections of a run (with K = 10, p95 "
         "and p99 are the maximum); times are taken at the upstream (simulator session log)",
     ]
