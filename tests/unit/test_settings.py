@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from wsfleet.exceptions import ConfigurationError
-from wsfleet.settings import ENVIRONMENT, Settings
+from wsfleet.settings import ENVIRONMENT, Settings, markdown_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -29,7 +29,7 @@ def test_every_variable_is_read():
         "RECONCILE_PAGE_SIZE": "10", "ALLOWED_UPSTREAM_HOSTS": " Example.com, 127.0.0.1 ,",
         "ALLOW_INSECURE_WS": "true",
     }
-    assert {v.name for v in ENVIRONMENT} == set(env)
+    assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
     assert (s.connections_table, s.messages_table, s.hint_queue_url) == ("c", "m", "http://q")
     assert (s.lease_seconds, s.heartbeat_seconds, s.safety_margin_ms) == (4, 1, 500)
@@ -38,6 +38,23 @@ def test_every_variable_is_read():
     assert s.allowed_upstream_hosts == ("example.com", "127.0.0.1")
     assert s.allow_insecure_ws is True
     assert s.require_hint_queue_url() == "http://q"
+
+
+def test_every_shared_variable_fills_its_own_settings_field():
+    shared = [v.field for v in ENVIRONMENT if v.scope == "shared"]
+    assert sorted(shared) == sorted(Settings.__dataclass_fields__)
+    assert len({v.name for v in ENVIRONMENT}) == len(ENVIRONMENT)
+
+
+def test_documented_defaults_are_the_settings_defaults():
+    documented = {v.name: v.default for v in ENVIRONMENT if v.scope == "shared"}
+    del documented["WORKER_ID"]  # documented as its shape; generated per process
+    assert Settings.from_env(documented, worker_id="w") == Settings(worker_id="w")
+
+
+def test_empty_variables_keep_their_defaults():
+    empty = {"LEASE_SECONDS": "", "CONNECTIONS_TABLE": "", "ALLOW_INSECURE_WS": ""}
+    assert Settings.from_env(empty, worker_id="w") == Settings(worker_id="w")
 
 
 def test_worker_id_defaults_to_unique_value():
@@ -49,6 +66,8 @@ def test_worker_id_defaults_to_unique_value():
     ("env", "needle"),
     [
         ({"LEASE_SECONDS": "abc"}, "LEASE_SECONDS must be a number"),
+        ({"LEASE_SECONDS": "inf"}, "LEASE_SECONDS must be a finite number"),
+        ({"MAX_CONNECTIONS": "2.5"}, "MAX_CONNECTIONS must be a whole number"),
         ({"LEASE_SECONDS": "5", "HEARTBEAT_EVERY": "3"}, "at least twice"),
         ({"HEARTBEAT_EVERY": "0"}, "positive"),
         ({"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS"),
@@ -63,7 +82,9 @@ def test_bad_values_name_the_variable(env, needle):
 
 
 def test_reconcile_pass_must_fit_inside_lease_minus_heartbeat():
-    s = Settings.from_env({"LEASE_SECONDS": "4", "HEARTBEAT_EVERY": "1", "RECONCILE_PASS_SECONDS": "3"})
+    s = Settings.from_env(
+        {"LEASE_SECONDS": "4", "HEARTBEAT_EVERY": "1", "RECONCILE_PASS_SECONDS": "3"}
+    )
     with pytest.raises(ConfigurationError, match="RECONCILE_PASS_SECONDS"):
         s.check_reconcile_pass()
 
@@ -73,7 +94,10 @@ def test_missing_hint_queue_is_a_clear_error():
         Settings.from_env({}).require_hint_queue_url()
 
 
-def test_readme_documents_every_variable_with_its_default():
-    text = README.read_text()
-    for var in ENVIRONMENT:
-        assert f"| `{var.name}` | `{var.default}` |" in text, var.name
+def test_whole_numbers_may_be_written_as_floats():
+    assert Settings.from_env({"MAX_CONNECTIONS": "7.0"}).max_connections == 7
+
+
+def test_readme_table_is_generated_from_the_environment_table():
+    # Regenerate with `python -m wsfleet.settings` and paste under "## Configuration".
+    assert markdown_table() in README.read_text()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from wsfleet.exceptions import ConfigurationError
+from wsfleet.settings import ENVIRONMENT, Settings
 from wsfleet_worker.config import WORKER_ENVIRONMENT, WorkerConfig
 from wsfleet_worker.health import is_fresh, main, touch
 from wsfleet_worker.observability import WorkerMetrics
@@ -44,24 +45,44 @@ def test_shared_and_worker_variables_are_read():
     assert (config.metrics_flush_seconds, config.io_threads) == (0.5, 4)
 
 
+def test_empty_worker_variables_keep_their_defaults():
+    config = WorkerConfig.from_env({"WORKER_IO_THREADS": "", "WORKER_CONTROL_CHANNEL": ""})
+    assert (config.io_threads, config.control_channel) == (16, True)
+
+
+def test_whole_number_knobs_may_be_written_as_floats():
+    assert WorkerConfig.from_env({"WORKER_HINT_WAIT_SECONDS": "2.0"}).hint_wait_seconds == 2
+
+
 @pytest.mark.parametrize(
-    "env",
+    ("env", "needle"),
     [
-        {"WORKER_HINT_WAIT_SECONDS": "21"},
-        {"WORKER_IO_THREADS": "0"},
-        {"WORKER_CONTROL_CHANNEL": "maybe"},
-        {"WORKER_QUEUE_FRAMES": "lots"},
-        {"LEASE_SECONDS": "1", "HEARTBEAT_EVERY": "1"},
+        ({"WORKER_HINT_WAIT_SECONDS": "21"}, "WORKER_HINT_WAIT_SECONDS must be between 0 and 20"),
+        ({"WORKER_CONTROL_WAIT_SECONDS": "-1"}, "WORKER_CONTROL_WAIT_SECONDS must be between"),
+        ({"WORKER_IO_THREADS": "0"}, "WORKER_IO_THREADS must be at least 1"),
+        ({"WORKER_MAX_FRAME_BYTES": "0"}, "WORKER_MAX_FRAME_BYTES must be at least 1"),
+        ({"WORKER_WRITE_THREADS": "1.5"}, "WORKER_WRITE_THREADS must be a whole number"),
+        ({"WORKER_CONTROL_CHANNEL": "maybe"}, "WORKER_CONTROL_CHANNEL must be true or false"),
+        ({"WORKER_QUEUE_FRAMES": "lots"}, "WORKER_QUEUE_FRAMES must be a number"),
+        ({"WORKER_METRICS_FLUSH_SECONDS": "0"}, "WORKER_METRICS_FLUSH_SECONDS must be positive"),
+        ({"LEASE_SECONDS": "1", "HEARTBEAT_EVERY": "1"}, "LEASE_SECONDS"),
     ],
 )
-def test_bad_values_are_configuration_errors(env):
-    with pytest.raises(ConfigurationError):
+def test_bad_values_are_configuration_errors_naming_the_variable(env, needle):
+    with pytest.raises(ConfigurationError, match=needle):
         WorkerConfig.from_env(env)
 
 
-def test_every_worker_variable_maps_to_a_field():
-    fields = set(WorkerConfig.__dataclass_fields__)
-    assert all(field in fields for _name, field, _default in WORKER_ENVIRONMENT)
+def test_worker_knobs_are_the_worker_scoped_entries_of_the_one_table():
+    assert tuple(v for v in ENVIRONMENT if v.scope == "worker") == WORKER_ENVIRONMENT
+    knobs = sorted(v.field for v in WORKER_ENVIRONMENT)
+    assert knobs == sorted(set(WorkerConfig.__dataclass_fields__) - {"settings"})
+
+
+def test_documented_defaults_are_the_worker_config_defaults():
+    documented = {v.name: v.default for v in WORKER_ENVIRONMENT}
+    settings = Settings(worker_id="w")
+    assert WorkerConfig.from_env(documented, settings=settings) == WorkerConfig(settings=settings)
 
 
 def test_missing_hint_queue_url_exits_with_a_configuration_error(tmp_path):

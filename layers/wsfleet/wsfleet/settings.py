@@ -1,37 +1,62 @@
 """Settings: every environment variable wsfleet reads, with its default, in one place.
 
-Each component builds one :class:`Settings` with :meth:`Settings.from_env` and reads the fields it
-needs. Units are in the names (``*_seconds``, ``*_ms``). Endpoint selection is deliberately absent:
+The table :data:`ENVIRONMENT` lists each variable once: its name, the field it fills, its
+documented default, its meaning and the components that read it. Two typed objects are built
+from it with the same parsing (:func:`read_environment`):
+
+* :class:`Settings` (``scope="shared"``) - every component builds one with
+  :meth:`Settings.from_env` and reads the fields it needs;
+* ``wsfleet_worker.config.WorkerConfig`` (``scope="worker"``) - knobs that only tune the worker
+  process (long-poll waits, thread and queue limits, ...). Their defaults are production values;
+  tests and the local fleet shorten them.
+
+An unset or empty variable keeps its default. A value that cannot be parsed, or that fails
+validation, raises :class:`~wsfleet.exceptions.ConfigurationError` naming the variable.
+Units are in the names (``*_seconds``, ``*_ms``). Endpoint selection is deliberately absent:
 boto3 honours the standard ``AWS_ENDPOINT_URL`` itself (that is how the embedded moto backend is
 selected locally).
 
-The table :data:`ENVIRONMENT` documents each variable; the README's configuration table is
-generated from it and a test keeps the two in step.
+The README's configuration table is :func:`markdown_table` (print it with
+``python -m wsfleet.settings``); a test keeps the two in step.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import typing
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
 
 from .exceptions import ConfigurationError
 
-__all__ = ["ENVIRONMENT", "EnvVar", "Settings", "default_worker_id"]
+__all__ = [
+    "ENVIRONMENT",
+    "EnvVar",
+    "Scope",
+    "Settings",
+    "default_worker_id",
+    "markdown_table",
+    "read_environment",
+]
+
+#: Which typed object a variable fills: ``"shared"`` -> :class:`Settings`, ``"worker"`` ->
+#: ``wsfleet_worker.config.WorkerConfig`` (read by the worker process only).
+Scope = Literal["shared", "worker"]
 
 
-@dataclass(frozen=True)
-class EnvVar:
-    """One environment variable: its name, the Settings field it fills, default and meaning."""
+class EnvVar(NamedTuple):
+    """One environment variable: its name, the field it fills, default, meaning and readers."""
 
     name: str
     field: str
     default: str
     doc: str
     used_by: str
+    scope: Scope = "shared"
 
 
 ENVIRONMENT: tuple[EnvVar, ...] = (
@@ -82,21 +107,33 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "Private/loopback IP literals are refused unless listed.", "router"),
     EnvVar("ALLOW_INSECURE_WS", "allow_insecure_ws", "false",
            "Accept ws:// upstream URLs (wss:// is always accepted).", "router"),
+    # -- worker process tuning (WorkerConfig) ---------------------------------------------
+    EnvVar("WORKER_HINT_WAIT_SECONDS", "hint_wait_seconds", "20",
+           "Hint-queue long-poll wait, 0-20 (the SQS limit).", "worker", scope="worker"),
+    EnvVar("WORKER_CONTROL_WAIT_SECONDS", "control_wait_seconds", "20",
+           "Control-queue long-poll wait, 0-20 (the SQS limit).", "worker", scope="worker"),
+    EnvVar("WORKER_CONTROL_CHANNEL", "control_channel", "true",
+           "Create and consume a control queue; false: a STOP is only noticed by the next "
+           "renewal.", "worker", scope="worker"),
+    EnvVar("WORKER_METRICS_FLUSH_SECONDS", "metrics_flush_seconds", "60",
+           "EMF metrics are printed this often.", "worker", scope="worker"),
+    EnvVar("WORKER_IO_THREADS", "io_threads", "16",
+           "Threads for DynamoDB/SQS lease calls.", "worker", scope="worker"),
+    EnvVar("WORKER_WRITE_THREADS", "write_threads", "4",
+           "Message batches written concurrently.", "worker", scope="worker"),
+    EnvVar("WORKER_QUEUE_FRAMES", "queue_frames", "10000",
+           "Frames queued for writing (all connections) before sessions stop reading their "
+           "sockets.", "worker", scope="worker"),
+    EnvVar("WORKER_SESSION_QUEUE_FRAMES", "session_queue_frames", "500",
+           "Frames one connection may have in flight.", "worker", scope="worker"),
+    EnvVar("WORKER_MAX_FRAME_BYTES", "max_frame_bytes", "393216",
+           "Largest accepted frame (DynamoDB items are at most 400 KB).", "worker", scope="worker"),
 )
 
 
 def default_worker_id() -> str:
     """A worker identity unique across restarts: host, pid and a random suffix."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off", ""}:
-        return False
-    raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,34 +209,70 @@ class Settings:
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read every variable in :data:`ENVIRONMENT`; unset ones keep their defaults.
+        """Read every shared variable in :data:`ENVIRONMENT`; unset ones keep their defaults.
 
         >>> Settings.from_env({"LEASE_SECONDS": "4", "HEARTBEAT_EVERY": "1"}).lease_ms
         4000
         """
         env = os.environ if environ is None else environ
-        types = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for var in ENVIRONMENT:
-            raw = env.get(var.name)
-            if raw is None or (raw == "" and var.field == "worker_id"):
-                continue
-            values[var.field] = _convert(var.name, raw, types[var.field])
-        values.update(overrides)
-        return cls(**values)
+        return cls(**{**read_environment(cls, "shared", env), **overrides})
 
 
-def _convert(name: str, raw: str, annotation: Any) -> Any:
-    kind = str(annotation)
-    try:
-        if kind == "float":
-            return float(raw)
-        if kind == "int":
-            return int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
-    if kind == "bool":
-        return _parse_bool(name, raw)
-    if kind.startswith("tuple"):
+# ---------------------------------------------------------------------------- parsing
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def read_environment(target: type, scope: Scope, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Keyword arguments for ``target`` from the set variables of ``scope``.
+
+    Each value is parsed to the type annotated on ``target``'s field. Unset and empty variables
+    are left out, so the dataclass default applies.
+    """
+    types = typing.get_type_hints(target)
+    values: dict[str, Any] = {}
+    for var in ENVIRONMENT:
+        raw = environ.get(var.name, "")
+        if var.scope == scope and raw != "":
+            values[var.field] = _parse_value(var.name, raw, types[var.field])
+    return values
+
+
+def _parse_value(name: str, raw: str, kind: Any) -> Any:
+    """``raw`` as a ``kind`` value, or a ConfigurationError naming the variable ``name``."""
+    if kind is bool:
+        value = raw.strip().lower()
+        if value in _TRUE or value in _FALSE:
+            return value in _TRUE
+        raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
+    if kind is int or kind is float:
+        return _parse_number(name, raw, kind)
+    if typing.get_origin(kind) is tuple:  # comma-separated host names: case-insensitive
         return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
     return raw
+
+
+def _parse_number(name: str, raw: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        number = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+    if not math.isfinite(number):
+        raise ConfigurationError(f"{name} must be a finite number, got {raw!r}")
+    if kind is int:
+        if not number.is_integer():
+            raise ConfigurationError(f"{name} must be a whole number, got {raw!r}")
+        return int(number)
+    return number
+
+
+# ---------------------------------------------------------------------------- documentation
+def markdown_table() -> str:
+    """The README's configuration table: one row per variable, in :data:`ENVIRONMENT` order."""
+    rows = ["| Variable | Default | Used by | Meaning |", "|---|---|---|---|"]
+    rows += [f"| `{v.name}` | `{v.default}` | {v.used_by} | {v.doc} |" for v in ENVIRONMENT]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
