@@ -53,7 +53,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,6 +62,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import yaml
 
 from wsfleet.exceptions import WsfleetError
+
+from .stack import StackResolver, Unresolvable
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer
@@ -362,11 +364,16 @@ class SerializedMotoApp:
             remaining = deadline - time.monotonic()
             if not reply.ok or receive.has_messages(reply) or remaining <= 0:
                 return reply
-            with self._sqs_changed:
-                self._sqs_changed.wait_for(
-                    lambda: self._sqs_generation != generation,
-                    timeout=min(self._poll_interval_seconds, remaining),
-                )
+            self._wait_for_sqs_write(
+                after=generation, timeout_seconds=min(self._poll_interval_seconds, remaining)
+            )
+
+    def _wait_for_sqs_write(self, *, after: int, timeout_seconds: float) -> None:
+        """Block until an SQS write moves the generation past ``after``, or the timeout passes."""
+        with self._sqs_changed:
+            self._sqs_changed.wait_for(
+                lambda: self._sqs_generation != after, timeout=timeout_seconds
+            )
 
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -533,77 +540,6 @@ def find_template() -> Path:
         if candidate.is_file():
             return candidate
     raise TemplateError(f"no template.yaml above {Path(__file__).parent}; set WSFLEET_TEMPLATE")
-
-
-@dataclass
-class _Created:
-    """What later resources may refer to: Ref values and GetAtt attributes by logical id."""
-
-    region: str
-    stack_name: str
-    parameters: Mapping[str, Any]
-    refs: dict[str, str] = field(default_factory=dict)
-    attributes: dict[tuple[str, str], str] = field(default_factory=dict)
-
-    def ref(self, name: str) -> Any:
-        if name in self.refs:
-            return self.refs[name]
-        pseudo = {
-            "AWS::Region": self.region,
-            "AWS::StackName": self.stack_name,
-            "AWS::Partition": "aws",
-            "AWS::URLSuffix": "amazonaws.com",
-        }
-        if name in pseudo:
-            return pseudo[name]
-        parameter = self.parameters.get(name)
-        if isinstance(parameter, dict) and "Default" in parameter:
-            return parameter["Default"]
-        raise TemplateError(f"cannot resolve Ref {name} locally")
-
-    def get_att(self, name: str, attribute: str) -> str:
-        try:
-            return self.attributes[(name, attribute)]
-        except KeyError:
-            raise TemplateError(f"cannot resolve GetAtt {name}.{attribute} locally") from None
-
-    def resolve(self, value: Any) -> Any:
-        """Evaluate the intrinsic functions a table or queue definition may use."""
-        if isinstance(value, list):
-            return [self.resolve(item) for item in value]
-        if not isinstance(value, dict):
-            return value
-        if len(value) == 1:
-            ((key, argument),) = value.items()
-            if key == "Ref":
-                return self.ref(argument)
-            if key == "Fn::GetAtt":
-                name, attribute = argument if isinstance(argument, list) else argument.split(".", 1)
-                return self.get_att(name, attribute)
-            if key == "Fn::Sub":
-                return self._sub(argument)
-            if key == "Fn::Join":
-                delimiter, items = argument
-                return str(delimiter).join(str(item) for item in self.resolve(items))
-            if key.startswith("Fn::"):
-                raise TemplateError(f"{key} is not supported by the local provisioner")
-        return {key: self.resolve(item) for key, item in value.items()}
-
-    def _sub(self, argument: Any) -> str:
-        text, variables = (argument, {}) if isinstance(argument, str) else argument
-        variables = self.resolve(variables)
-
-        def substitute(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name.startswith("!"):
-                return "${" + name[1:] + "}"
-            if name in variables:
-                return str(variables[name])
-            if "." in name:
-                return self.get_att(*name.split(".", 1))
-            return str(self.ref(name))
-
-        return re.sub(r"\$\{([^}]+)\}", substitute, text)
 
 
 def _referenced_ids(value: Any) -> set[str]:
@@ -812,18 +748,28 @@ def provision_resources(
         for logical_id, definition in template["Resources"].items()
         if isinstance(definition, dict) and definition.get("Type") in (TABLE_TYPE, QUEUE_TYPE)
     }
-    created = _Created(
-        region=region, stack_name=prefix, parameters=template.get("Parameters") or {}
-    )
+    parameters = template.get("Parameters") or {}
     dynamodb = _local_client("dynamodb", endpoint_url, region)
     sqs = _local_client("sqs", endpoint_url, region)
     tables: dict[str, str] = {}
     queues: dict[str, str] = {}
+    attributes: dict[tuple[str, str], str] = {}  # GetAtt values of what exists so far
     stream_arns: dict[str, str] = {}
     try:
         for logical_id in _creation_order(wanted):
             definition = wanted[logical_id]
-            properties = created.resolve(definition.get("Properties") or {})
+            # A resource may refer to any created before it (creation order sees to that).
+            resolver = StackResolver(
+                stack_name=prefix,
+                region=region,
+                names={**tables, **queues},
+                parameters=parameters,
+                attributes=dict(attributes),
+            )
+            try:
+                properties = resolver.resolve(definition.get("Properties") or {})
+            except Unresolvable as exc:
+                raise TemplateError(f"{logical_id}: {exc}") from exc
             if definition["Type"] == TABLE_TYPE:
                 name = _physical_name(prefix, logical_id)
                 table = dynamodb.create_table(**_table_request(name, properties))
@@ -837,11 +783,11 @@ def provision_resources(
                             "AttributeName": ttl["AttributeName"],
                         },
                     )
-                tables[logical_id] = created.refs[logical_id] = name
-                created.attributes[(logical_id, "Arn")] = description["TableArn"]
+                tables[logical_id] = name
+                attributes[(logical_id, "Arn")] = description["TableArn"]
                 if description.get("LatestStreamArn"):
                     stream_arns[logical_id] = description["LatestStreamArn"]
-                    created.attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
+                    attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
             else:
                 name = _physical_name(
                     prefix, logical_id, fifo=str(properties.get("FifoQueue")).lower() == "true"
@@ -852,10 +798,10 @@ def provision_resources(
                 arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
                     "Attributes"
                 ]["QueueArn"]
-                queues[logical_id] = created.refs[logical_id] = url
-                created.attributes[(logical_id, "Arn")] = arn
-                created.attributes[(logical_id, "QueueName")] = name
-                created.attributes[(logical_id, "QueueUrl")] = url
+                queues[logical_id] = url
+                attributes[(logical_id, "Arn")] = arn
+                attributes[(logical_id, "QueueName")] = name
+                attributes[(logical_id, "QueueUrl")] = url
     except (BotoCoreError, ClientError) as exc:
         raise BackendError(f"creating resources with prefix {prefix!r} failed: {exc}") from exc
     finally:
@@ -982,7 +928,10 @@ class EmbeddedBackend:
         # new_session keeps a terminal's Ctrl-C away from the server, so a supervisor can
         # drain its workers (whose final writes need the server) before stopping it.
         self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=self.new_session
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=self.new_session,
         )
         try:
             ready = _read_ready_line(self._process, START_TIMEOUT_SECONDS)

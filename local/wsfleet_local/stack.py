@@ -6,7 +6,9 @@ FilterCriteria and retry settings, the reconciler's schedule. Rather than restat
 that in Python, :func:`read_stack` extracts it from the template (parsed by
 :func:`wsfleet_local.backend.load_template`, which turns ``!Ref`` into ``{"Ref": ...}``), and
 :class:`StackResolver` evaluates the intrinsic functions in environment variables against the
-locally created resources.
+locally created resources. The embedded backend's provisioner
+(:func:`wsfleet_local.backend.provision_resources`) uses the same resolver for the properties
+of the tables and queues it creates, so both read the template's intrinsics one way.
 
 Pure: a template dict in, dataclasses out. No boto3, no files except through the loader.
 
@@ -35,6 +37,7 @@ __all__ = [
     "StackResolver",
     "StackSpec",
     "StreamSource",
+    "Unresolvable",
     "read_stack",
 ]
 
@@ -252,9 +255,10 @@ class Unresolvable(ConfigurationError):
 class StackResolver:
     """Evaluates Ref / GetAtt / Sub / Join against locally created resources.
 
-    ``names`` maps logical ids to what ``Ref`` returns (table names, queue URLs); ``arns`` maps
-    ``(logical_id, attribute)`` to what ``GetAtt`` returns. Parameters take ``overrides`` first,
-    then their template ``Default``.
+    ``names`` maps logical ids to what ``Ref`` returns (table names, queue URLs);
+    ``attributes`` maps ``(logical_id, attribute)`` to what ``GetAtt`` returns. Parameters take
+    ``overrides`` first, then their template ``Default``. Anything else (an unknown name, an
+    unsupported ``Fn::``) raises :class:`Unresolvable`.
 
     Example::
 

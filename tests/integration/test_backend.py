@@ -510,6 +510,23 @@ def test_template_without_the_wsfleet_resources_is_refused(
         )
 
 
+def test_a_reference_with_no_local_value_is_refused_naming_the_resource(
+    embedded: EmbeddedBackend, tmp_path: Path
+) -> None:
+    template = tmp_path / "template.yaml"
+    template.write_text(
+        "Resources:\n"
+        "  HintQueue:\n"
+        "    Type: AWS::SQS::Queue\n"
+        "    Properties: {VisibilityTimeout: !Ref NoSuchParameter}\n"
+    )
+
+    with pytest.raises(TemplateError, match="HintQueue: Ref NoSuchParameter"):
+        provision_resources(
+            embedded.endpoint_url, f"u-{uuid.uuid4().hex[:8]}", template_path=template
+        )
+
+
 def test_find_template_prefers_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from wsfleet_local.backend import find_template, load_template
 from wsfleet_local.eventfilter import RecordFilter
-from wsfleet_local.stack import Route, StackResolver, read_stack
+from wsfleet_local.stack import Route, StackResolver, Unresolvable, read_stack
 
 EVENTS = Path(find_template()).parent / "events"
 
@@ -104,6 +104,41 @@ def test_resolver_leaves_out_what_it_cannot_resolve():
         environment={"A": {"Ref": "Missing"}, "B": {"Fn::Sub": "${AWS::StackName}-x"}, "C": 5},
     )
     assert resolver.environment(spec) == {"B": "s-x", "C": "5"}
+
+
+def test_resolver_evaluates_getatt_sub_and_join():
+    resolver = StackResolver(
+        stack_name="s",
+        region="eu-west-1",
+        names={"HintQueue": "http://q"},
+        parameters={"Stage": {"Type": "String", "Default": "dev"}},
+        attributes={("HintQueue", "Arn"): "arn:aws:sqs:eu-west-1:123456789012:s-HintQueue"},
+    )
+
+    assert resolver.resolve({"Fn::GetAtt": "HintQueue.Arn"}).endswith(":s-HintQueue")
+    assert resolver.resolve({"Fn::Sub": "${HintQueue.Arn}|${AWS::AccountId}|${!Literal}"}) == (
+        "arn:aws:sqs:eu-west-1:123456789012:s-HintQueue|123456789012|${Literal}"
+    )
+    assert resolver.resolve({"Fn::Sub": ["${X}-${Stage}", {"X": {"Ref": "AWS::Region"}}]}) == (
+        "eu-west-1-dev"
+    )
+    assert resolver.resolve({"Fn::Join": [",", [{"Ref": "HintQueue"}, "b"]]}) == "http://q,b"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"Ref": "Missing"}, "Ref Missing"),
+        ({"Fn::GetAtt": ["HintQueue", "Arn"]}, "GetAtt HintQueue.Arn"),
+        ({"Fn::Sub": "${Missing.Arn}"}, "GetAtt Missing.Arn"),
+        ({"Fn::If": ["Cond", 1, 2]}, "Fn::If is not supported"),
+    ],
+)
+def test_resolver_names_what_it_cannot_resolve(value, message):
+    resolver = StackResolver(stack_name="s", region="r", names={"HintQueue": "q"}, parameters={})
+
+    with pytest.raises(Unresolvable, match=message):
+        resolver.resolve(value)
 
 
 @pytest.mark.parametrize(
