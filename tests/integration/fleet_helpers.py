@@ -10,7 +10,12 @@ Reusable by the worker integration tests, the chaos suite and local tooling:
   in module-scoped fixtures without monkeypatching), with the operations tests need: start a
   connection and hint it, act as the reconciler, read records and stored messages;
 * :func:`check_stream` - the loss/duplicate check: every seq ``1..upto`` stored exactly once
-  with the simulator's content for it.
+  with the simulator's content for it;
+* pytest fixtures for tests that each want a fleet of their own (``sim``, ``fleet``,
+  ``spawn``): a test module binds them at module level (``sim, fleet, spawn =
+  fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn``), and pytest finds fixtures
+  under the names a module binds. (A ``from`` import would do too, but then every test
+  parameter named like one trips ruff's F811.)
 
 Short timings are the defaults of :data:`FAST_WORKER_ENV` (lease 2 s, heartbeat 0.5 s).
 """
@@ -27,25 +32,31 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
+import pytest
 
 from wsfleet.hints import Hint, HintSender
 from wsfleet.messages import MessageStore
 from wsfleet.record import ConnectionRecord, connection_pk
 from wsfleet.store import LeaseStore
+from wsfleet_local.simulator import SimulatorThread
 
 __all__ = [
     "FAST_WORKER_ENV",
+    "SIMULATOR_RATE",
     "Fleet",
     "StreamCheck",
     "WorkerProcess",
     "check_stream",
+    "fleet",
     "resume_problems",
+    "sim",
+    "spawn",
     "wait_until",
 ]
 
@@ -67,6 +78,9 @@ FAST_WORKER_ENV: dict[str, str] = {
     "POWERTOOLS_LOG_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",
 }
+
+#: Frames per second per stream of the ``sim`` fixture's simulator.
+SIMULATOR_RATE = 20.0
 
 _names = itertools.count(1)
 
@@ -318,3 +332,37 @@ def resume_problems(sessions: Iterable[Any]) -> list[str]:
                 )
         previous = session
     return problems
+
+
+# ============================================================================ pytest fixtures
+# A fresh fleet per test: its own simulator, its own resources (``aws`` of tests/conftest.py),
+# its own worker processes.
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatorThread]:
+    """An upstream WebSocket simulator streaming :data:`SIMULATOR_RATE` frames/s per stream."""
+    with SimulatorThread(rate=SIMULATOR_RATE) as running:
+        yield running
+
+
+@pytest.fixture
+def fleet(aws: Any) -> Fleet:
+    """Clients and operations over the test's own tables and hint queue."""
+    return Fleet(aws.env())
+
+
+@pytest.fixture
+def spawn(aws: Any, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """``spawn(**env_overrides)`` starts a worker on the test's resources, logging under
+    ``tmp_path``; every worker started is stopped when the test ends."""
+    started: list[WorkerProcess] = []
+
+    def start(**overrides: str) -> WorkerProcess:
+        worker = WorkerProcess(aws.env(), log_dir=tmp_path, **overrides)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 
+import fleet_helpers
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
 
@@ -27,33 +28,10 @@ from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-RATE = 20.0
-
-
-@pytest.fixture
-def sim():
-    with SimulatorThread(rate=RATE) as running:
-        yield running
-
-
-@pytest.fixture
-def fleet(aws) -> Fleet:
-    return Fleet(aws.env())
-
-
-@pytest.fixture
-def spawn(aws, tmp_path):
-    """Start worker processes; every one is stopped when the test ends."""
-    started: list[WorkerProcess] = []
-
-    def start(**overrides: str) -> WorkerProcess:
-        worker = WorkerProcess(aws.env(), log_dir=tmp_path, **overrides)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+# Per-test fixtures from fleet_helpers (also used by test_worker_stop.py): a simulator, clients
+# over the test's own resources, and worker processes stopped when the test ends. Binding them
+# here is what makes pytest find them in this module.
+sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
 
 
 def logs(*workers: WorkerProcess) -> str:

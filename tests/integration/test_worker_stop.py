@@ -12,6 +12,7 @@ Which path closed the session is read from the worker's own log line ("session f
 
 from __future__ import annotations
 
+import fleet_helpers
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, wait_until
 
@@ -21,36 +22,16 @@ from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+# Per-test fixtures from fleet_helpers (also used by test_worker_failover.py): a simulator, clients
+# over the test's own resources, and worker processes stopped when the test ends. Binding them
+# here is what makes pytest find them in this module.
+sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
+
 SLOW_HEARTBEAT = {
     "LEASE_SECONDS": "30",
     "HEARTBEAT_EVERY": "10",
     "LEASE_SAFETY_MARGIN_SECONDS": "2",
 }
-
-
-@pytest.fixture
-def sim():
-    with SimulatorThread(rate=20.0) as running:
-        yield running
-
-
-@pytest.fixture
-def fleet(aws) -> Fleet:
-    return Fleet(aws.env())
-
-
-@pytest.fixture
-def spawn(aws, tmp_path):
-    started: list[WorkerProcess] = []
-
-    def start(**overrides: str) -> WorkerProcess:
-        worker = WorkerProcess(aws.env(), log_dir=tmp_path, **overrides)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def streaming(fleet: Fleet, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
