@@ -10,6 +10,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from wsfleet.messages import Message, PutResult, seq_sk
 from wsfleet_worker.flusher import MessageFlusher, QueuedFrame
 from wsfleet_worker.observability import WorkerMetrics
@@ -232,10 +234,11 @@ def test_quiesce_waits_for_a_request_that_already_left():
         flusher.flush_now()
         await until(store.sent.is_set)
         owner.writable = False  # the session is ending: no new request may carry its frames
-        assert await flusher.quiesce(bystander, 0.01)  # nothing of b's is out
-        assert not await flusher.quiesce(owner, 0.2)  # a's batch is still out
+        await asyncio.wait_for(flusher.quiesce(bystander), 0.01)  # nothing of b's is out
+        with pytest.raises(TimeoutError):  # a's batch is still out
+            await asyncio.wait_for(flusher.quiesce(owner), 0.2)
         store.landed.set()
-        assert await flusher.quiesce(owner, WAIT)
+        await asyncio.wait_for(flusher.quiesce(owner), WAIT)
         assert [m.seq for b in store.batches for m in b] == [1]  # it had landed by then
         assert owner.written == [1]
 

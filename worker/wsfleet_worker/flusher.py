@@ -119,21 +119,16 @@ class MessageFlusher:
         self._urgent = True
         self._not_empty.set()
 
-    async def quiesce(self, owner: FrameOwner, timeout: float) -> bool:
+    async def quiesce(self, owner: FrameOwner) -> None:
         """Wait until no batch holding ``owner``'s frames is being written.
 
         Call it once ``owner.may_write`` has turned false, so that no new request (nor a
-        retry: the guard runs before every attempt) can carry its frames. Returns False if a
-        request is still out after ``timeout`` seconds.
+        retry: the guard runs before every attempt) can carry its frames. It waits as long as
+        a request is out: the caller bounds it (``asyncio.timeout``).
         """
-        try:
-            async with asyncio.timeout(timeout):
-                while self._writing[owner]:
-                    self._write_ended.clear()
-                    await self._write_ended.wait()
-        except TimeoutError:
-            return False
-        return True
+        while self._writing[owner]:
+            self._write_ended.clear()
+            await self._write_ended.wait()
 
     async def run(self) -> None:
         """Collect and send batches forever (cancel to stop; in-flight writes finish)."""

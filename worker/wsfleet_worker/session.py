@@ -239,13 +239,16 @@ class Session:
         self._ctx.scheduler.remove(self)  # no renewal may race the final write
         self._ending = True
         if plan.final_write is not FinalWrite.NONE and not self.fenced:
-            if await self._ctx.flusher.quiesce(self, _IN_FLIGHT_WAIT_SECONDS):
-                released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
-            else:
+            try:
+                async with asyncio.timeout(_IN_FLIGHT_WAIT_SECONDS):
+                    await self._ctx.flusher.quiesce(self)
+            except TimeoutError:
                 self._ctx.logger.warning(
                     "a message write is still out; leaving the lease to expire",
                     extra=self._log,
                 )
+            else:
+                released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
         if reason is ExitReason.FENCED:
             self._ctx.metrics.count("LeaseLost")
         self._info(
