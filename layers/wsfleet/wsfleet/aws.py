@@ -11,17 +11,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 from botocore.config import Config
 
-__all__ = ["client_config", "dynamodb_client", "sqs_client"]
+__all__ = ["RetryMode", "client_config", "dynamodb_client", "sqs_client"]
+
+#: botocore's retry modes (``Config(retries={"mode": ...})``).
+RetryMode = Literal["legacy", "standard", "adaptive"]
 
 
 def client_config(
     *,
-    retry_mode: str = "standard",
+    retry_mode: RetryMode = "standard",
     max_attempts: int = 4,
     connect_timeout: float = 2.0,
     read_timeout: float = 5.0,

@@ -52,7 +52,10 @@ def backoff(
 
 def is_throttling(exc: BaseException) -> bool:
     """DynamoDB/SQS asked us to slow down."""
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in THROTTLING_CODES
+    return (
+        isinstance(exc, ClientError)
+        and exc.response.get("Error", {}).get("Code") in THROTTLING_CODES
+    )
 
 
 def is_ambiguous(exc: BaseException) -> bool:

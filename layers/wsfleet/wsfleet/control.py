@@ -48,7 +48,8 @@ class StopCommand:
     epoch: int
 
     def body(self) -> str:
-        return json.dumps({"type": "STOP", "pk": self.pk, "epoch": self.epoch}, separators=(",", ":"))
+        command = {"type": "STOP", "pk": self.pk, "epoch": self.epoch}
+        return json.dumps(command, separators=(",", ":"))
 
     @classmethod
     def parse(cls, body: str) -> StopCommand:

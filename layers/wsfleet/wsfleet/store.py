@@ -137,13 +137,16 @@ class LeaseStore:
     # ------------------------------------------------------------------ low level
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
         try:
-            return getattr(self._client, operation)(TableName=self.table_name, **kwargs)
+            response: dict[str, Any] = getattr(self._client, operation)(
+                TableName=self.table_name, **kwargs
+            )
         except ClientError as exc:
             if _is_condition_failure(exc):
                 raise
             raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
+        return response
 
     def _conditional_update(self, pk: str, **kwargs: Any) -> dict[str, Any]:
         """UpdateItem returning ALL_NEW; a refusal raises ClientError with ``Item`` = ALL_OLD."""
@@ -163,7 +166,8 @@ class LeaseStore:
         absent, or the backend ignores ReturnValuesOnConditionCheckFailure (dynalite does), so
         a consistent read settles which.
         """
-        item = _load(exc.response.get("Item"))
+        old_item = exc.response.get("Item")  # DynamoDB adds it to the common error shape
+        item = _load(old_item) if isinstance(old_item, Mapping) else None
         if item:
             return ConnectionRecord.from_item(item)
         return self.get(pk, consistent=True)
@@ -323,7 +327,9 @@ class LeaseStore:
             Limit=limit,
             **kwargs,
         )
-        records = [ConnectionRecord.from_item(_load(raw) or {}) for raw in response.get("Items", [])]
+        records = [
+            ConnectionRecord.from_item(_load(raw) or {}) for raw in response.get("Items", [])
+        ]
         return ConnectionPage(records, _load(response.get("LastEvaluatedKey")))
 
     # ------------------------------------------------------------------ holder writes
@@ -338,8 +344,8 @@ class LeaseStore:
             item = self._conditional_update(
                 pk,
                 UpdateExpression=(
-                    "SET lease_owner = :owner, lease_expires_at_ms = :expires, updated_at_ms = :now "
-                    "ADD lease_epoch :one"
+                    "SET lease_owner = :owner, lease_expires_at_ms = :expires, "
+                    "updated_at_ms = :now ADD lease_epoch :one"
                 ),
                 ConditionExpression=(
                     "attribute_exists(pk) AND desired_state = :started AND "
@@ -386,7 +392,9 @@ class LeaseStore:
         try:
             self._conditional_update(
                 lease.pk,
-                UpdateExpression="SET lease_expires_at_ms = :expires, updated_at_ms = :now" + set_seq,
+                UpdateExpression=(
+                    "SET lease_expires_at_ms = :expires, updated_at_ms = :now" + set_seq
+                ),
                 ConditionExpression=(
                     "lease_owner = :owner AND lease_epoch = :epoch AND desired_state = :started"
                     + seq_guard
@@ -578,7 +586,9 @@ class LeaseStore:
         """Create or replace this worker's item (control queue URL, liveness expiry)."""
         self._call("put_item", Item=_dump(worker.to_item()))
 
-    def heartbeat_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
+    def heartbeat_worker(
+        self, worker_id: str, *, expires_at_ms: int, connection_count: int
+    ) -> None:
         """Keep the worker item alive; refused (StoreError-free) if it was cleaned up meanwhile."""
         try:
             self._call(
