@@ -45,10 +45,10 @@ class Step:
 
 
 def _steps(quick: bool) -> list[Step]:
-    from .fleet_bench import Profile, run_disruption, run_stop_latency
-    from .request_cost import run_request_cost
     from wsfleet_local.dynalite import available as dynalite_available
 
+    from .fleet_bench import Profile, run_disruption, run_stop_latency
+    from .request_cost import run_request_cost
     from .wrapped import run_capacity, run_compat, run_reconcile
 
     steps: list[Step] = []
@@ -118,7 +118,7 @@ def _write_markdown(document: dict[str, Any]) -> None:
 
     try:
         RESULTS_MD.write_text(render(document))
-    except Exception:  # noqa: BLE001
+    except Exception:
         print(f"[bench] RESULTS.md not rendered:\n{traceback.format_exc()}", file=sys.stderr)
 
 

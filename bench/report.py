@@ -39,14 +39,15 @@ def _error_rows(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kind: str) -> str:
     rows = []
-    for name, r in items:
+    for _, r in items:
         if "seconds" not in r:
             continue
         s, st = r["seconds"], r["settings"]
         ratio = r.get("ratio_to_lease", {})
         if kind == "stop":
             label = "control channel" if r.get("control_channel") else "heartbeat fallback"
-            rows.append([label, st["streams"], f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
+            rows.append([label, st["streams"],
+                         f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
                          _s(s["p50"]), _s(s["p95"]), _s(s["p99"]), _s(s["max"]),
                          r.get("target") or r.get("bound"), _met(r.get("target_met"))])  # fmt: skip
         else:
@@ -60,8 +61,8 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
         header = ["path", "streams", "lease / heartbeat (s)", "p50", "p95", "p99", "max",
                   "target", "met"]  # fmt: skip
     else:
-        header = ["K", "DynamoDB", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99", "max",
-                  "p50 / p99 as x lease", "target", "met"]  # fmt: skip
+        header = ["K", "DynamoDB", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99",
+                  "max", "p50 / p99 as x lease", "target", "met"]  # fmt: skip
     parts = [title, "", _table(header, rows)] if rows else [title, "", "(not run)"]
     parts += _error_rows(items)
     return "\n".join(parts)
@@ -131,7 +132,7 @@ def _cost_section(document: dict[str, Any]) -> str:
 def _capacity_section(document: dict[str, Any]) -> str:
     items = _results(document, "capacity")
     rows = []
-    for name, r in items:
+    for _, r in items:
         if "error" in r:
             continue
         st = r.get("settings", {})
@@ -202,7 +203,7 @@ def _reconcile_section(document: dict[str, Any]) -> str:
 def _compat_section(document: dict[str, Any]) -> str:
     items = _results(document, "compat")
     parts = ["## 8. Compatibility: LeaseStore and race tests on dynalite", ""]
-    for name, r in items:
+    for _, r in items:
         if "skipped" in r:
             parts.append(f"Skipped: {r['skipped']}")
             continue
@@ -282,9 +283,11 @@ def _targets(document: dict[str, Any]) -> str:
             label = ("6. >= 5,000 conns, < 100 KB each, lateness <= lease/2" if big
                      else "6. < 100 KB per conn, lateness <= lease/2 (smaller run)")  # fmt: skip
             rows.append([label, name,
-                         f"{r.get('owned_at_end_of_window')} held, {r.get('rss_per_connection_kb')} "
-                         f"KB/conn, max lateness {r.get('renew_lateness_max_ms_steady')} ms of "
-                         f"{r.get('renew_lateness_limit_ms')}", _met(r.get("target_met"))])  # fmt: skip
+                         f"{r.get('owned_at_end_of_window')} held, "
+                         f"{r.get('rss_per_connection_kb')} KB/conn, max lateness "
+                         f"{r.get('renew_lateness_max_ms_steady')} ms of "
+                         f"{r.get('renew_lateness_limit_ms')}",
+                         _met(r.get("target_met"))])  # fmt: skip
     for name, r in _results(document, "compat"):
         if "tests" in r:
             rows.append(["8. LeaseStore + race tests pass on dynalite", name,

@@ -149,14 +149,18 @@ def run_request_cost(
                 "messages_written": written,
                 "message_write_requests": batch_requests,
                 "requests_per_message": round(batch_requests / written, 4) if written else None,
-                "messages_per_request": round(written / batch_requests, 1) if batch_requests else None,
+                "messages_per_request": (
+                    round(written / batch_requests, 1) if batch_requests else None
+                ),
                 "connection_item_bytes": conn_size,
                 "message_item_bytes": message_size,
                 "renewals_per_connection_hour": round(renewals / connection_hours),
                 "dynamodb_reads_by_worker": reads,
                 "sqs_requests_per_worker_hour": round(sqs_requests * 3600 / elapsed),
                 "wcu_per_renewal": per_renewal_wcu,
-                "wcu_per_connection_hour_renewals": round(renewals / connection_hours * per_renewal_wcu),
+                "wcu_per_connection_hour_renewals": round(
+                    renewals / connection_hours * per_renewal_wcu
+                ),
                 "wcu_per_message": _wcu(message_size),
                 "rcu_per_connection_hour": 0 if reads == 0 else round(reads / connection_hours, 1),
             }

@@ -76,7 +76,9 @@ def run_capacity(
     return result
 
 
-def run_reconcile(*, items: list[int], scenarios: list[str], timeout: float = 1800) -> dict[str, Any]:
+def run_reconcile(
+    *, items: list[int], scenarios: list[str], timeout: float = 1800
+) -> dict[str, Any]:
     argv = ["bench/reconcile_pass.py", "--json-only", "--items", *map(str, items),
             "--scenarios", *scenarios]  # fmt: skip
     result, seconds = _run_script(argv, timeout)
@@ -92,7 +94,7 @@ def run_compat(*, timeout: float = 900) -> dict[str, Any]:
     if not available():
         try:
             install()
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal to the bench
+        except Exception as exc:  # reported in the result, not fatal to the bench
             result["skipped"] = f"dynalite not available: {exc}"
             return result
     result["dynalite_home"] = str(dynalite_home())
@@ -129,6 +131,7 @@ def dynalite_race(racers: int = 16, rounds: int = 40) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     from botocore.exceptions import ClientError
+
     from wsfleet_local.dynalite import Dynalite
 
     with Dynalite() as server:

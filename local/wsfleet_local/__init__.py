@@ -1,1 +1,1 @@
-"""wsfleet local runtime: embedded backend, upstream simulator, local fleet and the `wsfleet` CLI."""
+"""wsfleet local runtime: embedded backend, upstream simulator, local fleet, the `wsfleet` CLI."""

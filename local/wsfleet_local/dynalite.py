@@ -127,7 +127,8 @@ class Dynalite:
             )
         self.port = _free_port(self.host)
         command = [str(_binary(self.home)), "--host", self.host, "--port", str(self.port),
-                   "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]  # fmt: skip
+                   "--createTableMs", "0", "--deleteTableMs", "0",
+                   "--updateTableMs", "0"]  # fmt: skip
         try:
             self._child = spawn("dynalite", command, log_path=self.log_path)
         except ChildProcessError_ as exc:
@@ -146,7 +147,7 @@ class Dynalite:
     def _answers(self) -> bool:
         request = urllib.request.Request(self.endpoint_url + "/", method="GET")
         try:
-            with urllib.request.urlopen(request, timeout=1):  # noqa: S310 - loopback
+            with urllib.request.urlopen(request, timeout=1):  # loopback only
                 return True
         except urllib.error.HTTPError:
             return True  # it answered (dynalite rejects unsigned requests)
@@ -191,8 +192,9 @@ class Dynalite:
 def create_table_request(description: dict[str, Any]) -> dict[str, Any]:
     """CreateTable arguments reproducing a DescribeTable result (keys, indexes, billing).
 
-    >>> create_table_request({"TableName": "t", "AttributeDefinitions": [],
-    ...     "KeySchema": [], "BillingModeSummary": {"BillingMode": "PAY_PER_REQUEST"}})["BillingMode"]
+    >>> request = create_table_request({"TableName": "t", "AttributeDefinitions": [],
+    ...     "KeySchema": [], "BillingModeSummary": {"BillingMode": "PAY_PER_REQUEST"}})
+    >>> request["BillingMode"]
     'PAY_PER_REQUEST'
     """
     billing = (description.get("BillingModeSummary") or {}).get("BillingMode", "PAY_PER_REQUEST")

@@ -151,9 +151,10 @@ _TARGET_SERVICES = {
 def classify(headers: Mapping[str, str], body: bytes) -> RequestInfo:
     """Identify an AWS request from its headers and body (JSON 1.0 or SQS query protocol).
 
-    >>> classify({"X-Amz-Target": "DynamoDB_20120810.GetItem"},
-    ...          b'{"TableName": "t", "Key": {}}')
-    RequestInfo(service='dynamodb', operation='GetItem', tables=('t',), items=0, protocol='json', size=29)
+    >>> info = classify({"X-Amz-Target": "DynamoDB_20120810.GetItem"},
+    ...                 b'{"TableName": "t", "Key": {}}')
+    >>> info.service, info.operation, info.tables, info.items, info.protocol, info.size
+    ('dynamodb', 'GetItem', ('t',), 0, 'json', 29)
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     target = lowered.get("x-amz-target", "")
@@ -352,7 +353,8 @@ _MESSAGES = {
 def error_response(kind: FaultKind, info: RequestInfo) -> tuple[int, list[tuple[str, str]], bytes]:
     """The status, headers and body the real service sends for this error and protocol.
 
-    >>> status, headers, body = error_response(FaultKind.THROTTLE, RequestInfo("sqs", "SendMessage"))
+    >>> info = RequestInfo("sqs", "SendMessage")
+    >>> status, headers, body = error_response(FaultKind.THROTTLE, info)
     >>> status, dict(headers)["x-amzn-query-error"]
     (400, 'RequestThrottled;Sender')
     """
@@ -698,7 +700,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     proxy: FaultProxy
     label: str
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib's signature names it format
         return  # quiet: thousands of requests per second
 
     def _read_body(self) -> bytes:
@@ -801,11 +803,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _json(self, status: int, payload: Any) -> None:
         self._reply(status, [("Content-Type", "application/json")], json.dumps(payload).encode())
 
-    do_POST = _handle  # noqa: N815 - http.server naming
-    do_GET = _handle  # noqa: N815
-    do_PUT = _handle  # noqa: N815
-    do_DELETE = _handle  # noqa: N815
-    do_HEAD = _handle  # noqa: N815
+    # http.server dispatches on do_<METHOD>.
+    do_POST = _handle
+    do_GET = _handle
+    do_PUT = _handle
+    do_DELETE = _handle
+    do_HEAD = _handle
 
 
 # =============================================================================================
@@ -833,7 +836,7 @@ class FaultClient:
             headers={"Content-Type": "application/json"} if data else {},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             raise FaultError(f"{method} {path}: {exc.code} {exc.read()[:200]!r}") from exc

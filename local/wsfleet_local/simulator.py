@@ -84,6 +84,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
+
 from wsfleet.exceptions import WsfleetError
 
 __all__ = [

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 __all__ = ["Pause", "Sample", "Verdict", "Violation", "check_history"]
@@ -103,7 +104,7 @@ def _check_monotonic(samples: Sequence[Sample], verdict: Verdict) -> None:
         by_stream[sample.stream_id].append(sample)
     for stream_id, series in by_stream.items():
         series.sort(key=lambda s: s.t)
-        for before, after in zip(series, series[1:], strict=False):
+        for before, after in pairwise(series):
             if after.epoch < before.epoch:
                 verdict.add("fenced", stream_id,
                             f"epoch went back from {before.epoch} to {after.epoch}")  # fmt: skip
@@ -189,7 +190,8 @@ def _check_overlaps(
                 within += 1
                 continue
             zombie = any(
-                p.stopped_at <= session.opened_at and older_end <= p.resumed_at + resume_grace_seconds
+                p.stopped_at <= session.opened_at
+                and older_end <= p.resumed_at + resume_grace_seconds
                 for p in pauses
             )
             if zombie:
@@ -199,7 +201,8 @@ def _check_overlaps(
                 "overlap",
                 stream_id,
                 f"sessions {older.session_id} and {session.session_id} streamed together for "
-                f"{length:.2f} s (fencing window {window_seconds:g} s, no paused owner explains it)",
+                f"{length:.2f} s (fencing window {window_seconds:g} s, "
+                "no paused owner explains it)",
             )
         active.append(session)
     return within, excused
@@ -236,7 +239,8 @@ def check_history(
             continue
         if record.desired_state.value != desired:
             verdict.add("converged", stream_id,
-                        f"desired_state {record.desired_state.value}, expected {desired}")  # fmt: skip
+                        f"desired_state {record.desired_state.value}, "
+                        f"expected {desired}")  # fmt: skip
         if desired == "STARTED":
             if record.lease_owner not in live_workers:
                 verdict.add("converged", stream_id,
@@ -248,7 +252,8 @@ def check_history(
                             f"{len(open_sessions)} open upstream sessions, expected 1")  # fmt: skip
         elif open_sessions:
             verdict.add("converged", stream_id,
-                        f"STOPPED but {len(open_sessions)} upstream session(s) still open")  # fmt: skip
+                        f"STOPPED but {len(open_sessions)} upstream session(s) "
+                        "still open")  # fmt: skip
         checked += _check_messages(
             stream_id, items.get(stream_id, ()), record.last_seq, first_seen.get(stream_id, {}),
             verdict,
@@ -262,7 +267,8 @@ def check_history(
         for session in stream_sessions:
             if session.gap:
                 verdict.add("gap", stream_id,
-                            f"session {session.session_id} skipped {session.gap} frames")  # fmt: skip
+                            f"session {session.session_id} skipped "
+                            f"{session.gap} frames")  # fmt: skip
     epochs = [max(e) for e in first_seen.values() if e]
     verdict.figures.update(
         {

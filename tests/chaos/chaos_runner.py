@@ -209,7 +209,7 @@ class _Chaos:
         match action.kind:
             case "kill" | "term":
                 signum = signal.SIGKILL if action.kind == "kill" else signal.SIGTERM
-                if not slot.alive() or action.slot in self.paused or signal.SIGTERM in slot.process.signals_sent:
+                if not _running(slot) or action.slot in self.paused:
                     self.log(f"skip {action.kind} of slot {action.slot}: not running")
                     return None
                 fleet.kill_worker(action.slot, signum)
@@ -226,7 +226,7 @@ class _Chaos:
                 new = fleet.restart_worker(action.slot, wait_ready=False)
                 self.log(f"replaced {slot.worker_id} by {new.worker_id}")
             case "pause":
-                if not slot.alive() or signal.SIGTERM in slot.process.signals_sent:  # gone or draining
+                if not _running(slot):
                     self.log(f"skip pause of slot {action.slot}: not running")
                     return None
                 fleet.kill_worker(action.slot, signal.SIGSTOP)
@@ -235,7 +235,7 @@ class _Chaos:
             case "resume":
                 self._resume(action.slot)
             case "restart":  # a rolling deploy: drain, and the slot is replaced at once
-                if not slot.alive() or action.slot in self.paused or signal.SIGTERM in slot.process.signals_sent:
+                if not _running(slot) or action.slot in self.paused:
                     self.log(f"skip restart of slot {action.slot}: not running")
                     return None
                 fleet.kill_worker(action.slot, signal.SIGTERM)
@@ -290,9 +290,15 @@ class _Chaos:
                 self.log(f"heal: replaced {slot.worker_id} by {new.worker_id}")
 
 
+def _running(slot: Any) -> bool:
+    """The slot's worker is alive and not draining (no SIGTERM sent to it yet)."""
+    return bool(slot.alive()) and signal.SIGTERM not in slot.process.signals_sent
+
+
 def _direct_client(service: str, endpoint_url: str) -> Any:
     """A client straight to the backend: the observer is not behind the fault proxy."""
     import boto3
+
     from wsfleet.aws import client_config
 
     session = boto3.session.Session(
@@ -343,9 +349,13 @@ def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
     for name in ("HintQueue", "HintDeadLetterQueue"):
         url = fleet.resources.queues.get(name)
         if url:
-            attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-            counts = {k[len("ApproximateNumberOfMessages"):] or "Visible": v
-                      for k, v in attributes.items() if k.startswith("ApproximateNumberOfMessages")}  # fmt: skip
+            response = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
+            prefix = "ApproximateNumberOfMessages"
+            counts = {
+                attribute[len(prefix) :] or "Visible": count
+                for attribute, count in response["Attributes"].items()
+                if attribute.startswith(prefix)
+            }
             lines.append(f"{name}: {counts}")
     records = _records(client, fleet.resources.connections_table)
     live = _live_worker_ids(fleet)

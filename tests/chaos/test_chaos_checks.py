@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from chaos_history import Pause, Sample, check_history
 from chaos_schedule import make_schedule
+
 from wsfleet.record import DesiredState
 
 END = 1000.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from wsfleet.aws import dynamodb_client
 from wsfleet.messages import Message, MessageStore, seq_sk
 
@@ -29,9 +30,10 @@ def test_a_frame_is_not_sent_once_its_guard_has_expired_behind_the_rate_limiter(
     client = dynamodb_client()
     store = MessageStore(client, aws.messages_table)
     emitter = client.meta.events
+    handlers = emitter._emitter._handlers
     limiter = next(
         handler
-        for handler in emitter._emitter._handlers.prefix_search("before-send.dynamodb.BatchWriteItem")
+        for handler in handlers.prefix_search("before-send.dynamodb.BatchWriteItem")
         if getattr(handler, "__qualname__", "").startswith("ClientRateLimiter")
     )
 

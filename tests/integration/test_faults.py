@@ -22,6 +22,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from fleet_helpers import wait_until
+
 from wsfleet.backoff import is_ambiguous, is_throttling
 from wsfleet.exceptions import LeaseConflict
 from wsfleet.record import connection_pk
@@ -296,9 +297,10 @@ def test_classify_reads_targets_tables_items_and_the_sqs_query_protocol():
 
 
 def test_error_shapes_per_protocol():
-    status, headers, body = error_response(FaultKind.ERROR_500, RequestInfo("sqs", "X", protocol="query"))
+    sqs_request = RequestInfo("sqs", "X", protocol="query")
+    status, _, body = error_response(FaultKind.ERROR_500, sqs_request)
     assert status == 500 and b"<Code>InternalError</Code>" in body
-    status, headers, body = error_response(FaultKind.THROTTLING, RequestInfo("dynamodb", "GetItem"))
+    status, _, body = error_response(FaultKind.THROTTLING, RequestInfo("dynamodb", "GetItem"))
     assert status == 400 and json.loads(body)["__type"].endswith("#ThrottlingException")
     with pytest.raises(FaultError):
         FaultRule(kind="delay")

@@ -117,7 +117,8 @@ def test_stopped_items_get_a_ttl(aws, clock):
 def test_acquire_sets_owner_expiry_and_bumps_epoch(store, clock):
     pk = started(store)
     rec = store.acquire(pk, "w1")
-    assert (rec.lease_owner, rec.lease_epoch, rec.lease_expires_at_ms) == ("w1", 1, clock.now + LEASE_MS)
+    lease = (rec.lease_owner, rec.lease_epoch, rec.lease_expires_at_ms)
+    assert lease == ("w1", 1, clock.now + LEASE_MS)
 
 
 def test_acquire_refusals_carry_the_current_record(store, clock):
@@ -187,7 +188,8 @@ def test_concurrent_acquirers_exactly_one_wins(aws):
     with ThreadPoolExecutor(racers) as pool:
         results = list(pool.map(race, range(racers)))
     winners = {pk: [i for i, won in enumerate(results) if pk in won] for pk in pks}
-    assert all(len(w) == 1 for w in winners.values()), {k: v for k, v in winners.items() if len(v) != 1}
+    contested = {pk: won for pk, won in winners.items() if len(won) != 1}
+    assert not contested
     for pk, (winner,) in winners.items():
         rec = stores[0].get(pk)
         assert rec.lease_owner == f"w{winner}" and rec.lease_epoch == 1
@@ -297,7 +299,7 @@ def test_record_error_is_truncated_and_fenced(store, clock):
 # ------------------------------------------------------------------ reads and the GSI
 def test_batch_get_many_pages(store):
     pks = [started(store, f"b{i}") for i in range(130)]
-    found = store.batch_get(pks + ["CONN#absent"])
+    found = store.batch_get([*pks, "CONN#absent"])
     assert set(found) == set(pks)
 
 

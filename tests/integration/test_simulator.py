@@ -22,6 +22,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect as sync_connect
+
 from wsfleet_local.simulator import (
     InvalidRequest,
     SessionRecord,

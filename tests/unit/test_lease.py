@@ -77,7 +77,8 @@ class TestAcquirable:
     def test_will_expire_before_window(self):
         assert will_expire_before(HELD, NOW + 5_001)
         assert not will_expire_before(HELD, NOW + 5_000)
-        assert not will_expire_before(HELD.with_changes(desired_state=DesiredState.STOPPED), NOW * 2)
+        stopped = HELD.with_changes(desired_state=DesiredState.STOPPED)
+        assert not will_expire_before(stopped, NOW * 2)
 
 
 class TestOwnership:

@@ -19,7 +19,8 @@ def test_new_record_has_no_lease():
     rec = ConnectionRecord.new("m-1", "wss://up/x", 123)
     assert rec.pk == "CONN#m-1"
     assert rec.connection_id == "m-1"
-    assert (rec.lease_owner, rec.lease_expires_at_ms, rec.lease_epoch, rec.last_seq) == ("", 0, 0, 0)
+    lease = (rec.lease_owner, rec.lease_expires_at_ms, rec.lease_epoch, rec.last_seq)
+    assert lease == ("", 0, 0, 0)
     assert rec.created_at_ms == rec.updated_at_ms == 123
 
 
