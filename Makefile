@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration demo up bench lint clean
+.PHONY: install test unit integration lint-py demo up bench clean
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,14 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
+
+# Static Python checks, configured in pyproject.toml: ruff's lint rules over the repository and
+# mypy --strict over the shipped code. Both run even if the first fails (.ci/lint calls this).
+lint-py: $(STAMP)
+	@status=0; \
+	echo "ruff check ."; $(BIN)/ruff check . || status=1; \
+	echo "mypy"; $(BIN)/mypy || status=1; \
+	exit $$status
 
 demo: $(STAMP)
 	$(BIN)/wsfleet demo
