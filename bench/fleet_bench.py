@@ -220,8 +220,12 @@ def run_disruption(
         "benchmark": kind,
         "connections": connections,
         "profile": profile,
-        "settings": {**_timings_dict(timings), "frames_per_second_per_stream": rate,
-                     "workers": 1 + peers, "dynamodb": dynamodb},  # fmt: skip
+        "settings": {
+            **_timings_dict(timings),
+            "frames_per_second_per_stream": rate,
+            "workers": 1 + peers,
+            "dynamodb": dynamodb,
+        },
     }
     with fleet_for_bench(
         workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env={}, dynamodb=dynamodb
@@ -301,9 +305,13 @@ def run_stop_latency(
         "benchmark": "stop",
         "control_channel": control_channel,
         "profile": profile,
-        "settings": {**_timings_dict(timings), "workers": workers, "streams": streams,
-                     "stop_spacing_seconds": spacing_seconds,
-                     "streams_poll_seconds": 0.15},  # fmt: skip
+        "settings": {
+            **_timings_dict(timings),
+            "workers": workers,
+            "streams": streams,
+            "stop_spacing_seconds": spacing_seconds,
+            "streams_poll_seconds": 0.15,
+        },
     }
     with fleet_for_bench(
         workers=workers, timings=timings, rate=rate, run_dir=run_dir, worker_env=worker_env
@@ -349,6 +357,8 @@ def run_stop_latency(
             result["bound"] = f"<= heartbeat ({timings.heartbeat_seconds:g} s) + renew time"
         records = records_by_id(fleet)
         result["stopped_records"] = sum(
-            1 for i in ids if records[i].desired_state.value == "STOPPED" and not records[i].lease_owner
+            1
+            for i in ids
+            if records[i].desired_state.value == "STOPPED" and not records[i].lease_owner
         )
     return result

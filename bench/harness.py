@@ -138,6 +138,7 @@ def machine() -> dict[str, Any]:
 def aws_client(service: str, endpoint_url: str, region: str = "us-east-1") -> Any:
     """A boto3 client straight to the backend (not through the proxy: not counted)."""
     import boto3
+
     from wsfleet.aws import client_config
 
     session = boto3.session.Session(
