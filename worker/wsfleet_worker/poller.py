@@ -7,14 +7,20 @@ waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_h
 * unparseable hints are counted (``InvalidHints``) and deleted;
 * hints for connections this worker already runs (and repeats within the batch) are deleted;
 * the rest are acquired concurrently. ``acquire`` is the real decision: it succeeds only for a
-  STARTED connection whose lease is free or expired, so stale, duplicate or early hints cost
-  one refused conditional write (``AcquireConflicts``) and are deleted;
+  STARTED connection whose lease is free or expired, so stale or duplicate hints cost one
+  refused conditional write (``AcquireConflicts``) and are deleted. An early hint, whose
+  lease lapses within ``EARLY_HINT_MAX_WAIT_MS``, waits for the expiry and tries once more;
 * a hint whose acquire failed for an unclassified reason (DynamoDB trouble) is left in the
   queue, to come back after its visibility timeout;
 * hints over capacity (only possible if capacity shrank meanwhile) are made visible again at
   once for a peer.
 
 Handled messages are deleted with one DeleteMessageBatch per round.
+
+Rounds overlap: while one batch is being acted on (its acquires, or an early hint's wait for
+its lease to lapse), the next receive is already out, up to ``MAX_ROUNDS_IN_FLIGHT`` batches
+in hand. Taking over a hundred connections is then a pipeline, not ten rounds back to back.
+Hints in hand count against the free slots, so overlapping never receives beyond capacity.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ __all__ = ["HintOutcome", "HintPoller"]
 
 #: SQS returns at most 10 messages per ReceiveMessage.
 RECEIVE_LIMIT = 10
+#: Received batches being acted on at once (see the module docstring).
+MAX_ROUNDS_IN_FLIGHT = 3
 
 
 class HintOutcome(Enum):
@@ -84,6 +92,9 @@ class HintPoller:
         self._wait_seconds = wait_seconds
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._rounds: set[asyncio.Task[None]] = set()
+        self._in_hand = 0  # hints received and not yet settled
+        self._round_failed: BaseException | None = None
 
     def stop(self) -> None:
         """Finish the current round (releasing what it received) and return from :meth:`run`."""
@@ -95,10 +106,20 @@ class HintPoller:
         self._slot_freed.set()
 
     async def run(self) -> None:
+        """Receive and act on hints until :meth:`stop`; then wait for the rounds in hand."""
+        try:
+            await self._receive_rounds()
+        finally:
+            if self._rounds:
+                await asyncio.gather(*self._rounds, return_exceptions=True)
+        if self._round_failed is not None:
+            raise self._round_failed
+
+    async def _receive_rounds(self) -> None:
         failures = 0
-        while not self._stopping.is_set():
-            free = self._free_slots()
-            if free <= 0:
+        while not self._stopping.is_set() and self._round_failed is None:
+            free = self._free_slots() - self._in_hand
+            if free <= 0 or len(self._rounds) >= MAX_ROUNDS_IN_FLIGHT:
                 self._slot_freed.clear()
                 try:
                     async with asyncio.timeout(1.0):
@@ -125,7 +146,21 @@ class HintPoller:
             if self._stopping.is_set():  # received after stop: give them straight back
                 await self._release([m["ReceiptHandle"] for m in messages])
                 return
-            await self._handle(messages)
+            self._start_round(messages)
+
+    def _start_round(self, messages: list[dict[str, Any]]) -> None:
+        self._in_hand += len(messages)
+        task = asyncio.create_task(self._handle(messages), name="hint-round")
+        self._rounds.add(task)
+
+        def settled(done: asyncio.Task[None]) -> None:
+            self._rounds.discard(done)
+            self._in_hand -= len(messages)
+            if not done.cancelled() and done.exception() is not None:
+                self._round_failed = done.exception()  # a bug: run() re-raises it
+            self._slot_freed.set()  # room for another round
+
+        task.add_done_callback(settled)
 
     async def _handle(self, messages: list[dict[str, Any]]) -> None:
         triage = triage_hints(

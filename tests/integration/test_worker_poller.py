@@ -1,0 +1,151 @@
+"""HintPoller against the real (moto) hint queue: overlapping rounds, capacity, shutdown.
+
+The ``acquire`` callback is the test's: it blocks on demand, so the poller's own behaviour
+(what it receives while a round is still busy, what it deletes or gives back) is what is
+observed, through the queue itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import boto3
+import pytest
+
+from wsfleet.hints import Hint
+from wsfleet_worker.observability import WorkerMetrics
+from wsfleet_worker.offload import Offloader
+from wsfleet_worker.poller import HintOutcome, HintPoller
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 15.0  # a bound on waiting for the queue, never a timing assertion
+
+
+def sqs_client(aws):
+    return boto3.client("sqs", endpoint_url=aws.endpoint_url, region_name=aws.region)
+
+
+def send(sqs, url: str, *pks: str) -> None:
+    for pk in pks:
+        sqs.send_message(QueueUrl=url, MessageBody=Hint(pk).body())
+
+
+def queue_depth(sqs, url: str) -> tuple[int, int]:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return (
+        int(attributes["ApproximateNumberOfMessages"]),
+        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+    )
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` (queue state has no event to wait on) for at most LIMIT seconds."""
+    try:
+        async with asyncio.timeout(LIMIT):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def run_poller(
+    aws,
+    acquire: Callable[[Hint], Awaitable[HintOutcome]],
+    scenario: Callable[[HintPoller, object], Awaitable[None]],
+    *,
+    capacity: int = 100,
+) -> None:
+    async def main() -> None:
+        sqs = sqs_client(aws)
+        offloader = Offloader(io_threads=2, write_threads=1, sqs_threads=2)
+        poller = HintPoller(
+            sqs,
+            aws.hint_queue_url,
+            offloader,
+            WorkerMetrics("test", emit=lambda doc: None),
+            logging.getLogger("test-poller"),
+            free_slots=lambda: capacity,
+            capacity=lambda: capacity,
+            running=set,
+            acquire=acquire,
+            wait_seconds=1,
+        )
+        task = asyncio.create_task(poller.run())
+        try:
+            await scenario(poller, sqs)
+        finally:
+            poller.stop()
+            await asyncio.wait_for(task, LIMIT)
+            offloader.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_busy_round_does_not_hold_up_the_next_receive(aws):
+    """An acquire still waiting (e.g. for an early hint's lease to lapse) must not keep the
+    poller from receiving and acting on hints that arrive meanwhile."""
+    slow_released = asyncio.Event()
+    acquired: list[str] = []
+
+    async def acquire(hint: Hint) -> HintOutcome:
+        acquired.append(hint.pk)
+        if hint.pk == "CONN#slow":
+            await slow_released.wait()
+        return HintOutcome.DONE
+
+    async def scenario(poller, sqs) -> None:
+        send(sqs, aws.hint_queue_url, "CONN#slow")
+        await until(lambda: acquired == ["CONN#slow"], "the slow hint to be taken")
+        send(sqs, aws.hint_queue_url, "CONN#quick")
+        await until(lambda: "CONN#quick" in acquired, "the next hint, while slow still waits")
+        assert not slow_released.is_set()
+        slow_released.set()
+        await until(lambda: queue_depth(sqs, aws.hint_queue_url) == (0, 0), "both deleted")
+
+    run_poller(aws, acquire, scenario)
+
+
+def test_hints_in_hand_count_against_free_slots(aws):
+    """Overlapping rounds never take more hints than the worker has room for."""
+    release = asyncio.Event()
+    in_hand: list[str] = []
+
+    async def acquire(hint: Hint) -> HintOutcome:
+        in_hand.append(hint.pk)
+        await release.wait()
+        return HintOutcome.DONE
+
+    async def scenario(poller, sqs) -> None:
+        send(sqs, aws.hint_queue_url, *(f"CONN#c{i}" for i in range(5)))
+        await until(lambda: len(in_hand) == 2, "two hints (the free slots) in hand")
+        await asyncio.sleep(1.5)  # more receive chances: none may take a third
+        assert len(in_hand) == 2
+        assert queue_depth(sqs, aws.hint_queue_url)[0] == 3  # still visible, for peers
+        release.set()
+        await until(lambda: len(in_hand) == 5, "the rest, once the first two are done")
+
+    run_poller(aws, acquire, scenario, capacity=2)
+
+
+def test_stop_waits_for_rounds_in_hand_and_their_outcomes_apply(aws):
+    release = asyncio.Event()
+
+    async def acquire(hint: Hint) -> HintOutcome:
+        await release.wait()
+        return HintOutcome.GIVE_BACK  # e.g. the worker began to drain: visible again for a peer
+
+    async def scenario(poller, sqs) -> None:
+        send(sqs, aws.hint_queue_url, "CONN#a")
+        await until(lambda: queue_depth(sqs, aws.hint_queue_url) == (0, 1), "received")
+        poller.stop()
+        release.set()
+
+    run_poller(aws, acquire, scenario)
+    sqs = sqs_client(aws)
+    assert queue_depth(sqs, aws.hint_queue_url) == (1, 0)  # given back, not lost or deleted
