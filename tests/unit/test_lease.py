@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from wsfleet.lease import (
+    EARLY_HINT_MAX_WAIT_MS,
     MAX_HINT_DELAY_SECONDS,
     Lease,
     RefusalReason,
+    acquire_wait_ms,
     hint_delay_seconds,
     is_acquirable,
     is_expired,
@@ -15,6 +17,7 @@ from wsfleet.lease import (
     is_free,
     is_orphan,
     is_ours,
+    is_own_acquire,
     is_stale_checkpoint,
     is_worker_alive,
     refusal_reason,
@@ -130,14 +133,65 @@ class TestHintDelay:
     def test_expired_lease_hints_now(self):
         assert hint_delay_seconds(record(lease_expires_at_ms=NOW - 10), NOW) == 0
 
-    def test_rounds_up_to_land_after_expiry(self):
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1), NOW) == 1
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1_000), NOW) == 2
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 2_500), NOW) == 3
+    def test_rounds_down_to_land_in_the_last_second_before_expiry(self):
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1), NOW) == 0
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 999), NOW) == 0
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1_000), NOW) == 1
+        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 2_500), NOW) == 2
 
     def test_capped_at_sqs_maximum(self):
         far = record(lease_expires_at_ms=NOW + 3_600_000)
         assert hint_delay_seconds(far, NOW) == MAX_HINT_DELAY_SECONDS
+
+
+class TestAcquireWait:
+    """After a refused acquire: wait for a lease about to lapse (an early hint), else give up."""
+
+    def test_waits_until_just_past_the_expiry_of_a_lease_about_to_lapse(self):
+        lapsing = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 700)
+        wait = acquire_wait_ms(lapsing, "w2", NOW, EARLY_HINT_MAX_WAIT_MS)
+        assert wait == 701
+        assert is_acquirable(lapsing, NOW + wait)  # the acquire condition holds by then
+        assert not is_acquirable(lapsing, NOW + wait - 1)
+
+    def test_a_lease_further_out_than_the_bound_is_given_up(self):
+        live = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 2_001)
+        assert acquire_wait_ms(live, "w2", NOW, 2_000) is None
+        assert acquire_wait_ms(live, "w2", NOW, 2_002) == 2_002
+
+    @pytest.mark.parametrize(
+        "current",
+        [
+            None,  # gone
+            record(lease_owner="w1", lease_expires_at_ms=NOW + 500,
+                   desired_state=DesiredState.STOPPED),
+            record(lease_owner="w2", lease_expires_at_ms=NOW + 500),  # ours already
+            record(lease_owner=None, lease_expires_at_ms=0),  # free: nothing to wait for
+        ],
+    )
+    def test_nothing_to_wait_for(self, current):
+        assert acquire_wait_ms(current, "w2", NOW, EARLY_HINT_MAX_WAIT_MS) is None
+
+
+class TestOwnAcquire:
+    """A refused retry that met the lease its own first attempt had taken."""
+
+    def test_our_owner_and_the_expiry_we_wrote_is_our_own_acquire(self):
+        landed = record(lease_owner="w2", lease_epoch=4, lease_expires_at_ms=NOW + 5_000)
+        assert is_own_acquire(landed, "w2", NOW + 5_000)
+
+    @pytest.mark.parametrize(
+        "current",
+        [
+            None,
+            record(lease_owner="w1", lease_epoch=4, lease_expires_at_ms=NOW + 5_000),
+            record(lease_owner="w2", lease_epoch=4, lease_expires_at_ms=NOW + 4_000),
+            record(lease_owner="w2", lease_epoch=4, lease_expires_at_ms=NOW + 5_000,
+                   desired_state=DesiredState.STOPPED),
+        ],
+    )
+    def test_anything_else_is_a_conflict(self, current):
+        assert not is_own_acquire(current, "w2", NOW + 5_000)
 
 
 def test_worker_alive_until_its_expiry():

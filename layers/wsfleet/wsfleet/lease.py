@@ -16,19 +16,25 @@ Vocabulary:
   the old epoch and can no longer write.
 * A holder **self-fences** when no renewal has succeeded by ``expires_at - margin``: it closes the
   socket before any peer may legally acquire.
+* An **early hint** names a lease about to lapse. SQS delays are whole seconds, so it is sent
+  to land up to a second *before* the expiry, and the worker that receives it waits out the
+  rest (:func:`acquire_wait_ms`): the takeover starts at the expiry, not up to a second after.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import TypeGuard
 
 from .record import ConnectionRecord, DesiredState, WorkerRecord
 
 __all__ = [
+    "EARLY_HINT_MAX_WAIT_MS",
     "MAX_HINT_DELAY_SECONDS",
     "Lease",
     "RefusalReason",
+    "acquire_wait_ms",
     "hint_delay_seconds",
     "is_acquirable",
     "is_expired",
@@ -36,6 +42,7 @@ __all__ = [
     "is_free",
     "is_orphan",
     "is_ours",
+    "is_own_acquire",
     "is_stale_checkpoint",
     "is_worker_alive",
     "refusal_reason",
@@ -46,6 +53,9 @@ __all__ = [
 
 #: SQS caps DelaySeconds at 15 minutes.
 MAX_HINT_DELAY_SECONDS = 900
+#: The longest a worker waits for a hinted lease to lapse before it acquires: the second an
+#: early hint may land ahead of the expiry, plus room for clock skew and delivery jitter.
+EARLY_HINT_MAX_WAIT_MS = 2_000
 
 
 @dataclass(frozen=True)
@@ -137,14 +147,51 @@ def should_self_fence(lease: Lease, now_ms: int, margin_ms: int) -> bool:
 
 
 def hint_delay_seconds(record: ConnectionRecord, now_ms: int) -> int:
-    """Delay for an early hint so it is delivered just after the lease expires.
+    """Delay for an early hint: delivered in the last second before the lease expires.
 
-    Rounded up: a hint that lands before expiry would lose the acquire and be dropped.
+    Rounded down: the receiving worker waits out the rest (:func:`acquire_wait_ms`). Rounded
+    up, the hint would land up to a whole second after the expiry, all of it added to the
+    failover time.
     """
     remaining_ms = record.lease_expires_at_ms - now_ms
     if remaining_ms < 0:
         return 0
-    return min(MAX_HINT_DELAY_SECONDS, remaining_ms // 1000 + 1)
+    return min(MAX_HINT_DELAY_SECONDS, remaining_ms // 1000)
+
+
+def acquire_wait_ms(
+    current: ConnectionRecord | None, owner: str, now_ms: int, max_wait_ms: int
+) -> int | None:
+    """After a refused acquire: how long to wait before trying once more, or None to give up.
+
+    Worth waiting for only a STARTED lease held by someone else that lapses within
+    ``max_wait_ms``: the early hint arrived ahead of the expiry. The wait ends just past the
+    expiry (``lease_expires_at_ms < now`` is what the acquire requires). A holder still alive
+    will have renewed by then, and the second attempt is refused for good.
+    """
+    if current is None or current.desired_state is not DesiredState.STARTED:
+        return None
+    if not current.lease_owner or current.lease_owner == owner:
+        return None
+    wait_ms = current.lease_expires_at_ms - now_ms + 1
+    return wait_ms if 0 < wait_ms <= max_wait_ms else None
+
+
+def is_own_acquire(
+    current: ConnectionRecord | None, owner: str, expires_at_ms: int
+) -> TypeGuard[ConnectionRecord]:
+    """A refused acquire that had in fact landed: botocore retried an attempt whose answer was
+    lost (a 5xx or a timeout after the write), and the retry met the lease it had just taken.
+
+    The expiry the call wrote identifies its own write; the item then names us as owner with
+    that exact expiry, and the epoch the write gave it.
+    """
+    return (
+        current is not None
+        and current.desired_state is DesiredState.STARTED
+        and current.lease_owner == owner
+        and current.lease_expires_at_ms == expires_at_ms
+    )
 
 
 def is_worker_alive(worker: WorkerRecord | None, now_ms: int) -> bool:

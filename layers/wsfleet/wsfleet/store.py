@@ -37,7 +37,14 @@ from .exceptions import (
     LeaseLost,
     StoreError,
 )
-from .lease import Lease, RefusalReason, is_ours, is_stale_checkpoint, refusal_reason
+from .lease import (
+    Lease,
+    RefusalReason,
+    is_ours,
+    is_own_acquire,
+    is_stale_checkpoint,
+    refusal_reason,
+)
 from .record import ConnectionRecord, DesiredState, WorkerRecord, worker_pk
 
 __all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult", "StopResult"]
@@ -338,8 +345,12 @@ class LeaseStore:
 
         Bumps ``lease_epoch`` so every later write of the previous holder is fenced.
         Raises LeaseConflict (live lease elsewhere), ConnectionStopped, or ConnectionNotFound.
+        An attempt whose answer was lost but whose write landed is recognised by the expiry it
+        wrote (:func:`~wsfleet.lease.is_own_acquire`), whether botocore's retry was refused
+        or the call failed ambiguously: the caller holds that lease, so it is returned.
         """
         now = self._clock()
+        expires = now + self.lease_ms
         try:
             item = self._conditional_update(
                 pk,
@@ -353,14 +364,20 @@ class LeaseStore:
                 ),
                 ExpressionAttributeValues=_values(
                     owner=owner,
-                    expires=now + self.lease_ms,
+                    expires=expires,
                     now=now,
                     one=1,
                     started=DesiredState.STARTED.value,
                 ),
             )
+        except StoreError as exc:
+            if exc.__cause__ is None or not is_ambiguous(exc.__cause__):
+                raise
+            return self._settle_ambiguous_acquire(pk, owner, expires, exc)
         except ClientError as exc:
             current = self._refused_record(exc, pk)
+            if is_own_acquire(current, owner, expires):
+                return current
             if current is None:
                 raise ConnectionNotFound(pk) from exc
             if current.desired_state is DesiredState.STOPPED:
@@ -411,6 +428,17 @@ class LeaseStore:
                 raise
             return self._settle_ambiguous_renew(lease, exc)
         return lease.extended_to(values["expires"])
+
+    def _settle_ambiguous_acquire(
+        self, pk: str, owner: str, expires: int, original: StoreError
+    ) -> ConnectionRecord:
+        try:
+            current = self.get(pk, consistent=True)
+        except StoreError:
+            raise original from None
+        if is_own_acquire(current, owner, expires):
+            return current
+        raise original
 
     def _settle_ambiguous_renew(self, lease: Lease, original: StoreError) -> Lease:
         try:
