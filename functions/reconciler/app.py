@@ -8,7 +8,8 @@ A pass (the planning rules live in :mod:`wsfleet.reconcile`, this module only do
 
 1. Query ``gsi_desired_state_lease`` for STARTED connections whose lease ends before the next
    pass (all pages). Orphans get a hint now; leases about to lapse get a hint delayed to land
-   just after expiry (a worker that receives one for a lease renewed meanwhile just loses the
+   in the last second before the expiry; the worker that receives it waits for the expiry
+   and acquires (a worker that receives one for a lease renewed meanwhile just loses the
    conditional acquire).
 2. Claim each hint in DynamoDB (once per lease expiry, see ``LeaseStore.claim_hint``) before
    sending it with SendMessageBatch, so the queue holds at most one pending hint per orphan.

@@ -23,8 +23,9 @@ import pytest
 from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, control_queue_name
-from wsfleet.exceptions import ConfigurationError
+from wsfleet.exceptions import ConfigurationError, LeaseConflict
 from wsfleet.hints import Hint
+from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, acquire_wait_ms
 from wsfleet.record import WorkerRecord
 from wsfleet.settings import Settings
 from wsfleet.store import LeaseStore
@@ -147,7 +148,7 @@ def pinned_now(env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
 
 
 # ---------------------------------------------------------------- hints
-def test_a_pass_hints_orphans_now_and_expiring_leases_to_land_just_after_expiry(
+def test_a_pass_hints_orphans_now_and_expiring_leases_to_land_in_their_last_second(
     env, pinned_now: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # GIVEN connections in every lease state (the pass will run "at" pinned_now, horizon +6 s)
@@ -172,14 +173,20 @@ def test_a_pass_hints_orphans_now_and_expiring_leases_to_land_just_after_expiry(
     immediate = receive_hints(env.hint_queue_url)
     assert sorted(h.pk for h in immediate) == ["CONN#crashed", "CONN#free"]
     assert queue_depth(env.hint_queue_url) == 1
-    # ... and becomes visible only once the lease it names has expired (5 s delay)
+    # ... and becomes visible in the lease's last second (4.5 s left: a 4 s delay)
     (delayed,) = receive_hints(env.hint_queue_url, expect=1, wait_seconds=15)
-    received_at = now_ms()
     assert delayed.pk == "CONN#expiring"
     assert delayed.epoch == expiring.lease_epoch
-    assert received_at > expiring.lease_expires_at_ms
-    # ... so a peer acting on it wins the lease without waiting for another pass
-    taken = store_at(env).acquire(delayed.pk, "peer-worker")
+    # ... so a peer acting on it as the worker does (wait out the rest of the lease, if any,
+    # then acquire) wins the lease without waiting for another pass
+    peer = store_at(env)
+    try:
+        taken = peer.acquire(delayed.pk, "peer-worker")
+    except LeaseConflict as early:
+        wait_ms = acquire_wait_ms(early.current, "peer-worker", now_ms(), EARLY_HINT_MAX_WAIT_MS)
+        assert wait_ms is not None, early.current  # not a live lease: one about to lapse
+        time.sleep(wait_ms / 1000)
+        taken = peer.acquire(delayed.pk, "peer-worker")
     assert (taken.lease_owner, taken.lease_epoch) == ("peer-worker", expiring.lease_epoch + 1)
 
     # AND the pass published its metrics

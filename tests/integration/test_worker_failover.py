@@ -23,7 +23,9 @@ import fleet_helpers
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
 
+from wsfleet.hints import Hint
 from wsfleet.record import connection_pk
+from wsfleet.store import LeaseStore
 from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -88,6 +90,26 @@ def test_sigkill_peer_takes_over_with_no_seq_missing_or_duplicated(fleet, sim, s
 
     for stream_id in ids:
         assert_complete(fleet, sim, stream_id)
+
+
+def test_an_early_hint_is_held_until_the_lease_lapses_then_acquired(fleet, sim, spawn):
+    """The reconciler's early hint lands up to a second before the lease it names expires
+    (SQS delays are whole seconds): the worker waits out the rest instead of dropping it."""
+    c = spawn()
+    registered(fleet, c)
+    # A holder that stopped renewing, its lease 1.5 s from the end (a LeaseStore with a short
+    # lease plays that holder), and the hint sent now, well before the expiry.
+    fleet.store.start("early", sim.url_for("early"))  # no START hint: only the early one
+    gone = LeaseStore(fleet.dynamodb, fleet.store.table_name, lease_ms=1500)
+    taken = gone.acquire(connection_pk("early"), "gone-worker")
+    fleet.hints.send(Hint(taken.pk, epoch=taken.lease_epoch))
+
+    record = wait_until(
+        lambda: (r := fleet.record("early")).lease_owner == c.worker_id and r,
+        timeout=30,
+        message=lambda: logs(c),
+    )
+    assert record.lease_epoch == taken.lease_epoch + 1
 
 
 def test_sigterm_hands_every_connection_to_a_peer_without_waiting_for_expiry(fleet, sim, spawn):

@@ -47,7 +47,7 @@ from wsfleet.exceptions import (
     WsfleetError,
 )
 from wsfleet.hints import Hint, HintSender
-from wsfleet.lease import Lease
+from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, Lease, acquire_wait_ms
 from wsfleet.messages import MessageStore
 from wsfleet.record import ConnectionRecord, WorkerRecord
 from wsfleet.store import LeaseStore
@@ -324,7 +324,9 @@ class Worker:
             return HintOutcome.GIVE_BACK
         self._acquiring.add(pk)
         try:
-            record = await self.offloader.io(self.leases.acquire, pk, self.worker_id)
+            record = await self._acquire_lease(pk)
+            if record is None:  # began to drain while waiting for the lease to lapse
+                return HintOutcome.GIVE_BACK
         except (LeaseConflict, ConnectionStopped, ConnectionNotFound) as exc:
             self.metrics.count("AcquireConflicts")
             self.logger.debug(
@@ -345,6 +347,25 @@ class Worker:
             return HintOutcome.DONE
         self._start_session(record)
         return HintOutcome.DONE
+
+    async def _acquire_lease(self, pk: str) -> ConnectionRecord | None:
+        """Acquire, waiting once for a lease that is about to lapse (an early hint).
+
+        The wait happens inside the hint's round; the poller keeps receiving meanwhile.
+        """
+        try:
+            return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
+        except LeaseConflict as conflict:
+            wait_ms = acquire_wait_ms(
+                conflict.current, self.worker_id, self._clock(), EARLY_HINT_MAX_WAIT_MS
+            )
+            if wait_ms is None:
+                raise
+        self.metrics.count("EarlyHintWaits")
+        await asyncio.sleep(wait_ms / 1000)
+        if self._stopping:
+            return None
+        return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
 
     async def _hand_back(self, record: ConnectionRecord) -> None:
         lease = Lease.of(record)

@@ -9,9 +9,10 @@ Hints
     (``now + pass interval``, the moment the next pass will look again):
 
     * **orphans** (``lease_expires_at_ms < now``) get a hint with no delay;
-    * leases **expiring before the horizon** get a hint delayed to land just after expiry
-      (:func:`wsfleet.lease.hint_delay_seconds`), so a crashed worker's connections are picked
-      up about one lease after the crash rather than one lease plus one pass.
+    * leases **expiring before the horizon** get a hint delayed to land in the last second
+      before the expiry (:func:`wsfleet.lease.hint_delay_seconds`; the receiving worker waits
+      out the rest), so a crashed worker's connections are picked up one lease after the
+      crash rather than one lease plus one pass.
 
     No flooding: a hint is *claimed* in DynamoDB once per ``(pk, lease expiry)``
     (:meth:`wsfleet.store.LeaseStore.claim_hint`) before it is sent, and is sent again only
