@@ -154,6 +154,11 @@ class TestAcquireWait:
         assert is_acquirable(lapsing, NOW + wait)  # the acquire condition holds by then
         assert not is_acquirable(lapsing, NOW + wait - 1)
 
+    def test_a_lease_that_lapsed_since_the_refusal_is_tried_again_at_once(self):
+        # refused with a few ms left; by the time the refusal is looked at, the lease is over
+        just_lapsed = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW - 40)
+        assert acquire_wait_ms(just_lapsed, "w2", NOW, EARLY_HINT_MAX_WAIT_MS) == 0
+
     def test_a_lease_further_out_than_the_bound_is_given_up(self):
         live = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 2_001)
         assert acquire_wait_ms(live, "w2", NOW, 2_000) is None

@@ -44,6 +44,7 @@ from wsfleet.exceptions import (
     ConnectionNotFound,
     ConnectionStopped,
     LeaseConflict,
+    LeaseError,
     WsfleetError,
 )
 from wsfleet.hints import Hint, HintSender
@@ -329,8 +330,15 @@ class Worker:
                 return HintOutcome.GIVE_BACK
         except (LeaseConflict, ConnectionStopped, ConnectionNotFound) as exc:
             self.metrics.count("AcquireConflicts")
+            current = exc.current if isinstance(exc, LeaseError) else None
             self.logger.debug(
-                "hint dropped", extra={"connection_id": pk[5:], "reason": type(exc).__name__}
+                "hint dropped",
+                extra={
+                    "connection_id": pk[5:],
+                    "reason": type(exc).__name__,
+                    "holder": current.lease_owner if current else None,
+                    "expires_at_ms": current.lease_expires_at_ms if current else None,
+                },
             )
             return HintOutcome.DONE
         except WsfleetError as exc:

@@ -166,15 +166,16 @@ def acquire_wait_ms(
 
     Worth waiting for only a STARTED lease held by someone else that lapses within
     ``max_wait_ms``: the early hint arrived ahead of the expiry. The wait ends just past the
-    expiry (``lease_expires_at_ms < now`` is what the acquire requires). A holder still alive
-    will have renewed by then, and the second attempt is refused for good.
+    expiry (``lease_expires_at_ms < now`` is what the acquire requires); zero if it has
+    passed since the refusal, which is common: a hint landing a few milliseconds early. A
+    holder still alive will have renewed by then, and the second attempt is refused for good.
     """
     if current is None or current.desired_state is not DesiredState.STARTED:
         return None
     if not current.lease_owner or current.lease_owner == owner:
         return None
     wait_ms = current.lease_expires_at_ms - now_ms + 1
-    return wait_ms if 0 < wait_ms <= max_wait_ms else None
+    return max(0, wait_ms) if wait_ms <= max_wait_ms else None
 
 
 def is_own_acquire(
