@@ -394,9 +394,11 @@ class Reconciler:
         failed = self.sender.send_many(self._timed_hints(claimed)) if claimed else []
         sent = time.perf_counter()
         if failed:
+            withdrawn = self._withdraw_claims(claimed, {h.pk for h in failed})
             logger.warning(
-                "hints not sent; they are re-sent once their claim goes stale",
-                extra={"count": len(failed), "pks": [h.pk for h in failed[:10]]},
+                "hints not sent; claims withdrawn so the next pass sends them",
+                extra={"count": len(failed), "withdrawn": withdrawn,
+                       "pks": [h.pk for h in failed[:10]]},
             )
         self.ledger.prune(now)
         return HintReport(
@@ -413,6 +415,22 @@ class Reconciler:
             claim_ms=round((claimed_at - scanned) * 1000),
             send_ms=round((sent - claimed_at) * 1000),
         )
+
+    def _withdraw_claims(self, claimed: list[HintCandidate], unsent: set[str]) -> int:
+        """Withdraw the claims of hints that were not sent (best effort: a claim left behind
+        only delays that hint until it goes stale)."""
+        withdrawn = 0
+        for candidate in claimed:
+            if candidate.record.pk not in unsent:
+                continue
+            self.ledger.forget(candidate.record.pk)
+            try:
+                withdrawn += self.store.withdraw_hint_claim(candidate.record)
+            except StoreError as exc:
+                logger.warning(
+                    "hint claim not withdrawn", extra={"pk": candidate.record.pk, "error": str(exc)}
+                )
+        return withdrawn
 
     def _timed_hints(self, claimed: list[HintCandidate]) -> list[Hint]:
         """The hints to send, early ones re-timed: claiming many can take a while."""

@@ -24,7 +24,7 @@ from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, control_queue_name
 from wsfleet.exceptions import ConfigurationError, LeaseConflict
-from wsfleet.hints import Hint
+from wsfleet.hints import Hint, HintSender
 from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, acquire_wait_ms
 from wsfleet.record import WorkerRecord
 from wsfleet.settings import Settings
@@ -245,6 +245,27 @@ def test_a_stale_claim_is_hinted_again(env, monkeypatch: pytest.MonkeyPatch) -> 
     # THEN the next pass hints it again, once
     assert invoke_one_pass()["hints_sent"] == 1
     assert [h.pk for h in receive_hints(env.hint_queue_url)] == ["CONN#lost"]
+
+
+def test_a_hint_that_could_not_be_sent_goes_out_on_the_next_pass(env, monkeypatch) -> None:
+    # GIVEN an orphan, and a pass whose hint cannot be sent (the queue is not reachable)
+    now = now_ms()
+    store_at(env).start("unsent", "wss://up.example/unsent")
+    store_at(env, now - 2 * LEASE_MS).acquire("CONN#unsent", "dead-worker")
+    reconciler = reconciler_app.reconciler()
+    working = reconciler.sender
+    broken = HintSender(boto3.client("sqs"), env.hint_queue_url + "-gone", attempts=1)
+    monkeypatch.setattr(reconciler, "sender", broken)
+    first = invoke_one_pass()
+    assert (first["hints_sent"], first["hints_failed"]) == (0, 1)
+    assert queue_depth(env.hint_queue_url) == 0
+
+    # WHEN the queue is back, well within the re-hint interval (60 s)
+    monkeypatch.setattr(reconciler, "sender", working)
+
+    # THEN the next pass sends the hint: the failed send withdrew its claim
+    assert invoke_one_pass()["hints_sent"] == 1
+    assert [h.pk for h in receive_hints(env.hint_queue_url)] == ["CONN#unsent"]
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics to publish")

@@ -609,6 +609,24 @@ class LeaseStore:
             return False
         return True
 
+    def withdraw_hint_claim(self, record: ConnectionRecord) -> bool:
+        """Undo :meth:`claim_hint` for a hint that could not be sent, so the next pass sends
+        it instead of waiting ``rehint_after_ms``. Only our claim of this lease state is
+        removed (a newer claim, or a lease that moved on, is left alone); False if none was.
+        """
+        try:
+            self._conditional_update(
+                record.pk,
+                UpdateExpression="REMOVE hinted_expiry_ms, hinted_epoch, hinted_at_ms",
+                ConditionExpression="hinted_expiry_ms = :expiry AND hinted_epoch = :epoch",
+                ExpressionAttributeValues=_values(
+                    expiry=record.lease_expires_at_ms, epoch=record.lease_epoch
+                ),
+            )
+        except ClientError:
+            return False
+        return True
+
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:
         """Create or replace this worker's item (control queue URL, liveness expiry)."""
