@@ -309,26 +309,35 @@ NOTES = """## Notes: method and what limits the figures
   building the proxy). Anything that is a chain of N writes (a drain, a takeover of N
   connections) therefore costs N x 15-20 ms here; on DynamoDB the same writes run concurrently
   (16 I/O threads per worker) in single-digit milliseconds each.
-- **The backend's SQS long-poll emulation** answers a waiting ReceiveMessage by short-polling
-  every 25 ms under that same lock: each worker keeps two long polls open (hints, control), so
-  an idle worker costs the backend about 80 locked calls per second. This is what makes more
-  than a handful of workers, or 100 renewals/s, too much for it beside the rest.
+- **The backend's SQS long-poll emulation** serves a waiting ReceiveMessage as short polls under
+  that same lock, re-polling at once when an SQS write lands and otherwise every 100 ms (for
+  delayed messages). SQS itself is slow there: a SendMessageBatch of 10 took about 32 ms (ad hoc
+  measurement on an idle machine: 100 hints in 10 batches, 0.32 s), so the 100 hints of a
+  100-connection hand-off take about a third of a second to send, one batch after another.
+- **Runs named `-dynalite`** keep the tables on dynalite 4.0.0 (node, concurrent: 400 conditional
+  UpdateItems took 0.8 s from 16 threads, against 2.9 s on the moto server, measured ad hoc
+  the same way) while SQS, the
+  simulator, the Lambdas and the workers are unchanged. They show what the serialised moto server
+  costs the K = 100 runs; dynalite has no Streams, so they cannot measure STOP.
 - **Crash failover follows the lease by design**: the dead worker's last renewal happened
-  0-1 heartbeat before the kill, so its leases expire lease - U(0, heartbeat) after it; the
-  reconciler's early hint is delayed with SQS DelaySeconds (whole seconds, rounded up) to land
-  just after the expiry; then one acquire, one connect, and the replay from the checkpoint.
-  K = 100 is run at lease 8 s / heartbeat 2 s instead of 4 s / 1 s: 100 renewals/s on one
-  worker is more than the embedded backend sustains (the 4 s attempt never got all 100 streams
-  onto one worker: the worker rightly holds back new acquires while its renewals run late).
-- **Crash failover of 100 connections** ends up to 1-3 s past the lease: the two peers'
-  100 acquires and 100 connects are serialised by the backend (about 2 s), and while the backend
-  was slow the local scheduler cut reconcile passes at its 3 s one-pass invocation timeout
-  (logged as `Sandbox.Timedout`), so some early hints went out a pass later. With K = 10 the
-  same path stays within the lease + 1 s at both lease lengths.
-- **Graceful hand-off of K connections** is 2K serialised conditional writes here (K releases
-  with the final checkpoint, K acquires by the peers) plus K hints: the last connection of 100
-  waits for all of them, so the distribution is a ramp from about 1 s. With K = 10 the same
-  path is a few hundred milliseconds.
+  0-1 heartbeat before the kill, so its leases expire lease - U(0, heartbeat) after it. The
+  reconciler's early hint is delayed with SQS DelaySeconds (whole seconds) rounded *down*, so it
+  lands in the lease's last second; the worker that receives it waits out the rest
+  (`wsfleet.lease.acquire_wait_ms`) and acquires at the expiry; then one connect, and the
+  replay from the checkpoint. K = 100 on moto is run at lease 8 s / heartbeat 2 s instead of
+  4 s / 1 s: 100 renewals/s on one worker is more than the moto server sustains beside the rest
+  (the worker rightly holds back new acquires while its renewals run late). On dynalite it runs
+  at 4 s / 1 s.
+- **Crash failover of 100 connections on moto** ends up past the lease + 1 s: the two peers'
+  100 acquires and 100 connects are serialised by the backend, and while the backend is slow the
+  local scheduler may cut reconcile passes at its 3 s one-pass invocation timeout (logged as
+  `Sandbox.Timedout`), so some early hints go out a pass later. The same run on dynalite stays
+  within the lease + 1 s.
+- **Graceful hand-off of K connections** is K releases (each with the final checkpoint), K hints
+  and K acquires by the peers. On moto those are serialised conditional writes, so the last
+  connection of 100 waits for all of them; on dynalite the writes overlap and what is left is
+  mostly sending and receiving the 100 hints on the moto SQS (see above). With K = 10 the same
+  path is a few hundred milliseconds either way.
 - **STOP without the control channel** is bounded by the heartbeat (the next renewal is
   refused): up to one heartbeat plus one renewal.
 - **Request cost** is counted at the fault proxy, which sees every request of the worker
@@ -385,8 +394,8 @@ def render(document: dict[str, Any]) -> str:
             "## 1. Crash failover (SIGKILL a worker holding K connections)\n\n"
             "Time from the SIGKILL to the first frame the upstream sent to the new owner. The "
             "dead worker's leases run out (expected: lease minus up to one heartbeat); the "
-            "reconciler's early hint, delayed to land just after the expiry (SQS DelaySeconds is "
-            "whole seconds, rounded up), brings a peer in.",
+            "reconciler's early hint lands in the lease's last second (SQS DelaySeconds is whole "
+            "seconds, rounded down) and the peer that receives it acquires at the expiry.",
             _results(document, "crash"), kind="failover"),
         _latency_section(
             "## 2. Graceful hand-off (SIGTERM a worker holding K connections)\n\n"
