@@ -17,6 +17,7 @@ with crash and handoff (each run audits the messages table afterwards).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -53,15 +54,13 @@ def _steps(quick: bool) -> list[Step]:
 
     steps: list[Step] = []
 
-    def crash(k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
+    def disruption(kind: str, k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
         suffix = "" if dynamodb == "moto" else f"-{dynamodb}"
-        return Step("crash", f"crash-{profile}-{k}{suffix}", lambda d: run_disruption(
-            "crash", connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb))
+        return Step(kind, f"{kind}-{profile}-{k}{suffix}", lambda d: run_disruption(
+            kind, connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb))
 
-    def handoff(k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
-        suffix = "" if dynamodb == "moto" else f"-{dynamodb}"
-        return Step("handoff", f"handoff-{profile}-{k}{suffix}", lambda d: run_disruption(
-            "handoff", connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb))
+    crash = functools.partial(disruption, "crash")
+    handoff = functools.partial(disruption, "handoff")
 
     def stop(channel: bool, n: int) -> Step:
         name = "stop-control-channel" if channel else "stop-heartbeat-fallback"

@@ -921,9 +921,7 @@ class ProxyProcess:
         child, self._child = self._child, None
         if child is None:
             return
-        if child.popen.stdin is not None:
-            with contextlib.suppress(OSError):
-                child.popen.stdin.close()
+        child.close_stdin()
         child.stop(signal.SIGTERM, 5)
 
     def __enter__(self) -> Self:

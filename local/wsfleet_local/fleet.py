@@ -643,9 +643,7 @@ class LocalFleet:
         backend, self._backend = self._backend, None
         if backend is not None:
             self._progress("stopping DynamoDB + SQS (moto)")
-            if backend.popen.stdin is not None:
-                with contextlib.suppress(OSError):
-                    backend.popen.stdin.close()
+            backend.close_stdin()
             backend.stop(signal.SIGTERM, 10)
         dynalite, self._dynalite = self._dynalite, None
         if dynalite is not None:

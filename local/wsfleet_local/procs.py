@@ -165,6 +165,13 @@ class ChildProcess:
     def _log_hint(self) -> str:
         return f" (see {self.log_path})" if self.log_path else ""
 
+    def close_stdin(self) -> None:
+        """EOF on the child's stdin: how children that watch it (``--exit-on-stdin-eof``, the
+        Lambda runtime) are asked to finish. Safe to call twice and without a stdin pipe."""
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+
     def wait(self, timeout_seconds: float | None = None) -> int | None:
         """The exit code, or None if still running after ``timeout_seconds``."""
         try:

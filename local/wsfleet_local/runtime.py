@@ -27,7 +27,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -193,9 +192,7 @@ class FunctionProcess:
             child, self._child = self._child, None
         if child is None:
             return
-        if child.popen.stdin is not None:
-            with contextlib.suppress(OSError):
-                child.popen.stdin.close()
+        child.close_stdin()
         if child.wait(timeout_seconds) is None:
             child.stop(timeout_seconds=1)
         else:

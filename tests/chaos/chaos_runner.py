@@ -319,7 +319,12 @@ def _records(client: Any, table: str) -> dict[str, Any]:
     return {str(item["pk"])[5:]: ConnectionRecord.from_item(item) for item in connections}
 
 
-def _is_converged(chaos: _Chaos, client: Any) -> bool:
+def _unconverged(chaos: _Chaos, client: Any) -> tuple[list[str], set[str]]:
+    """The streams not yet where they should be (one line each), and the live worker ids.
+
+    Converged: every stream's record has its desired state; a STARTED one is held by a live
+    worker, unexpired, with exactly one open upstream session; a STOPPED one has none.
+    """
     fleet = chaos.fleet
     records = _records(client, fleet.resources.connections_table)
     live = _live_worker_ids(fleet)
@@ -327,18 +332,33 @@ def _is_converged(chaos: _Chaos, client: Any) -> bool:
     open_by_stream: dict[str, int] = {}
     for session in fleet.simulator.open_sessions():
         open_by_stream[session.stream_id] = open_by_stream.get(session.stream_id, 0) + 1
-    for stream_id, desired in chaos.desired.items():
+    stuck = []
+    for stream_id, desired in sorted(chaos.desired.items()):
         record = records.get(stream_id)
-        if record is None or record.desired_state.value != desired:
-            return False
-        if desired == "STARTED":
-            if record.lease_owner not in live or record.lease_expires_at_ms <= now_ms:
-                return False
-            if open_by_stream.get(stream_id, 0) != 1:
-                return False
-        elif open_by_stream.get(stream_id, 0):
-            return False
-    return True
+        if record is None:
+            stuck.append(f"{stream_id}: no record")
+            continue
+        if record.desired_state.value != desired:
+            stuck.append(f"{stream_id}: {record.desired_state.value}, wanted {desired}")
+            continue
+        state = (
+            "free" if not record.lease_owner
+            else "expired" if record.lease_expires_at_ms <= now_ms
+            else "held-by-dead" if record.lease_owner not in live else "held"
+        )  # fmt: skip
+        if desired == "STARTED" and (state != "held" or open_by_stream.get(stream_id, 0) != 1):
+            stuck.append(
+                f"{stream_id}: {state} owner={record.lease_owner!r} epoch={record.lease_epoch} "
+                f"expired {(now_ms - record.lease_expires_at_ms) / 1000:.1f} s ago, "
+                f"open sessions {open_by_stream.get(stream_id, 0)}"
+            )
+        elif desired == "STOPPED" and open_by_stream.get(stream_id, 0):
+            stuck.append(f"{stream_id}: STOPPED with {open_by_stream[stream_id]} open session(s)")
+    return stuck, live
+
+
+def _is_converged(chaos: _Chaos, client: Any) -> bool:
+    return not _unconverged(chaos, client)[0]
 
 
 def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
@@ -357,31 +377,7 @@ def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
                 if attribute.startswith(prefix)
             }
             lines.append(f"{name}: {counts}")
-    records = _records(client, fleet.resources.connections_table)
-    live = _live_worker_ids(fleet)
-    now_ms = int(time.time() * 1000)
-    open_by_stream: dict[str, int] = {}
-    for session in fleet.simulator.open_sessions():
-        open_by_stream[session.stream_id] = open_by_stream.get(session.stream_id, 0) + 1
-    stuck = []
-    for stream_id, desired in sorted(chaos.desired.items()):
-        record = records.get(stream_id)
-        if record is None:
-            stuck.append(f"{stream_id}: no record")
-            continue
-        state = (
-            "free" if not record.lease_owner
-            else "expired" if record.lease_expires_at_ms <= now_ms
-            else "held-by-dead" if record.lease_owner not in live else "held"
-        )  # fmt: skip
-        if desired == "STARTED" and (state != "held" or open_by_stream.get(stream_id, 0) != 1):
-            stuck.append(
-                f"{stream_id}: {state} owner={record.lease_owner!r} epoch={record.lease_epoch} "
-                f"expired {(now_ms - record.lease_expires_at_ms) / 1000:.1f} s ago, "
-                f"open sessions {open_by_stream.get(stream_id, 0)}"
-            )
-        elif desired == "STOPPED" and open_by_stream.get(stream_id, 0):
-            stuck.append(f"{stream_id}: STOPPED with {open_by_stream[stream_id]} open session(s)")
+    stuck, live = _unconverged(chaos, client)
     lines.append(f"{len(stuck)} stream(s) not converged; live workers {sorted(live)}")
     lines += stuck[:8]
     return lines

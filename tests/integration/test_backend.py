@@ -122,6 +122,15 @@ def query_bodies(response: bytes) -> list[str]:
     return [element.text or "" for element in root.iterfind(".//sqs:Message/sqs:Body", SQS_XMLNS)]
 
 
+def reap(process: subprocess.Popen[bytes]) -> None:
+    """Kill the child if it still runs, wait for it and close its stdout pipe."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    assert process.stdout is not None
+    process.stdout.close()
+
+
 def read_ready_line(process: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
     assert process.stdout is not None
     with selectors.DefaultSelector() as selector:
@@ -591,11 +600,7 @@ def test_command_line_prints_env_and_exits_cleanly_on_sigterm() -> None:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=20)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
+        reap(process)
 
     # THEN it served the resources it announced and exited with status 0
     assert ready["endpoint_url"] == env["AWS_ENDPOINT_URL"]
@@ -620,9 +625,5 @@ def test_child_exits_when_its_parent_goes_away() -> None:
         # THEN the child exits cleanly on its own
         code = process.wait(timeout=20)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
+        reap(process)
     assert code == 0

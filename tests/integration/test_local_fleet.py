@@ -12,15 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import boto3
 import pytest
+from fleet_helpers import wait_until
 
 from wsfleet_local.procs import pid_alive
 from wsfleet_local.simulator import SimulatorClient, frame_data
@@ -28,18 +26,6 @@ from wsfleet_local.simulator import SimulatorClient, frame_data
 pytestmark = pytest.mark.integration
 
 WSFLEET = str(Path(sys.executable).with_name("wsfleet"))
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Poll ``check`` until it returns something truthy (no timing asserted, only a bound)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def call(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
@@ -67,9 +53,9 @@ class LocalUp:
                 env=env,
             )
         state_file = self.run_dir / "fleet.json"
-        eventually(
+        wait_until(
             lambda: state_file.exists() or self.process.poll() is not None,
-            "wsfleet local up to start",
+            message="wsfleet local up to start",
             timeout=120,
         )
         assert self.process.poll() is None, self.output.read_text()
@@ -109,30 +95,30 @@ def test_start_streams_and_stop_closes_the_upstream(fleet):
     assert status == 201 and view["desired_state"] == "STARTED"
 
     # THEN a worker holds it and its frames land in the messages table
-    held = eventually(
+    held = wait_until(
         lambda: (
             (v := call("GET", f"{fleet.api}/connections/t1")[1])["lease"]["state"] == "held" and v
         ),
-        "a worker to hold t1",
+        message="a worker to hold t1",
     )
     assert held["lease"]["owner"] in {w["worker_id"] for w in fleet.state["workers"]}
-    stored = eventually(lambda: len(m := fleet.messages("t1")) >= 5 and m, "frames stored")
+    stored = wait_until(lambda: len(m := fleet.messages("t1")) >= 5 and m, message="frames stored")
     for item in stored:
         assert item["message_data"]["S"] == frame_data("t1", int(item["seq"]["N"]))
 
     # WHEN it is STOPped THEN the upstream session closes and the record is STOPPED and free
     status, view = call("DELETE", f"{fleet.api}/connections/t1")
     assert status == 200 and view["desired_state"] == "STOPPED"
-    eventually(
+    wait_until(
         lambda: fleet.simulator.sessions("t1") and not fleet.simulator.open_sessions("t1"),
-        "the upstream session to close",
+        message="the upstream session to close",
     )
     # released (on a starved machine the owner may self-fence first and let the lease lapse)
-    final = eventually(
+    final = wait_until(
         lambda: (
             (v := call("GET", f"{fleet.api}/connections/t1")[1])["lease"]["state"] != "held" and v
         ),
-        "the lease to be given up",
+        message="the lease to be given up",
     )
     assert final["desired_state"] == "STOPPED" and final["stop_reason"] == "stopped"
     assert final["last_seq"] >= 5
@@ -146,9 +132,9 @@ def test_cli_start_status_stop_against_the_local_api(fleet):
     started = run("start", "t2", url)
     assert started.returncode == 0, started.stderr
     assert json.loads(started.stdout)["connection_id"] == "t2"
-    eventually(
+    wait_until(
         lambda: call("GET", f"{fleet.api}/connections/t2")[1]["lease"]["state"] == "held",
-        "a worker to hold t2",
+        message="a worker to hold t2",
     )
     status = run("status")
     assert status.returncode == 0 and "t2" in status.stdout and "held" in status.stdout

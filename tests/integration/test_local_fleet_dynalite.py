@@ -9,13 +9,12 @@ hands the stream to a peer, and stopping the fleet leaves no dynalite process be
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from fleet_helpers import wait_until
 
 from wsfleet.record import ConnectionRecord, connection_pk
 from wsfleet_local import dynalite
@@ -27,15 +26,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not dynalite.available(), reason="dynalite is not installed (node/npm)"),
 ]
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 def client(endpoint_url: str) -> Any:
@@ -70,22 +60,24 @@ def test_streams_and_hand_off_run_on_dynalite(tmp_path):
         on_dynalite, on_moto = client(fleet.dynamodb_endpoint_url), client(fleet.endpoint_url)
         ApiClient(fleet.api_url).start("d1", fleet.simulator.url_for("d1"))
 
-        first = eventually(
+        first = wait_until(
             lambda: (r := record(on_dynalite, table, "d1")) and r.last_seq > 0 and r,
-            "the first worker to checkpoint on dynalite",
+            timeout=60,
+            message="the first worker to checkpoint on dynalite",
         )
         assert first.lease_owner == fleet.worker_ids[0]
         assert record(on_moto, table, "d1") is None  # moto's table is not used
 
         fleet.add_worker()
         fleet.kill_worker(0, signal.SIGTERM)
-        second = eventually(
+        second = wait_until(
             lambda: (r := record(on_dynalite, table, "d1"))
             and r.lease_owner == fleet.worker_ids[1]
             and r.last_seq > first.last_seq
             and r,
-            "the peer to take the stream over and checkpoint",
+            timeout=60,
+            message="the peer to take the stream over and checkpoint",
         )
         assert second.lease_epoch == first.lease_epoch + 1
         (dynalite_pid,) = [pid for pid in fleet.child_pids() if "dynalite" in cmdline(pid)]
-    eventually(lambda: not pid_alive(dynalite_pid), "dynalite to exit", timeout=15)
+    wait_until(lambda: not pid_alive(dynalite_pid), timeout=15, message="dynalite to exit")

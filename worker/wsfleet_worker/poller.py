@@ -92,8 +92,7 @@ class HintPoller:
         self._wait_seconds = wait_seconds
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
-        self._rounds: set[asyncio.Task[None]] = set()
-        self._in_hand = 0  # hints received and not yet settled
+        self._rounds: dict[asyncio.Task[None], int] = {}  # round -> hints it holds
         self._round_failed: BaseException | None = None
 
     def stop(self) -> None:
@@ -118,7 +117,7 @@ class HintPoller:
     async def _receive_rounds(self) -> None:
         failures = 0
         while not self._stopping.is_set() and self._round_failed is None:
-            free = self._free_slots() - self._in_hand
+            free = self._free_slots() - sum(self._rounds.values())
             if free <= 0 or len(self._rounds) >= MAX_ROUNDS_IN_FLIGHT:
                 self._slot_freed.clear()
                 try:
@@ -149,13 +148,11 @@ class HintPoller:
             self._start_round(messages)
 
     def _start_round(self, messages: list[dict[str, Any]]) -> None:
-        self._in_hand += len(messages)
         task = asyncio.create_task(self._handle(messages), name="hint-round")
-        self._rounds.add(task)
+        self._rounds[task] = len(messages)
 
         def settled(done: asyncio.Task[None]) -> None:
-            self._rounds.discard(done)
-            self._in_hand -= len(messages)
+            del self._rounds[done]
             if not done.cancelled() and done.exception() is not None:
                 self._round_failed = done.exception()  # a bug: run() re-raises it
             self._slot_freed.set()  # room for another round

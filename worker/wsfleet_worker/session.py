@@ -37,6 +37,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
+from wsfleet.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
 from wsfleet.clock import Clock, now_ms
 from wsfleet.exceptions import LeaseLost, StoreError, WsfleetError
 from wsfleet.lease import Lease
@@ -70,9 +71,9 @@ __all__ = ["Session", "SessionContext", "SessionResult"]
 
 #: Base wait for a session's queued frames at its end (plus three flush intervals).
 _SETTLE_GRACE_SECONDS = 1.0
-# One DynamoDB attempt at most (connect 2 s + read 5 s, wsfleet.aws): once the session is
-# ending the flusher's guard refuses every retry of a batch holding its frames.
-_IN_FLIGHT_WAIT_SECONDS = 7.0
+# One DynamoDB attempt at most: once the session is ending the flusher's guard refuses every
+# retry of a batch holding its frames.
+_IN_FLIGHT_WAIT_SECONDS = CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,28 @@ from typing import Any, Literal
 import boto3
 from botocore.config import Config
 
-__all__ = ["RetryMode", "client_config", "dynamodb_client", "sqs_client"]
+__all__ = [
+    "CONNECT_TIMEOUT_SECONDS",
+    "READ_TIMEOUT_SECONDS",
+    "RetryMode",
+    "client_config",
+    "dynamodb_client",
+    "sqs_client",
+]
 
 #: botocore's retry modes (``Config(retries={"mode": ...})``).
 RetryMode = Literal["legacy", "standard", "adaptive"]
+#: Default timeouts of every wsfleet client (SQS long polls raise the read timeout).
+CONNECT_TIMEOUT_SECONDS = 2.0
+READ_TIMEOUT_SECONDS = 5.0
 
 
 def client_config(
     *,
     retry_mode: RetryMode = "standard",
     max_attempts: int = 4,
-    connect_timeout: float = 2.0,
-    read_timeout: float = 5.0,
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    read_timeout: float = READ_TIMEOUT_SECONDS,
     max_pool_connections: int = 50,
 ) -> Config:
     """botocore Config with wsfleet's timeouts and a botocore retry mode."""

@@ -73,6 +73,11 @@ def _values(**values: Any) -> dict[str, Any]:
     return {f":{k}": _serializer.serialize(v) for k, v in values.items()}
 
 
+def _may_have_landed(exc: StoreError) -> bool:
+    """The failed write may have been applied anyway (a timeout, a 5xx): only a read tells."""
+    return exc.__cause__ is not None and is_ambiguous(exc.__cause__)
+
+
 def _is_condition_failure(exc: ClientError) -> bool:
     return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
 
@@ -371,7 +376,7 @@ class LeaseStore:
                 ),
             )
         except StoreError as exc:
-            if exc.__cause__ is None or not is_ambiguous(exc.__cause__):
+            if not _may_have_landed(exc):
                 raise
             return self._settle_ambiguous_acquire(pk, owner, expires, exc)
         except ClientError as exc:
@@ -424,7 +429,7 @@ class LeaseStore:
                 return self.renew(lease)  # a later checkpoint of ours landed first: keep it
             self._raise_refusal(lease, current, exc)
         except StoreError as exc:
-            if exc.__cause__ is None or not is_ambiguous(exc.__cause__):
+            if not _may_have_landed(exc):
                 raise
             return self._settle_ambiguous_renew(lease, exc)
         return lease.extended_to(values["expires"])
