@@ -39,6 +39,7 @@ Decisions worth knowing:
 # to build its validation models.
 import base64
 import binascii
+import decimal
 import functools
 import json
 import warnings
@@ -58,6 +59,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from boto3.dynamodb.types import DYNAMODB_CONTEXT
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr
 from pydantic_core import PydanticCustomError
 
@@ -79,10 +81,12 @@ from wsfleet.upstream import InvalidUpstreamUrl, redact_url, validate_ws_url
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_JSON_DEPTH",
     "ApiError",
     "Dependencies",
     "EventRequest",
     "StartRequest",
+    "UnreadableJson",
     "app",
     "connection_view",
     "decode_next_token",
@@ -91,13 +95,17 @@ __all__ = [
     "lambda_handler",
     "lease_state",
     "lease_view",
-    "refuse_unreadable_body",
+    "parse_json",
+    "read_request",
     "reset_dependencies",
 ]
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_PAGE_SIZE = 100
 _MAX_TOKEN_CHARS = 4096
+#: Deepest nesting of arrays/objects a body or page token may have. No accepted request nests
+#: deeper than 1; the bound keeps the parser (and Powertools after it) far from RecursionError.
+MAX_JSON_DEPTH = 32
 
 # Reads and refusals publish no metric; that is expected, not worth a warning per request.
 warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
@@ -226,6 +234,99 @@ def connection_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
         "updated_at_ms": record.updated_at_ms,
     }
 
+# ---------------------------------------------------------------------- JSON reading
+class UnreadableJson(ValueError):
+    """Text that is not JSON this API reads; the message says why (never echoes the input)."""
+
+
+def parse_json(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The one JSON reader for everything a client sends (bodies and page tokens).
+
+    Bytes must be UTF-8. Nesting is bounded by ``max_depth`` (checked before parsing, so a
+    ``"[" * 5000`` body never reaches the recursive parser); ``NaN``/``Infinity`` are refused;
+    every number must fit DynamoDB's number type (38 significant digits, the exponent range),
+    checked with the context boto3's serializer uses, so a parsed value can never fail in
+    boto3 later; strings must be encodable as UTF-8 (no unpaired surrogate escapes).
+    Raises :class:`UnreadableJson` otherwise.
+
+    >>> parse_json(b'{"a": [1, 2.5]}')
+    {'a': [1, 2.5]}
+    >>> parse_json("[" * 40)
+    Traceback (most recent call last):
+    ...
+    UnreadableJson: JSON nests deeper than 32 levels
+    """
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UnreadableJson("JSON must be UTF-8 text") from None
+    else:
+        text = data
+    if _nesting_depth(text) > max_depth:
+        raise UnreadableJson(f"JSON nests deeper than {max_depth} levels")
+    try:
+        value = json.loads(
+            text,
+            parse_int=_int_within_dynamodb_range,
+            parse_float=_float_within_dynamodb_range,
+            parse_constant=_refuse_constant,
+        )
+    except UnreadableJson:
+        raise
+    except ValueError:  # JSONDecodeError, and the BOM check of json.loads
+        raise UnreadableJson("not valid JSON") from None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnreadableJson("JSON strings must be valid Unicode") from None
+    return value
+
+
+def _nesting_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting outside string literals (a linear scan, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _dynamodb_number(literal: str) -> decimal.Decimal:
+    # DYNAMODB_CONTEXT traps Inexact, Rounded, Overflow and Underflow: a literal it accepts is
+    # one boto3 can serialise (10**40 is what raised decimal.Rounded inside the store before).
+    try:
+        return DYNAMODB_CONTEXT.create_decimal(literal)
+    except decimal.DecimalException:
+        raise UnreadableJson("numbers must fit DynamoDB's number type") from None
+
+
+def _int_within_dynamodb_range(literal: str) -> int:
+    _dynamodb_number(literal)
+    return int(literal)
+
+
+def _float_within_dynamodb_range(literal: str) -> float:
+    _dynamodb_number(literal)
+    return float(literal)
+
+
+def _refuse_constant(literal: str) -> None:
+    raise UnreadableJson(f"{literal} is not a JSON number")
+
 
 def encode_next_token(key: dict[str, Any]) -> str:
     """An opaque page token: the GSI's LastEvaluatedKey as unpadded urlsafe base64 JSON."""
@@ -248,8 +349,8 @@ def decode_next_token(token: str, state: DesiredState) -> dict[str, Any]:
         raise malformed
     try:
         raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        key = json.loads(raw)
-    except (binascii.Error, ValueError):
+        key = parse_json(raw)
+    except (binascii.Error, ValueError):  # ValueError: non-ASCII token text, UnreadableJson
         raise malformed from None
     if not isinstance(key, dict) or set(key) != {"pk", "desired_state", "lease_expires_at_ms"}:
         raise malformed
@@ -487,32 +588,98 @@ def _on_unexpected(exc: Exception) -> Response:
 
 
 # ---------------------------------------------------------------------- entry point
-def refuse_unreadable_body(event: dict[str, Any]) -> dict[str, Any] | None:
-    """Refuse an oversized or non-JSON body before Powertools parses it (413 / 415).
+def read_request(event: dict[str, Any]) -> dict[str, Any]:
+    """The event Powertools resolves, its body checked and rewritten as canonical JSON text.
 
-    Powertools' validation runs before any middleware, so these checks sit in front of
-    :meth:`app.resolve`; the response has the same proxy shape the resolver produces.
+    The one place a request body is read; it runs before :meth:`app.resolve` because
+    Powertools' validation parses the body before any middleware. In order: 413 over
+    :data:`MAX_BODY_BYTES` (base64 bodies measured decoded), 415 a non-JSON ``Content-Type`` or
+    a charset other than UTF-8, 400 invalid base64, bytes that are not UTF-8 or a body
+    :func:`parse_json` refuses. The returned event is a copy whose body is the parsed value
+    re-serialised (``isBase64Encoded`` false, ``Content-Type: application/json``), so
+    Powertools only ever parses text this function has already parsed. An empty body is left
+    alone (the routes that need one answer 422). Raises :class:`ApiError`.
+
+    >>> read_request({"body": "[" * 40})
+    Traceback (most recent call last):
+    ...
+    ApiError: body is not readable JSON: JSON nests deeper than 32 levels
     """
     body = event.get("body") or ""
-    if event.get("isBase64Encoded"):
+    is_base64 = bool(event.get("isBase64Encoded"))
+    if is_base64:
         size = len(body) * 3 // 4 - body[-2:].count("=")  # decoded size, without decoding
     else:
-        size = len(body.encode())
+        size = len(body.encode("utf-8", errors="surrogatepass"))
+    too_large = ApiError(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body is larger than {MAX_BODY_BYTES} bytes", "body"
+    )
     if size > MAX_BODY_BYTES:
-        return _proxy_error(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-            f"body is larger than {MAX_BODY_BYTES} bytes",
-            "body",
-        )
-    headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
-    media_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
-    is_json = media_type == "application/json" or media_type.endswith("+json")
-    if body and media_type and not is_json:
-        return _proxy_error(
+        raise too_large
+    if not body:
+        return event
+    media_type, _, parameters = _content_type(event).partition(";")
+    media_type = media_type.strip().lower()
+    if media_type and media_type != "application/json" and not media_type.endswith("+json"):
+        raise ApiError(
             HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
             "Content-Type must be application/json",
             "Content-Type",
         )
+    charset = _charset(parameters)
+    if charset not in (None, "utf-8", "utf8"):
+        raise ApiError(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "Content-Type charset must be utf-8", "Content-Type"
+        )
+    if is_base64:
+        try:
+            data = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):  # ValueError: non-ASCII characters
+            raise ApiError(HTTPStatus.BAD_REQUEST, "body is not valid base64", "body") from None
+        if len(data) > MAX_BODY_BYTES:
+            raise too_large
+    else:
+        try:
+            data = body.encode("utf-8")
+        except UnicodeEncodeError:  # unpaired surrogates: not text API Gateway could send
+            raise ApiError(HTTPStatus.BAD_REQUEST, "body is not UTF-8 text", "body") from None
+    try:
+        value = parse_json(data)
+    except UnreadableJson as exc:
+        message = f"body is not readable JSON: {exc}"
+        raise ApiError(HTTPStatus.BAD_REQUEST, message, "body") from None
+    headers = _without_content_type(event.get("headers"))
+    multi_headers = _without_content_type(event.get("multiValueHeaders"))
+    return {
+        **event,
+        "body": json.dumps(value, separators=(",", ":")),
+        "isBase64Encoded": False,
+        "headers": {**headers, "Content-Type": content_types.APPLICATION_JSON},
+        "multiValueHeaders": {**multi_headers, "Content-Type": [content_types.APPLICATION_JSON]},
+    }
+
+
+def _without_content_type(headers: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (headers or {}).items() if k.lower() != "content-type"}
+
+
+def _content_type(event: dict[str, Any]) -> str:
+    """The request's Content-Type (header names are case-insensitive; the last one wins)."""
+    found = ""
+    for source in ("headers", "multiValueHeaders"):
+        for name, value in (event.get(source) or {}).items():
+            if name.lower() != "content-type":
+                continue
+            values = value if isinstance(value, list) else [value]
+            found = str(values[-1]) if values else found
+    return found
+
+
+def _charset(parameters: str) -> str | None:
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
     return None
 
 
@@ -532,7 +699,8 @@ def _proxy_error(status: HTTPStatus, message: str, field: str) -> dict[str, Any]
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """API Gateway REST proxy entry point."""
-    refused = refuse_unreadable_body(event)
-    if refused is not None:
-        return refused
-    return app.resolve(event, context)
+    try:
+        checked = read_request(event)
+    except ApiError as exc:
+        return _proxy_error(exc.status, exc.message, exc.field or "body")
+    return app.resolve(checked, context)

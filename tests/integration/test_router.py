@@ -7,6 +7,7 @@ reached over HTTP. Every sample event in ``events/api_*.json`` is replayed here.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from dataclasses import dataclass
@@ -70,6 +71,16 @@ def api_event(
         event["headers"][name] = value
         event["multiValueHeaders"][name] = [value]
     return event
+
+
+def base64_body(event: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """``event`` with ``data`` as its body, base64-encoded the way API Gateway sends binary."""
+    return {**event, "body": base64.b64encode(data).decode(), "isBase64Encoded": True}
+
+
+def token_of(text: str) -> str:
+    """A page token wrapping ``text`` the way the router encodes its own (unpadded base64url)."""
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 def invoke(router: Any, event: dict[str, Any]) -> Reply:
@@ -528,6 +539,44 @@ BAD_INPUTS = [
     ("list-token-garbage",
      api_event("GET", "/connections", query={"next_token": "%%%"}), 400, "next_token"),
     ("unknown-route", api_event("GET", "/nowhere"), 404, None),
+    # Issue #11 finding 6: each of these answered 500 (or raised out of the handler) before.
+    ("body-deeply-nested", api_event("POST", "/events", raw_body="[" * 5000), 400, "body"),
+    ("body-deeply-nested-valid-json",
+     api_event("PUT", "/connections/c1", raw_body="[" * 2000 + "]" * 2000), 400, "body"),
+    ("body-base64-not-utf8",
+     base64_body(api_event("PUT", "/connections/c1"), b'{"ws_url": "\xff\xfe"}'), 400, "body"),
+    ("body-unpaired-surrogate-text",
+     api_event("PUT", "/connections/c1", raw_body='{"ws_url": "wss://a\ud800.example.com/"}'),
+     400, "body"),
+    ("body-unpaired-surrogate-escape",
+     api_event("PUT", "/connections/c1", raw_body='{"ws_url": "wss://a\\ud800.example.com/"}'),
+     400, "body"),
+    ("body-base64-invalid",
+     {**api_event("PUT", "/connections/c1"), "body": "not base64!", "isBase64Encoded": True},
+     400, "body"),
+    ("body-nan",
+     api_event("PUT", "/connections/c1", raw_body='{"ws_url": "' + URL + '", "resume": NaN}'),
+     400, "body"),
+    ("body-number-beyond-dynamodb",
+     api_event("PUT", "/connections/c1", raw_body='{"ws_url": "' + URL + '", "resume": 1e400}'),
+     400, "body"),
+    ("resume-huge-integer",
+     api_event("PUT", "/connections/c1", {"ws_url": URL, "resume": 10**30}), 422, "resume"),
+    ("content-type-charset-not-utf8",
+     api_event("PUT", "/connections/c1", {"ws_url": URL},
+               headers={"Content-Type": "application/json; charset=latin-1"}),
+     415, "Content-Type"),
+    ("list-token-deeply-nested",
+     api_event("GET", "/connections", query={"next_token": token_of("[" * 3000)}),
+     400, "next_token"),
+    ("list-token-number-beyond-dynamodb",
+     api_event("GET", "/connections", query={"next_token": token_of(
+         '{"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": '
+         + str(10**40) + "}")}),
+     400, "next_token"),
+    ("path-id-unicode", api_event("GET", "/connections/caf\u00e9"), 422, "connection_id"),
+    ("path-id-very-long", api_event("DELETE", "/connections/" + "x" * 10_000), 422,
+     "connection_id"),
 ]
 
 

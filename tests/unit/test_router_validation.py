@@ -107,6 +107,10 @@ class TestPageToken:
             token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": True}),
             token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": -1}),
             base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+            # Issue #11 finding 6: these reached json.loads / boto3 and answered 500.
+            base64.urlsafe_b64encode(b"[" * 3000).decode(),
+            token_of({**KEY, "lease_expires_at_ms": 10**40}),
+            token_of({**KEY, "lease_expires_at_ms": float("nan")}),
         ],
     )
     def test_malformed_tokens_are_a_400_on_next_token(self, token):
@@ -123,46 +127,90 @@ class TestPageToken:
         assert "another state" in caught.value.message
 
 
-# ---------------------------------------------------------------------- body gate
-def gate(body: str | None, *, content_type: str | None = "application/json", b64: bool = False):
+# ---------------------------------------------------------------------- body reader
+def read(body: str | None, *, content_type: str | None = "application/json", b64: bool = False):
+    """The event :func:`read_request` hands to Powertools, or the ApiError it refused with."""
     headers = {"Content-Type": content_type} if content_type else {}
-    return router.refuse_unreadable_body({"body": body, "headers": headers, "isBase64Encoded": b64})
+    try:
+        return router.read_request({"body": body, "headers": headers, "isBase64Encoded": b64})
+    except router.ApiError as refused:
+        return refused
 
 
-class TestBodyGate:
+def json_of_size(size: int) -> str:
+    """A JSON string literal exactly ``size`` bytes long."""
+    return '"' + "x" * (size - 2) + '"'
+
+
+class TestBodyReader:
     def test_body_of_exactly_the_limit_passes(self):
-        assert gate("x" * router.MAX_BODY_BYTES) is None
+        assert read(json_of_size(router.MAX_BODY_BYTES))["body"] == json_of_size(
+            router.MAX_BODY_BYTES
+        )
 
     def test_one_byte_more_is_413(self):
-        refused = gate("x" * (router.MAX_BODY_BYTES + 1))
-        assert refused["statusCode"] == 413
-        assert json.loads(refused["body"])["field"] == "body"
+        refused = read(json_of_size(router.MAX_BODY_BYTES + 1))
+        assert (refused.status, refused.field) == (413, "body")
 
     def test_size_counts_utf8_bytes_not_characters(self):
-        assert gate("é" * (router.MAX_BODY_BYTES // 2 + 1))["statusCode"] == 413
+        assert read("é" * (router.MAX_BODY_BYTES // 2 + 1)).status == 413
 
     def test_base64_body_is_measured_decoded(self):
-        encoded = base64.b64encode(b"x" * router.MAX_BODY_BYTES).decode()
-        assert gate(encoded, b64=True) is None
+        encoded = base64.b64encode(json_of_size(router.MAX_BODY_BYTES).encode()).decode()
+        assert read(encoded, b64=True)["isBase64Encoded"] is False
         encoded = base64.b64encode(b"x" * (router.MAX_BODY_BYTES + 3)).decode()
-        assert gate(encoded, b64=True)["statusCode"] == 413
+        assert read(encoded, b64=True).status == 413
 
     @pytest.mark.parametrize(
         "content_type",
         [None, "application/json", "Application/JSON; charset=utf-8", "application/merge+json"],
     )
-    def test_json_or_absent_content_type_passes(self, content_type):
-        assert gate('{"a": 1}', content_type=content_type) is None
+    def test_json_or_absent_content_type_passes_as_canonical_json(self, content_type):
+        event = read('{"a": 1}', content_type=content_type)
+        assert event["body"] == '{"a":1}'
+        # Powertools only parses application/json; the body it gets is that now.
+        assert event["headers"] == {"Content-Type": "application/json"}
 
     @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
     def test_other_content_types_are_415(self, content_type):
-        refused = gate("event_type=START", content_type=content_type)
-        assert refused["statusCode"] == 415
-        assert json.loads(refused["body"])["field"] == "Content-Type"
+        refused = read("event_type=START", content_type=content_type)
+        assert (refused.status, refused.field) == (415, "Content-Type")
+
+    def test_a_charset_other_than_utf8_is_415(self):
+        refused = read('{"a": 1}', content_type="application/json; charset=ISO-8859-1")
+        assert (refused.status, refused.field) == (415, "Content-Type")
 
     def test_content_type_does_not_matter_without_a_body(self):
-        assert gate(None, content_type="text/plain") is None
-        assert router.refuse_unreadable_body({}) is None
+        assert read(None, content_type="text/plain")["body"] is None
+        assert router.read_request({}) == {}
+
+    @pytest.mark.parametrize(
+        ("body", "b64", "reason"),
+        [
+            ("[" * 5000, False, "nests deeper"),
+            ("[" * 33 + "]" * 33, False, "nests deeper"),
+            ("{not json", False, "not valid JSON"),
+            ('{"a": NaN}', False, "NaN is not a JSON number"),
+            ('{"a": -Infinity}', False, "-Infinity is not a JSON number"),
+            ('{"a": 1e400}', False, "DynamoDB"),
+            ('{"a": 1' + "0" * 40 + "}", False, "DynamoDB"),
+            ('{"a": "\\udc00"}', False, "valid Unicode"),
+            ("\ufeff{}", False, "not valid JSON"),
+            ("not base64!", True, "base64"),
+            (base64.b64encode(b'{"a": "\xff"}').decode(), True, "UTF-8"),
+        ],
+    )
+    def test_unreadable_bodies_are_400_saying_why(self, body, b64, reason):
+        refused = read(body, b64=b64)
+        assert (refused.status, refused.field) == (400, "body")
+        assert reason in refused.message
+
+    def test_nesting_inside_strings_does_not_count(self):
+        assert read('{"a": "' + "[" * 100 + '"}')["body"] == '{"a":"' + "[" * 100 + '"}'
+
+    def test_nesting_up_to_the_bound_is_read(self):
+        depth = router.MAX_JSON_DEPTH
+        assert read("[" * depth + "]" * depth)["body"] == "[" * depth + "]" * depth
 
 
 @pytest.mark.parametrize(
