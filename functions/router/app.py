@@ -26,8 +26,9 @@ Decisions worth knowing:
   holds a live lease (a nudge for a stuck connection); a hint for a held lease would only cost
   a refused acquire somewhere.
 * **Errors are always JSON** ``{"message", "field", "errors": [...]}`` naming the offending
-  field: 400 unreadable request (body not JSON, malformed ``next_token``), 404 unknown
-  connection or route, 413 body over 16 KiB, 415 non-JSON ``Content-Type``, 422 well-formed
+  field: 400 unreadable request (body not JSON as :func:`parse_json` reads it, malformed
+  ``next_token``), 404 unknown connection or route, 413 body over 16 KiB, 415 non-JSON
+  ``Content-Type`` or non-UTF-8 charset, 422 well-formed
   but invalid (missing/extra/mistyped fields, unknown ``event_type``, bad ``connection_id``,
   refused ``ws_url``, bad ``state``/``limit``), 503 the store is unavailable (retry), 500 only
   for a misconfigured or broken router.
