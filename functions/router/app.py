@@ -28,10 +28,10 @@ Decisions worth knowing:
 * **Errors are always JSON** ``{"message", "field", "errors": [...]}`` naming the offending
   field: 400 unreadable request (body not JSON as :func:`parse_json` reads it, malformed
   ``next_token``), 404 unknown connection or route, 413 body over 16 KiB, 415 non-JSON
-  ``Content-Type`` or non-UTF-8 charset, 422 well-formed
-  but invalid (missing/extra/mistyped fields, unknown ``event_type``, bad ``connection_id``,
-  refused ``ws_url``, bad ``state``/``limit``), 503 the store is unavailable (retry), 500 only
-  for a misconfigured or broken router.
+  ``Content-Type`` or non-UTF-8 charset, 422 well-formed but invalid (missing/extra/mistyped
+  fields, unknown ``event_type``, bad ``connection_id``, refused ``ws_url``, bad
+  ``state``/``limit``), 503 the store is unavailable (retry), 500 only for a misconfigured or
+  broken router.
 * **Upstream URLs are secrets-bearing.** They often carry a token in the query string, so
   responses and logs only ever show :func:`wsfleet.upstream.redact_url` (query values masked).
 """

@@ -35,6 +35,21 @@ SAMPLE = json.loads(
 )
 URL = "wss://stream.example.com/v1/trades?symbol=BTC-USD"
 ERROR_KEYS = {"message", "field", "errors"}
+# Accepted upstream URLs and ones that trip URL parsing (ports, brackets, IDNA, IP forms).
+WS_URLS = [
+    URL,
+    URL + "&token=x",
+    "wss://feed.example.com/",
+    "wss://stream.example.com./",
+    "wss://[::1/",
+    "wss://stream.example.com:99999/",
+    "wss://stream.example.com:-1/",
+    "wss://\u2603.example.com/",
+    "wss://xn--.example.com/",
+    "wss://0x7f.1/",
+    "wss://[::ffff:127.0.0.1]/",
+    "wss://" + "a." * 200 + "example.com/",
+]
 
 FUZZ = settings(
     max_examples=200,
@@ -166,7 +181,7 @@ plausible_ids = st.one_of(valid_ids, valid_ids, ids)
 plausible_content_types = st.one_of(st.just("application/json"), st.none(), content_types)
 start_bodies = st.one_of(
     st.fixed_dictionaries(
-        {"ws_url": st.sampled_from([URL, URL + "&token=x", "wss://feed.example.com/"])},
+        {"ws_url": st.one_of(st.sampled_from(WS_URLS), any_text.map("wss://".__add__))},
         optional={"resume": st.one_of(st.booleans(), json_values)},
     ),
     field_objects.map(lambda obj: {"ws_url": URL, **obj}),
