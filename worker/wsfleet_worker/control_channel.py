@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from wsfleet.bodies import excerpt
 from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
 
 from .observability import WorkerMetrics
 from .offload import Offloader
+from .upstream import describe_error
 
 __all__ = ["ControlChannel"]
 
@@ -69,7 +71,7 @@ class ControlChannel:
         self.queue_url = response["QueueUrl"]
         return self.queue_url
 
-    async def run(self, on_stop: Callable[[StopCommand], bool]) -> None:
+    async def run(self, on_stop: Callable[[StopCommand], Awaitable[bool]]) -> None:
         """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied."""
         failures = 0
         while True:
@@ -88,23 +90,45 @@ class ControlChannel:
             failures = 0
             messages = response.get("Messages", [])
             for message in messages:
-                try:
-                    command = StopCommand.parse(message.get("Body", ""))
-                except ValueError as exc:
-                    self._logger.warning("ignoring bad control message", extra={"error": str(exc)})
-                    continue
-                applied = on_stop(command)
-                self._metrics.count("StopCommands")
-                self._logger.info(
-                    "STOP command received",
-                    extra={
-                        "connection_id": command.pk.removeprefix("CONN#"),
-                        "epoch": command.epoch,
-                        "applied": applied,
-                    },
-                )
+                await self._handle(message, on_stop)
             if messages:
+                # Every message is deleted, applied or not: a STOP is idempotent and an
+                # unusable body would only come back.
                 await self._delete(messages)
+
+    async def _handle(
+        self, message: dict[str, Any], on_stop: Callable[[StopCommand], Awaitable[bool]]
+    ) -> None:
+        """Act on one message; nothing it contains can end the consumer."""
+        body = message.get("Body", "")
+        try:
+            command = StopCommand.parse(body)
+        except ValueError as exc:
+            self._metrics.count("InvalidControlMessages")
+            self._logger.warning(
+                "deleting unusable control message",
+                extra={"error": str(exc), "body": excerpt(body)},
+            )
+            return
+        try:
+            applied = await on_stop(command)
+        except Exception as exc:  # a bug must cost this message, not the control channel
+            self._metrics.count("ControlMessageFailures")
+            self._logger.error(
+                "STOP command failed",
+                extra={"connection_id": command.pk[5:], "error": describe_error(exc)},
+                exc_info=exc,
+            )
+            return
+        self._metrics.count("StopCommands")
+        self._logger.info(
+            "STOP command received",
+            extra={
+                "connection_id": command.pk.removeprefix("CONN#"),
+                "epoch": command.epoch,
+                "applied": applied,
+            },
+        )
 
     async def _delete(self, messages: list[dict[str, Any]]) -> None:
         entries = [

@@ -13,9 +13,16 @@ import json
 import re
 from dataclasses import dataclass
 
-from .record import CONNECTION_PREFIX
+from .bodies import connection_pk_field, decode_object, epoch_field
+from .record import ConnectionRecord, DesiredState
 
-__all__ = ["QUEUE_NAME_LIMIT", "WORKER_ID_TAG", "StopCommand", "control_queue_name"]
+__all__ = [
+    "QUEUE_NAME_LIMIT",
+    "WORKER_ID_TAG",
+    "StopCommand",
+    "control_queue_name",
+    "stop_confirmed",
+]
 
 #: SQS queue names: 1-80 characters of [A-Za-z0-9_-].
 QUEUE_NAME_LIMIT = 80
@@ -54,15 +61,35 @@ class StopCommand:
     @classmethod
     def parse(cls, body: str) -> StopCommand:
         """ValueError for anything that is not a well-formed STOP command."""
-        try:
-            payload = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"control message is not JSON: {exc}") from None
-        if not isinstance(payload, dict) or payload.get("type") != "STOP":
+        payload = decode_object(body, what="control message")
+        if payload.get("type") != "STOP":
             raise ValueError("control message is not a STOP")
-        pk, epoch = payload.get("pk"), payload.get("epoch")
-        if not isinstance(pk, str) or not pk.startswith(CONNECTION_PREFIX):
-            raise ValueError("STOP has no connection pk")
-        if not isinstance(epoch, int) or isinstance(epoch, bool):
-            raise ValueError("STOP has no integer epoch")
+        pk = connection_pk_field(payload, what="STOP")
+        epoch = epoch_field(payload, what="STOP", required=True)
+        assert epoch is not None
         return cls(pk, epoch)
+
+
+def stop_confirmed(command: StopCommand, record: ConnectionRecord | None) -> bool:
+    """Whether the connection record backs a STOP command (read with a consistent GetItem).
+
+    A control queue is reachable by whoever may send to it, so a STOP is a hint to look, not an
+    order: the session closes only if the record says so - the item is gone (DELETE), or it is
+    STOPPED under the epoch the command names. Anything else (STARTED, or STOPPED under
+    another epoch: a stale or forged command) leaves the stream running; the lease renewal
+    still notices a real STOP within one heartbeat.
+
+    >>> from wsfleet.record import ConnectionRecord, DesiredState
+    >>> rec = ConnectionRecord(
+    ...     pk="CONN#a", desired_state=DesiredState.STARTED, ws_url="", lease_epoch=3
+    ... )
+    >>> stop_confirmed(StopCommand("CONN#a", 3), rec)
+    False
+    """
+    if record is None:
+        return True
+    return (
+        record.pk == command.pk
+        and record.desired_state is DesiredState.STOPPED
+        and record.lease_epoch == command.epoch
+    )
