@@ -11,6 +11,8 @@ Every wait is on an observable outcome (a log line, a metric, a queue count, sto
 
 from __future__ import annotations
 
+import json
+
 import fleet_helpers
 import pytest
 from fleet_helpers import Fleet, WorkerProcess, wait_until
@@ -128,3 +130,23 @@ def test_a_forged_stop_does_not_end_a_live_stream(fleet, sim, spawn):
         message=worker.tail,
     )
     assert (finished["reason"], finished["via"]) == ("stopped", "control")
+
+
+def test_the_control_queue_denies_every_sender_but_the_configured_roles(fleet, spawn):
+    # GIVEN the stack's setting naming the notifier's role (moto stores queue policies but does
+    # not enforce them: this checks what the worker asks SQS to enforce)
+    notifier = "arn:aws:iam::123456789012:role/stack-StreamNotifierRole-X"
+    worker = spawn(CONTROL_QUEUE_SENDER_ARNS=f" {notifier} ,")
+    item = wait_until(lambda: fleet.worker_item(worker.worker_id), timeout=60, message=worker.tail)
+
+    # WHEN the worker has created its control queue
+    attributes = fleet.sqs.get_queue_attributes(
+        QueueUrl=item.control_queue_url, AttributeNames=["Policy", "QueueArn"]
+    )["Attributes"]
+
+    # THEN its policy denies SendMessage to every principal but the notifier's role
+    policy = json.loads(attributes["Policy"])
+    deny = next(s for s in policy["Statement"] if s["Effect"] == "Deny")
+    assert deny["Principal"] == "*" and deny["Action"] == "sqs:SendMessage"
+    assert deny["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": [notifier]}}
+    assert deny["Resource"].endswith(":" + attributes["QueueArn"].rsplit(":", 1)[1])

@@ -7,7 +7,13 @@ import random
 import pytest
 
 from wsfleet.bodies import excerpt
-from wsfleet.control import QUEUE_NAME_LIMIT, StopCommand, control_queue_name, stop_confirmed
+from wsfleet.control import (
+    QUEUE_NAME_LIMIT,
+    StopCommand,
+    control_queue_name,
+    control_queue_policy,
+    stop_confirmed,
+)
 from wsfleet.hints import Hint
 from wsfleet.record import ConnectionRecord, DesiredState
 
@@ -132,3 +138,16 @@ def _record(state, epoch, pk="CONN#a"):
 )
 def test_a_stop_is_confirmed_only_by_the_record(record, confirmed):
     assert stop_confirmed(StopCommand("CONN#a", 3), record) is confirmed
+
+
+def test_control_queue_policy_denies_all_other_senders():
+    notifier = "arn:aws-cn:iam::210987654321:role/n"
+    doc = json.loads(control_queue_policy("s-ctl-w1", "cn-north-1", [notifier]))
+    deny, allow = doc["Statement"]
+    queue_arn = "arn:aws-cn:sqs:cn-north-1:210987654321:s-ctl-w1"
+    assert deny["Resource"] == allow["Resource"] == queue_arn
+    assert (deny["Effect"], deny["Principal"], deny["Action"]) == ("Deny", "*", "sqs:SendMessage")
+    assert deny["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": [notifier]}}
+    assert allow["Principal"] == {"AWS": [notifier]}
+    with pytest.raises(ValueError):
+        control_queue_policy("q", "r", ["not-an-arn"])

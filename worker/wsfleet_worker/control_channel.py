@@ -21,7 +21,12 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from wsfleet.bodies import excerpt
-from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
+from wsfleet.control import (
+    WORKER_ID_TAG,
+    StopCommand,
+    control_queue_name,
+    control_queue_policy,
+)
 
 from .observability import WorkerMetrics
 from .offload import Offloader
@@ -45,6 +50,7 @@ class ControlChannel:
         prefix: str,
         worker_id: str,
         wait_seconds: int = 20,
+        sender_arns: tuple[str, ...] = (),
     ) -> None:
         self._sqs = sqs
         self._offloader = offloader
@@ -54,6 +60,7 @@ class ControlChannel:
         self.queue_name = control_queue_name(prefix, worker_id)
         self.queue_url = ""
         self._wait_seconds = wait_seconds
+        self._sender_arns = sender_arns
 
     async def open(self) -> str:
         """Create (or adopt) the queue and return its URL."""
@@ -62,6 +69,10 @@ class ControlChannel:
             "ReceiveMessageWaitTimeSeconds": str(self._wait_seconds),
             "VisibilityTimeout": "30",
         }
+        if self._sender_arns:  # set at creation: the worker role has no SetQueueAttributes
+            attributes["Policy"] = control_queue_policy(
+                self.queue_name, self._sqs.meta.region_name, self._sender_arns
+            )
         response = await self._offloader.sqs(
             self._sqs.create_queue,
             QueueName=self.queue_name,

@@ -160,6 +160,10 @@ class Worker:
                 self.metrics,
                 self.logger,
                 prefix=settings.control_queue_prefix,
+                sender_arns=tuple(
+                    arn.strip() for arn in settings.control_queue_sender_arns.split(",")
+                    if arn.strip()
+                ),
                 worker_id=self.worker_id,
                 wait_seconds=config.control_wait_seconds,
             )

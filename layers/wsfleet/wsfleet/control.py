@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .bodies import connection_pk_field, decode_object, epoch_field
@@ -21,6 +22,7 @@ __all__ = [
     "WORKER_ID_TAG",
     "StopCommand",
     "control_queue_name",
+    "control_queue_policy",
     "stop_confirmed",
 ]
 
@@ -45,6 +47,50 @@ def control_queue_name(prefix: str, worker_id: str) -> str:
         return name
     digest = hashlib.sha256(worker_id.encode()).hexdigest()[:10]
     return f"{name[:QUEUE_NAME_LIMIT - 11]}-{digest}"
+
+
+def control_queue_policy(queue_name: str, region: str, sender_arns: Sequence[str]) -> str:
+    """The queue policy a worker sets at CreateQueue: only ``sender_arns`` may send to it.
+
+    An Allow in a queue policy does not keep out a same-account principal whose own IAM
+    policy allows ``sqs:SendMessage``, so the policy is an explicit Deny for every principal
+    whose ``aws:PrincipalArn`` (the role ARN, also for its assumed-role sessions) is not
+    listed. The queue ARN is built from the first sender's partition and account (the
+    notifier runs in the stack's account) and the worker's region, because the worker may
+    not call GetQueueAttributes or SetQueueAttributes to learn it after creating the queue.
+
+    >>> import json
+    >>> doc = json.loads(control_queue_policy("s-ctl-w1", "eu-west-1",
+    ...                                       ["arn:aws:iam::123456789012:role/notifier"]))
+    >>> doc["Statement"][0]["Resource"]
+    'arn:aws:sqs:eu-west-1:123456789012:s-ctl-w1'
+    """
+    senders = [arn for arn in sender_arns if arn]
+    parts = senders[0].split(":") if senders else []
+    if len(parts) < 6 or parts[0] != "arn" or not parts[4]:
+        raise ValueError("control queue senders must be IAM role ARNs")
+    queue_arn = f"arn:{parts[1]}:sqs:{region}:{parts[4]}:{queue_name}"
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "OnlyTheNotifierSends",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+                "Condition": {"ArnNotEquals": {"aws:PrincipalArn": senders}},
+            },
+            {
+                "Sid": "NotifierSends",
+                "Effect": "Allow",
+                "Principal": {"AWS": senders},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+            },
+        ],
+    }
+    return json.dumps(policy, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
