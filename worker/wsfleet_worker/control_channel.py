@@ -4,8 +4,16 @@ At start the worker creates an SQS queue named ``control_queue_name(CONTROL_QUEU
 worker_id)``, tagged ``wsfleet:worker_id=<id>`` (so the reconciler can trace a queue back to a
 dead worker and delete it), and registers its URL in its worker item. The stream notifier
 Lambda reads ``lease_owner`` from a STOPPED record, finds that worker's item and sends a
-:class:`~wsfleet.control.StopCommand` here. The worker closes the named session at once if it
-still holds it under that epoch: milliseconds instead of up to one heartbeat.
+:class:`~wsfleet.control.StopCommand` here. The worker closes the named session if it still
+holds it under that epoch and a consistent read of the record confirms the STOP
+(:func:`~wsfleet.control.stop_confirmed`): milliseconds instead of up to one heartbeat, and a
+forged command cannot end a live stream.
+
+Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
+role), the queue is created with a policy denying ``SendMessage`` to every other principal
+(:func:`~wsfleet.control.control_queue_policy`). Whatever still arrives is untrusted input: an
+unusable body is counted (``InvalidControlMessages``), logged by excerpt and deleted, and a
+failure while acting on one message (``ControlMessageFailures``) never ends the consumer.
 
 Messages are short-lived (retention 300 s): a STOP nobody consumed in that time is moot, the
 renewal has noticed the STOPPED record long before.
