@@ -60,6 +60,7 @@ def run_poller(
     scenario: Callable[[HintPoller, object], Awaitable[None]],
     *,
     capacity: int = 100,
+    metrics: WorkerMetrics | None = None,
 ) -> None:
     async def main() -> None:
         sqs = sqs_client(aws)
@@ -68,7 +69,7 @@ def run_poller(
             sqs,
             aws.hint_queue_url,
             offloader,
-            WorkerMetrics("test", emit=lambda doc: None),
+            metrics or WorkerMetrics("test", emit=lambda doc: None),
             logging.getLogger("test-poller"),
             free_slots=lambda: capacity,
             capacity=lambda: capacity,
@@ -79,6 +80,7 @@ def run_poller(
         task = asyncio.create_task(poller.run())
         try:
             await scenario(poller, sqs)
+            assert not task.done(), task  # the poller (and so the worker) is still running
         finally:
             poller.stop()
             await asyncio.wait_for(task, LIMIT)
@@ -149,3 +151,30 @@ def test_stop_waits_for_rounds_in_hand_and_their_outcomes_apply(aws):
     run_poller(aws, acquire, scenario)
     sqs = sqs_client(aws)
     assert queue_depth(sqs, aws.hint_queue_url) == (1, 0)  # given back, not lost or deleted
+
+
+def test_one_bad_message_costs_that_message_not_the_poller(aws):
+    """Poison bodies are counted and deleted; a hint whose handling raises is counted and left
+    for redelivery; the round's other hints and the poller itself carry on (issue #11, 2)."""
+    metrics = WorkerMetrics("test", emit=lambda doc: None)
+    acquired: list[str] = []
+
+    async def acquire(hint: Hint) -> HintOutcome:
+        acquired.append(hint.pk)
+        if hint.pk == "CONN#bug":
+            raise RuntimeError("a bug in acting on this one hint")
+        return HintOutcome.DONE
+
+    async def scenario(poller, sqs) -> None:
+        for body in ("[" * 5000, '{"pk": "CONN#x", "epoch": ' + "9" * 5000 + "}"):
+            sqs.send_message(QueueUrl=aws.hint_queue_url, MessageBody=body)
+        send(sqs, aws.hint_queue_url, "CONN#bug", "CONN#good")
+        await until(lambda: {"CONN#bug", "CONN#good"} <= set(acquired), "both hints acted on")
+        # poison and the good hint deleted; the failed one in flight until its visibility ends
+        await until(lambda: queue_depth(sqs, aws.hint_queue_url) == (0, 1), "deletes")
+        counts = metrics.snapshot()
+        assert (counts["InvalidHints"], counts["HintFailures"]) == (2, 1)
+        send(sqs, aws.hint_queue_url, "CONN#later")
+        await until(lambda: "CONN#later" in acquired, "a hint after the failure")
+
+    run_poller(aws, acquire, scenario, metrics=metrics)

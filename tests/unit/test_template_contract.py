@@ -444,28 +444,15 @@ EXPECTED_GRANTS = {
         },
         ("dynamodb:BatchWriteItem", "MessagesTable.Arn"),
         ("dynamodb:PutItem", "MessagesTable.Arn"),
+        # Only what the worker calls (HintPoller, HintSender, ControlChannel): no
+        # GetQueueAttributes, GetQueueUrl or SetQueueAttributes (issue #11, finding 7).
         *{
             (f"sqs:{a}", "HintQueue.Arn")
-            for a in (
-                "ReceiveMessage",
-                "DeleteMessage",
-                "ChangeMessageVisibility",
-                "SendMessage",
-                "GetQueueAttributes",
-            )
+            for a in ("ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility", "SendMessage")
         },
         *{
             (f"sqs:{a}", CTL_QUEUES)
-            for a in (
-                "CreateQueue",
-                "TagQueue",
-                "DeleteQueue",
-                "GetQueueUrl",
-                "GetQueueAttributes",
-                "SetQueueAttributes",
-                "ReceiveMessage",
-                "DeleteMessage",
-            )
+            for a in ("CreateQueue", "TagQueue", "DeleteQueue", "ReceiveMessage", "DeleteMessage")
         },
     },
 }
@@ -680,3 +667,65 @@ def test_deploy_doc_covers_every_parameter_alarm_and_output(template: dict[str, 
         assert f"`<stack>{suffix}`" in doc, suffix
     for output in template["Outputs"]:
         assert f"`{output}`" in doc, output
+
+
+# ============================================================== worker write limits (issue #11)
+#: Attributes the worker may write, per item kind. tests/integration/test_worker_iam_contract.py
+#: runs every worker-side LeaseStore write against the moto server and checks the attribute
+#: names of each request against these lists, so the three (store, test, template) move together.
+WORKER_CONNECTION_ATTRIBUTES = {
+    "pk", "desired_state", "expires_at", "last_error", "last_seq", "lease_epoch",
+    "lease_expires_at_ms", "lease_owner", "stop_reason", "updated_at_ms",
+}
+WORKER_ITEM_ATTRIBUTES = {
+    "pk", "connection_count", "control_queue_url", "expires_at_ms", "heartbeat_at_ms",
+    "started_at_ms", "worker_id",
+}
+
+
+def worker_write_limits(resources: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Leading-key pattern -> attributes the worker role may write under it (Put/UpdateItem)."""
+    limits: dict[str, set[str]] = {}
+    for statement in statements(resources, "WorkerTaskRole"):
+        actions = set(as_list(statement["Action"]))
+        if not actions & {"dynamodb:PutItem", "dynamodb:UpdateItem"}:
+            continue
+        if _resource_key(statement["Resource"]) != TABLE:
+            continue
+        condition = statement.get("Condition") or {}
+        keys = condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+        attributes = condition["ForAllValues:StringEquals"]["dynamodb:Attributes"]
+        for key in keys:
+            limits[key] = set(attributes)
+    return limits
+
+
+def test_worker_writes_to_the_connections_table_are_limited_by_key_and_attribute(
+    resources: dict[str, Any],
+) -> None:
+    # Every Put/UpdateItem grant on the table carries both conditions (a statement without
+    # them would lift the limit for everything), and ws_url is never writable by the worker.
+    limits = worker_write_limits(resources)
+    assert limits == {"CONN#*": WORKER_CONNECTION_ATTRIBUTES, "WORKER#*": WORKER_ITEM_ATTRIBUTES}
+    for key in ("ws_url", "resume", "created_at_ms", "hinted_at_ms"):
+        assert key not in limits["CONN#*"]
+    put_on_connections = [
+        s for s in statements(resources, "WorkerTaskRole")
+        if "dynamodb:PutItem" in as_list(s["Action"]) and _resource_key(s["Resource"]) == TABLE
+    ]
+    assert all(
+        s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] == ["WORKER#*"]
+        for s in put_on_connections
+    )
+
+
+def test_control_queues_accept_only_the_notifier(resources: dict[str, Any]) -> None:
+    # The worker sets the queue policy from this variable at CreateQueue; the notifier is the
+    # only component that sends to control queues (the reconciler only lists and deletes them).
+    assert task_env(resources)["CONTROL_QUEUE_SENDER_ARNS"] == {
+        "Fn::GetAtt": ["StreamNotifierRole", "Arn"]
+    }
+    senders = {
+        role for role in EXPECTED_GRANTS if ("sqs:SendMessage", CTL_QUEUES) in EXPECTED_GRANTS[role]
+    }
+    assert senders == {"StreamNotifierRole"}

@@ -211,7 +211,7 @@ def test_unparseable_hints_are_counted_and_dropped():
         running=set(),
         free_slots=5,
     )
-    assert (triage.invalid, triage.drop, triage.acquire) == (3, ["r1", "r2", "r3"], [])
+    assert (len(triage.invalid), triage.drop, triage.acquire) == (3, ["r1", "r2", "r3"], [])
 
 
 def test_hints_over_capacity_are_released_for_a_peer():
@@ -222,3 +222,14 @@ def test_hints_over_capacity_are_released_for_a_peer():
     )
     assert [h.pk for h, _ in triage.acquire] == ["CONN#a"]
     assert triage.release == ["r2", "r3"]
+
+
+def test_a_hostile_hint_is_dropped_with_an_excerpt_not_the_whole_body():
+    # GIVEN a body that used to raise RecursionError out of Hint.parse and end the worker
+    body = "[" * 5000
+    # WHEN a batch holding it and a good hint is triaged
+    triage = triage_hints([("r1", body), ("r2", Hint("CONN#a").body())], set(), free_slots=5)
+    # THEN the poison is dropped, the good hint is still acted on, and the reason is short
+    assert triage.drop == ["r1"]
+    assert [receipt for _, receipt in triage.acquire] == ["r2"]
+    assert len(triage.invalid) == 1 and len(triage.invalid[0]) < 200

@@ -4,8 +4,16 @@ At start the worker creates an SQS queue named ``control_queue_name(CONTROL_QUEU
 worker_id)``, tagged ``wsfleet:worker_id=<id>`` (so the reconciler can trace a queue back to a
 dead worker and delete it), and registers its URL in its worker item. The stream notifier
 Lambda reads ``lease_owner`` from a STOPPED record, finds that worker's item and sends a
-:class:`~wsfleet.control.StopCommand` here. The worker closes the named session at once if it
-still holds it under that epoch: milliseconds instead of up to one heartbeat.
+:class:`~wsfleet.control.StopCommand` here. The worker closes the named session if it still
+holds it under that epoch and a consistent read of the record confirms the STOP
+(:func:`~wsfleet.control.stop_confirmed`): milliseconds instead of up to one heartbeat, and a
+forged command cannot end a live stream.
+
+Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
+role), the queue is created with a policy denying ``SendMessage`` to every other principal
+(:func:`~wsfleet.control.control_queue_policy`). Whatever still arrives is untrusted input: an
+unusable body is counted (``InvalidControlMessages``), logged by excerpt and deleted, and a
+failure while acting on one message (``ControlMessageFailures``) never ends the consumer.
 
 Messages are short-lived (retention 300 s): a STOP nobody consumed in that time is moot, the
 renewal has noticed the STOPPED record long before.
@@ -15,15 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
+from wsfleet.bodies import excerpt
+from wsfleet.control import (
+    WORKER_ID_TAG,
+    StopCommand,
+    control_queue_name,
+    control_queue_policy,
+)
 
 from .observability import WorkerMetrics
 from .offload import Offloader
+from .upstream import describe_error
 
 __all__ = ["ControlChannel"]
 
@@ -43,6 +58,7 @@ class ControlChannel:
         prefix: str,
         worker_id: str,
         wait_seconds: int = 20,
+        sender_arns: tuple[str, ...] = (),
     ) -> None:
         self._sqs = sqs
         self._offloader = offloader
@@ -52,6 +68,7 @@ class ControlChannel:
         self.queue_name = control_queue_name(prefix, worker_id)
         self.queue_url = ""
         self._wait_seconds = wait_seconds
+        self._sender_arns = sender_arns
 
     async def open(self) -> str:
         """Create (or adopt) the queue and return its URL."""
@@ -60,6 +77,10 @@ class ControlChannel:
             "ReceiveMessageWaitTimeSeconds": str(self._wait_seconds),
             "VisibilityTimeout": "30",
         }
+        if self._sender_arns:  # set at creation: the worker role has no SetQueueAttributes
+            attributes["Policy"] = control_queue_policy(
+                self.queue_name, self._sqs.meta.region_name, self._sender_arns
+            )
         response = await self._offloader.sqs(
             self._sqs.create_queue,
             QueueName=self.queue_name,
@@ -69,7 +90,7 @@ class ControlChannel:
         self.queue_url = response["QueueUrl"]
         return self.queue_url
 
-    async def run(self, on_stop: Callable[[StopCommand], bool]) -> None:
+    async def run(self, on_stop: Callable[[StopCommand], Awaitable[bool]]) -> None:
         """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied."""
         failures = 0
         while True:
@@ -88,23 +109,45 @@ class ControlChannel:
             failures = 0
             messages = response.get("Messages", [])
             for message in messages:
-                try:
-                    command = StopCommand.parse(message.get("Body", ""))
-                except ValueError as exc:
-                    self._logger.warning("ignoring bad control message", extra={"error": str(exc)})
-                    continue
-                applied = on_stop(command)
-                self._metrics.count("StopCommands")
-                self._logger.info(
-                    "STOP command received",
-                    extra={
-                        "connection_id": command.pk.removeprefix("CONN#"),
-                        "epoch": command.epoch,
-                        "applied": applied,
-                    },
-                )
+                await self._handle(message, on_stop)
             if messages:
+                # Every message is deleted, applied or not: a STOP is idempotent and an
+                # unusable body would only come back.
                 await self._delete(messages)
+
+    async def _handle(
+        self, message: dict[str, Any], on_stop: Callable[[StopCommand], Awaitable[bool]]
+    ) -> None:
+        """Act on one message; nothing it contains can end the consumer."""
+        body = message.get("Body", "")
+        try:
+            command = StopCommand.parse(body)
+        except ValueError as exc:
+            self._metrics.count("InvalidControlMessages")
+            self._logger.warning(
+                "deleting unusable control message",
+                extra={"error": str(exc), "body": excerpt(body)},
+            )
+            return
+        try:
+            applied = await on_stop(command)
+        except Exception as exc:  # a bug must cost this message, not the control channel
+            self._metrics.count("ControlMessageFailures")
+            self._logger.error(
+                "STOP command failed",
+                extra={"connection_id": command.pk[5:], "error": describe_error(exc)},
+                exc_info=exc,
+            )
+            return
+        self._metrics.count("StopCommands")
+        self._logger.info(
+            "STOP command received",
+            extra={
+                "connection_id": command.pk.removeprefix("CONN#"),
+                "epoch": command.epoch,
+                "applied": applied,
+            },
+        )
 
     async def _delete(self, messages: list[dict[str, Any]]) -> None:
         entries = [

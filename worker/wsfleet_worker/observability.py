@@ -43,7 +43,11 @@ COUNTERS = (
     "Reconnects",
     "RenewFailures",
     "InvalidHints",
+    "HintFailures",
     "StopCommands",
+    "InvalidControlMessages",
+    "ControlMessageFailures",
+    "UnconfirmedStops",
 )
 #: Last value per interval (unit Count).
 GAUGES = ("ActiveConnections", "QueuedFrames")

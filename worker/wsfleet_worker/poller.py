@@ -4,7 +4,10 @@ Each round long-polls the hint queue for at most as many messages as the worker 
 slots (never more than 10, the SQS maximum); at MAX_CONNECTIONS it does not receive at all and
 waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_hints`):
 
-* unparseable hints are counted (``InvalidHints``) and deleted;
+* unusable hints (any body :meth:`~wsfleet.hints.Hint.parse` refuses: not JSON, nested,
+  over-long, a bad pk or epoch) are counted (``InvalidHints``), logged by excerpt and deleted;
+* a hint whose handling raises is counted (``HintFailures``) and left for redelivery: one
+  message never ends a round or the worker;
 * hints for connections this worker already runs (and repeats within the batch) are deleted;
 * the rest are acquired concurrently. ``acquire`` is the real decision: it succeeds only for a
   STARTED connection whose lease is free or expired, so stale or duplicate hints cost one
@@ -166,12 +169,28 @@ class HintPoller:
             self._capacity(),
         )
         if triage.invalid:
-            self._metrics.count("InvalidHints", triage.invalid)
-            self._logger.warning("deleting unparseable hints", extra={"count": triage.invalid})
-        outcomes = await asyncio.gather(*(self._acquire(hint) for hint, _ in triage.acquire))
+            self._metrics.count("InvalidHints", len(triage.invalid))
+            self._logger.warning(
+                "deleting unusable hints",
+                extra={"count": len(triage.invalid), "errors": triage.invalid[:3]},
+            )
+        # return_exceptions: one hint whose handling fails costs that hint, not the round (and
+        # so not the worker: run() re-raises only failures of the round itself).
+        outcomes = await asyncio.gather(
+            *(self._acquire(hint) for hint, _ in triage.acquire), return_exceptions=True
+        )
         handled, give_back = list(triage.drop), list(triage.release)
-        for (_, receipt), outcome in zip(triage.acquire, outcomes, strict=True):
-            if outcome is HintOutcome.DONE:
+        for (hint, receipt), outcome in zip(triage.acquire, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome  # CancelledError and friends are not about this hint
+                self._metrics.count("HintFailures")
+                self._logger.error(
+                    "hint failed; left for redelivery (then the dead-letter queue)",
+                    extra={"connection_id": hint.pk[5:], "error": type(outcome).__name__},
+                    exc_info=outcome,
+                )
+            elif outcome is HintOutcome.DONE:
                 handled.append(receipt)
             elif outcome is HintOutcome.GIVE_BACK:
                 give_back.append(receipt)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum, StrEnum
 
 from wsfleet.backoff import backoff
+from wsfleet.bodies import excerpt
 from wsfleet.exceptions import ConnectionNotFound, ConnectionStopped, LeaseLost
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease
@@ -293,7 +294,8 @@ class HintTriage:
     acquire: list[tuple[Hint, str]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
     release: list[str] = field(default_factory=list)
-    invalid: int = 0
+    #: Why each unusable body was refused, with a short excerpt (never the whole body).
+    invalid: list[str] = field(default_factory=list)
 
 
 def triage_hints(
@@ -304,9 +306,9 @@ def triage_hints(
     seen: set[str] = set()
     for receipt, body in messages:
         try:
-            hint = Hint.parse(body)
-        except (ValueError, TypeError, AttributeError):
-            triage.invalid += 1
+            hint = Hint.parse(body)  # raises ValueError only, whatever the body
+        except ValueError as exc:
+            triage.invalid.append(f"{exc}: {excerpt(body)}")
             triage.drop.append(receipt)
             continue
         if hint.pk in running or hint.pk in seen:

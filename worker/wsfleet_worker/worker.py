@@ -38,7 +38,7 @@ from typing import Any
 
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import Clock, now_ms
-from wsfleet.control import StopCommand
+from wsfleet.control import StopCommand, stop_confirmed
 from wsfleet.exceptions import (
     ConfigurationError,
     ConnectionNotFound,
@@ -160,6 +160,10 @@ class Worker:
                 self.metrics,
                 self.logger,
                 prefix=settings.control_queue_prefix,
+                sender_arns=tuple(
+                    arn.strip() for arn in settings.control_queue_sender_arns.split(",")
+                    if arn.strip()
+                ),
                 worker_id=self.worker_id,
                 wait_seconds=config.control_wait_seconds,
             )
@@ -414,9 +418,38 @@ class Worker:
             delay = _CRASH_HINT_DELAY_SECONDS if result.reason is ExitReason.CRASHED else 0
             self.outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
 
-    def _on_stop_command(self, command: StopCommand) -> bool:
+    async def _on_stop_command(self, command: StopCommand) -> bool:
+        """Close the named session if the connection record confirms the STOP.
+
+        A STOP on the control queue is checked against a consistent read of the record
+        (:func:`~wsfleet.control.stop_confirmed`) before anything closes, so a forged or stale
+        command cannot end a live stream (issue #11, finding 7). If the read fails, nothing
+        closes: the lease renewal still sees a real STOP within one heartbeat.
+        """
         session = self.sessions.get(command.pk)
-        return session is not None and session.stop_command(command.epoch)
+        if session is None or session.epoch != command.epoch or session.reason is not None:
+            return False
+        try:
+            record = await self.offloader.io(self.leases.get, command.pk)
+        except WsfleetError as exc:
+            self.logger.warning(
+                "cannot confirm STOP; left to the lease renewal",
+                extra={"connection_id": command.pk[5:], "error": describe_error(exc)},
+            )
+            return False
+        if not stop_confirmed(command, record):
+            self.metrics.count("UnconfirmedStops")
+            self.logger.warning(
+                "STOP not confirmed by the record; stream kept",
+                extra={
+                    "connection_id": command.pk[5:],
+                    "epoch": command.epoch,
+                    "desired_state": record.desired_state if record else None,
+                    "record_epoch": record.lease_epoch if record else None,
+                },
+            )
+            return False
+        return session.stop_command(command.epoch)
 
     # ------------------------------------------------------------------ periodic work
     async def _housekeeping(self) -> None:

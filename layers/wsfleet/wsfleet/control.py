@@ -11,11 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .record import CONNECTION_PREFIX
+from .bodies import connection_pk_field, decode_object, epoch_field
+from .record import ConnectionRecord, DesiredState
 
-__all__ = ["QUEUE_NAME_LIMIT", "WORKER_ID_TAG", "StopCommand", "control_queue_name"]
+__all__ = [
+    "QUEUE_NAME_LIMIT",
+    "WORKER_ID_TAG",
+    "StopCommand",
+    "control_queue_name",
+    "control_queue_policy",
+    "stop_confirmed",
+]
 
 #: SQS queue names: 1-80 characters of [A-Za-z0-9_-].
 QUEUE_NAME_LIMIT = 80
@@ -40,6 +49,50 @@ def control_queue_name(prefix: str, worker_id: str) -> str:
     return f"{name[:QUEUE_NAME_LIMIT - 11]}-{digest}"
 
 
+def control_queue_policy(queue_name: str, region: str, sender_arns: Sequence[str]) -> str:
+    """The queue policy a worker sets at CreateQueue: only ``sender_arns`` may send to it.
+
+    An Allow in a queue policy does not keep out a same-account principal whose own IAM
+    policy allows ``sqs:SendMessage``, so the policy is an explicit Deny for every principal
+    whose ``aws:PrincipalArn`` (the role ARN, also for its assumed-role sessions) is not
+    listed. The queue ARN is built from the first sender's partition and account (the
+    notifier runs in the stack's account) and the worker's region, because the worker may
+    not call GetQueueAttributes or SetQueueAttributes to learn it after creating the queue.
+
+    >>> import json
+    >>> doc = json.loads(control_queue_policy("s-ctl-w1", "eu-west-1",
+    ...                                       ["arn:aws:iam::123456789012:role/notifier"]))
+    >>> doc["Statement"][0]["Resource"]
+    'arn:aws:sqs:eu-west-1:123456789012:s-ctl-w1'
+    """
+    senders = [arn for arn in sender_arns if arn]
+    parts = senders[0].split(":") if senders else []
+    if len(parts) < 6 or parts[0] != "arn" or not parts[4]:
+        raise ValueError("control queue senders must be IAM role ARNs")
+    queue_arn = f"arn:{parts[1]}:sqs:{region}:{parts[4]}:{queue_name}"
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "OnlyTheNotifierSends",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+                "Condition": {"ArnNotEquals": {"aws:PrincipalArn": senders}},
+            },
+            {
+                "Sid": "NotifierSends",
+                "Effect": "Allow",
+                "Principal": {"AWS": senders},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+            },
+        ],
+    }
+    return json.dumps(policy, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class StopCommand:
     """Close connection ``pk`` if you still hold it under ``epoch``."""
@@ -54,15 +107,35 @@ class StopCommand:
     @classmethod
     def parse(cls, body: str) -> StopCommand:
         """ValueError for anything that is not a well-formed STOP command."""
-        try:
-            payload = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"control message is not JSON: {exc}") from None
-        if not isinstance(payload, dict) or payload.get("type") != "STOP":
+        payload = decode_object(body, what="control message")
+        if payload.get("type") != "STOP":
             raise ValueError("control message is not a STOP")
-        pk, epoch = payload.get("pk"), payload.get("epoch")
-        if not isinstance(pk, str) or not pk.startswith(CONNECTION_PREFIX):
-            raise ValueError("STOP has no connection pk")
-        if not isinstance(epoch, int) or isinstance(epoch, bool):
-            raise ValueError("STOP has no integer epoch")
+        pk = connection_pk_field(payload, what="STOP")
+        epoch = epoch_field(payload, what="STOP", required=True)
+        assert epoch is not None
         return cls(pk, epoch)
+
+
+def stop_confirmed(command: StopCommand, record: ConnectionRecord | None) -> bool:
+    """Whether the connection record backs a STOP command (read with a consistent GetItem).
+
+    A control queue is reachable by whoever may send to it, so a STOP is a hint to look, not an
+    order: the session closes only if the record says so - the item is gone (DELETE), or it is
+    STOPPED under the epoch the command names. Anything else (STARTED, or STOPPED under
+    another epoch: a stale or forged command) leaves the stream running; the lease renewal
+    still notices a real STOP within one heartbeat.
+
+    >>> from wsfleet.record import ConnectionRecord, DesiredState
+    >>> rec = ConnectionRecord(
+    ...     pk="CONN#a", desired_state=DesiredState.STARTED, ws_url="", lease_epoch=3
+    ... )
+    >>> stop_confirmed(StopCommand("CONN#a", 3), rec)
+    False
+    """
+    if record is None:
+        return True
+    return (
+        record.pk == command.pk
+        and record.desired_state is DesiredState.STOPPED
+        and record.lease_epoch == command.epoch
+    )

@@ -16,8 +16,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .backoff import backoff
+from .bodies import connection_pk_field, decode_object, epoch_field
 from .lease import MAX_HINT_DELAY_SECONDS
-from .record import CONNECTION_PREFIX
 
 __all__ = ["SQS_BATCH_LIMIT", "Hint", "HintSender"]
 
@@ -40,20 +40,14 @@ class Hint:
 
     @classmethod
     def parse(cls, body: str) -> Hint:
-        """Parse a message body; ValueError for anything that is not a connection hint.
+        """Parse a message body; ValueError (only) for anything that is not a connection hint.
 
         >>> Hint.parse('{"pk": "CONN#a", "epoch": 3}')
         Hint(pk='CONN#a', epoch=3, delay_seconds=0)
         """
-        try:
-            payload = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"hint is not JSON: {exc}") from None
-        pk = payload.get("pk") if isinstance(payload, dict) else None
-        if not isinstance(pk, str) or not pk.startswith(CONNECTION_PREFIX):
-            raise ValueError("hint has no connection pk")
-        epoch = payload.get("epoch")
-        return cls(pk, int(epoch) if isinstance(epoch, int) else None)
+        payload = decode_object(body, what="hint")
+        pk = connection_pk_field(payload, what="hint")
+        return cls(pk, epoch_field(payload, what="hint", required=False))
 
 
 class HintSender:

@@ -82,6 +82,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("CONTROL_QUEUE_PREFIX", "control_queue_prefix", "wsfleet-ctl-",
            "Name prefix of per-worker control queues (the stack sets <stack>-ctl-).",
            "worker, reconciler, stream_notifier"),
+    EnvVar("CONTROL_QUEUE_SENDER_ARNS", "control_queue_sender_arns", "",
+           "Comma-separated IAM role ARNs allowed to send to control queues (a queue policy "
+           "set at CreateQueue denies every other sender); empty sets no policy (local runs).",
+           "worker"),
     EnvVar("SEQ_FIELD", "seq_field", "seq",
            "Field of each upstream JSON frame that holds its sequence number.", "worker"),
     EnvVar("RESUME_PARAM", "resume_param", "from_seq",
@@ -150,6 +154,7 @@ class Settings:
     worker_id: str = field(default_factory=default_worker_id)
     drain_timeout_seconds: float = 20.0
     control_queue_prefix: str = "wsfleet-ctl-"
+    control_queue_sender_arns: str = ""
     seq_field: str = "seq"
     resume_param: str = "from_seq"
     message_flush_ms: int = 100

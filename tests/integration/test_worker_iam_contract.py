@@ -1,0 +1,103 @@
+"""The worker role's DynamoDB write limits match what LeaseStore actually writes (issue #11, 8).
+
+template.yaml lets the worker role Put/UpdateItem only the attributes listed under
+``dynamodb:Attributes`` (per leading key: ``CONN#*``, ``WORKER#*``), so it cannot rewrite
+``ws_url`` or anything else the router validates. IAM denies a request naming any other
+attribute, so a list that falls behind the store would break the worker in AWS only. This test
+runs every write the worker makes through a real LeaseStore against the moto server, records
+the attribute names each request carries, and checks them against the template's lists.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wsfleet.aws import dynamodb_client
+from wsfleet.lease import Lease
+from wsfleet.record import WorkerRecord, connection_pk
+from wsfleet.store import LeaseStore
+from wsfleet_local.backend import load_template
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+_NAME = re.compile(r"(?<![:#\w])[A-Za-z_][A-Za-z0-9_]*")
+_NOT_NAMES = {"SET", "ADD", "REMOVE", "DELETE", "AND", "OR", "NOT", "BETWEEN", "IN",
+              "attribute_exists", "attribute_not_exists", "attribute_type", "begins_with",
+              "contains", "size", "if_not_exists", "list_append"}
+
+
+def _names(expression: str, aliases: dict[str, str]) -> set[str]:
+    found = {m for m in _NAME.findall(expression) if m not in _NOT_NAMES}
+    return found | {aliases[a] for a in re.findall(r"#\w+", expression)}
+
+
+def request_attributes(params: dict[str, Any]) -> set[str]:
+    """Top-level attribute names a Put/UpdateItem request names (key included)."""
+    aliases = params.get("ExpressionAttributeNames", {})
+    names = set(params.get("Key", {})) | set(params.get("Item", {}))
+    for field in ("UpdateExpression", "ConditionExpression"):
+        names |= _names(params.get(field, ""), aliases)
+    return names
+
+
+def worker_write_limits() -> dict[str, set[str]]:
+    role = load_template(ROOT / "template.yaml")["Resources"]["WorkerTaskRole"]["Properties"]
+    limits: dict[str, set[str]] = {}
+    for policy in role["Policies"]:
+        for statement in policy["PolicyDocument"]["Statement"]:
+            actions = statement["Action"]
+            writes = {"dynamodb:UpdateItem", "dynamodb:PutItem"} & set(actions)
+            if writes and "ConnectionsTable" in str(statement["Resource"]):
+                condition = statement["Condition"]
+                for key in condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]:
+                    limits[key] = set(condition["ForAllValues:StringEquals"]["dynamodb:Attributes"])
+    return limits
+
+
+def test_every_worker_write_names_only_attributes_the_template_allows(aws):
+    client = dynamodb_client()
+    setup = LeaseStore(client, aws.connections_table, lease_ms=60_000)
+    for cid in ("a", "b", "c"):
+        setup.start(cid, f"wss://example.com/{cid}")
+
+    # GIVEN a store whose requests are recorded (the router's start above is not the worker's)
+    requests: list[tuple[str, dict[str, Any]]] = []
+    client.meta.events.register(
+        "provide-client-params.dynamodb.*",
+        lambda params, model, **_: requests.append((model.name, dict(params))),
+    )
+    store = LeaseStore(
+        client, aws.connections_table, lease_ms=60_000, stopped_retention_ms=86_400_000
+    )
+
+    # WHEN it makes every write the worker makes
+    lease = Lease.of(store.acquire(connection_pk("a"), "w1"))
+    lease = store.renew(lease)
+    lease = store.renew(lease, last_seq=3)
+    store.checkpoint(lease, 4)
+    store.record_error(lease, "upstream closed 1011")
+    store.release(lease, last_seq=5)
+    store.mark_stopped(Lease.of(store.acquire(connection_pk("b"), "w1")), "done", last_seq=1)
+    store.release(Lease.of(store.acquire(connection_pk("c"), "w1")))
+    store.register_worker(WorkerRecord(
+        worker_id="w1", control_queue_url="http://q", started_at_ms=1, heartbeat_at_ms=1,
+        expires_at_ms=2, connection_count=0,
+    ))
+    store.heartbeat_worker("w1", expires_at_ms=3, connection_count=1)
+
+    # THEN each Put/UpdateItem names only attributes the template allows under its key
+    limits = worker_write_limits()
+    writes = [(op, p) for op, p in requests if op in ("PutItem", "UpdateItem")]
+    assert {op for op, _ in writes} == {"PutItem", "UpdateItem"}
+    for operation, params in writes:
+        pk = (params.get("Key") or params.get("Item"))["pk"]["S"]
+        allowed = limits["CONN#*" if pk.startswith("CONN#") else "WORKER#*"]
+        assert request_attributes(params) <= allowed, (operation, request_attributes(params))
+    # AND the lists hold nothing the worker never writes (a stale grant is a wider grant)
+    written = set().union(*(request_attributes(p) for _, p in writes))
+    assert set().union(*limits.values()) == written
