@@ -61,6 +61,18 @@ def test_an_ipv4_mapped_answer_matches_its_listed_ipv4_address():
     )
 
 
+def test_a_listed_localhost_may_resolve_to_any_loopback_address_but_nothing_else():
+    allowed = ("127.0.0.1", "localhost")
+    assert (
+        refused_resolution_reason("localhost", ips("127.0.0.1", "::1"), allowed_hosts=allowed)
+        is None
+    )
+    reason = refused_resolution_reason("localhost", ips("10.0.0.1"), allowed_hosts=allowed)
+    assert reason is not None and "a private address" in reason
+    # Unlisted, localhost gets no such pass (the router refuses the name anyway).
+    assert refused_resolution_reason("localhost", ips("::1"), allowed_hosts=()) is not None
+
+
 def test_every_address_must_pass_not_just_the_first():
     reason = refused_resolution_reason(
         "feed.example", ips("93.184.216.34", "10.0.0.1"), allowed_hosts=()

@@ -32,7 +32,8 @@ Redirects and DNS answers are the worker's to check (it is the one that connects
 exactly that address; a *name* entry allows the name, not whatever it resolves to. A listed
 name that resolves to a private, loopback or metadata address is refused unless that address
 is listed too (``feed.internal,10.0.0.7``), because a listed provider's DNS being wrong or
-hijacked must not turn the worker into a path to the VPC.
+hijacked must not turn the worker into a path to the VPC. The one exception is a listed
+loopback name such as ``localhost``: its loopback answers are what listing it meant.
 
 Why no DNS lookup at the router: a name that resolves to a public address when the router
 checks it can resolve to ``127.0.0.1`` or ``169.254.169.254`` when the worker connects seconds
@@ -283,9 +284,14 @@ def refused_resolution_reason(
     found = list(addresses)
     if not found:
         return f"{host} resolved to no address"
+    # A listed loopback name ("localhost") already means this machine, so its loopback
+    # answers (127.0.0.1 and ::1 alike) are what listing it asked for.
+    local_name = host.lower().rstrip(".") in _LOCAL_NAMES and host.lower().rstrip(".") in allowed
     for address in found:
         plain = _unmapped(address)
         if any(_same_address(plain, entry) for entry in allowed):
+            continue
+        if local_name and plain.is_loopback:
             continue
         reason = refused_address_reason(address)
         if reason:
