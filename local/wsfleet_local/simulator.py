@@ -47,6 +47,11 @@ Introspection
         POST /_sim/streams/<id>/end           max_seq = current: the stream ends normally
         POST /_sim/streams/<id>/open?rate=R&max_seq=M
 
+Redirects (for the worker's SSRF guard)
+    :meth:`~UpstreamSimulator.redirect_stream` makes every handshake of a stream answer
+    ``302 Location: <url>`` instead of upgrading, like a hostile or misconfigured upstream.
+    The handshake is still logged in :meth:`~UpstreamSimulator.redirects_served`.
+
 Example::
 
     async with UpstreamSimulator(rate=50) as sim:
@@ -456,6 +461,8 @@ class UpstreamSimulator:
         self._live: dict[str, set[_LiveSession]] = {}
         self._faults: dict[str, collections.deque[Fault]] = {}
         self._rejects: collections.Counter[str] = collections.Counter()
+        self._redirects: dict[str, str] = {}  # stream id -> Location (see redirect_stream)
+        self._redirects_served: collections.Counter[str] = collections.Counter()
         self._log: collections.deque[SessionRecord] = collections.deque(maxlen=max_sessions_logged)
         self._session_ids = itertools.count(1)
         self._server: Server | None = None
@@ -620,6 +627,8 @@ class UpstreamSimulator:
             target = _parse_stream_path(raw_path, query)
         except InvalidRequest as exc:
             return _json_response(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        if target.stream_id in self._redirects:
+            return self._redirect_response(connection, target.stream_id)
         if self._rejects.get(target.stream_id, 0) > 0:
             self._rejects[target.stream_id] -= 1
             return connection.respond(
@@ -628,6 +637,31 @@ class UpstreamSimulator:
         assert isinstance(connection, _SimConnection)
         connection.target = target
         return None
+
+    # -- redirect mode -----------------------------------------------------------------------
+
+    def redirect_stream(self, stream_id: str, location: str | None) -> None:
+        """Answer every handshake for ``stream_id`` with ``302 Location: location``.
+
+        ``None`` turns the redirect off. The location is sent as given (absolute or relative),
+        so a test can point it anywhere, including at a host the fleet must refuse::
+
+            sim.redirect_stream("s1", "ws://127.0.0.2:9/s1")
+        """
+        if location is None:
+            self._redirects.pop(stream_id, None)
+        else:
+            self._redirects[stream_id] = location
+
+    def redirects_served(self, stream_id: str) -> int:
+        """How many handshakes for ``stream_id`` were answered with a redirect."""
+        return self._redirects_served[stream_id]
+
+    def _redirect_response(self, connection: ServerConnection, stream_id: str) -> Response:
+        self._redirects_served[stream_id] += 1
+        response = connection.respond(http.HTTPStatus.FOUND, "redirected\n")
+        response.headers["Location"] = self._redirects[stream_id]
+        return response
 
     def _control(self, method: str, raw_path: str, query: dict[str, list[str]]) -> Response:
         try:
@@ -897,6 +931,14 @@ class SimulatorThread:
     def current_seq(self, stream_id: str) -> int:
         """Thread-safe :meth:`UpstreamSimulator.current_seq`."""
         return self._call(self.sim.current_seq, stream_id)
+
+    def redirect_stream(self, stream_id: str, location: str | None) -> None:
+        """Thread-safe :meth:`UpstreamSimulator.redirect_stream`."""
+        self._call(self.sim.redirect_stream, stream_id, location)
+
+    def redirects_served(self, stream_id: str) -> int:
+        """Thread-safe :meth:`UpstreamSimulator.redirects_served`."""
+        return self._call(self.sim.redirects_served, stream_id)
 
     def streams(self) -> dict[str, dict[str, Any]]:
         """Thread-safe :meth:`UpstreamSimulator.streams`."""

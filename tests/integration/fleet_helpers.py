@@ -77,6 +77,9 @@ FAST_WORKER_ENV: dict[str, str] = {
     "WORKER_WRITE_THREADS": "2",
     "POWERTOOLS_LOG_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",
+    # The worker applies the router's upstream policy too: allow the loopback simulator.
+    "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1,localhost",
+    "ALLOW_INSECURE_WS": "true",
 }
 
 #: Frames per second per stream of the ``sim`` fixture's simulator.

@@ -171,6 +171,7 @@ class ExitReason(StrEnum):
     FENCED = "fenced"  # lease lost (or self-fence deadline passed)
     UPSTREAM_CLOSED = "upstream_closed"  # the upstream closed normally (1000/1001)
     INVALID_URL = "invalid_ws_url"  # the stored ws_url can never be connected to
+    REFUSED = "upstream_refused"  # SSRF guard: a redirect hop or resolved address refused
     SHUTDOWN = "shutdown"  # the worker is draining (SIGTERM/SIGINT)
     CRASHED = "crashed"  # a bug in the session: hand the connection to a peer
 
@@ -207,6 +208,11 @@ _PLANS: dict[ExitReason, ExitPlan] = {
     ),
     ExitReason.INVALID_URL: ExitPlan(
         FinalWrite.MARK_STOPPED, close_code=None, stop_reason="invalid_ws_url"
+    ),
+    # Terminal, not a backoff: a refusal is a property of where the upstream points, so a
+    # retry would only probe the forbidden target again on a schedule (issue #11).
+    ExitReason.REFUSED: ExitPlan(
+        FinalWrite.MARK_STOPPED, close_code=None, stop_reason="upstream_refused"
     ),
     ExitReason.SHUTDOWN: ExitPlan(FinalWrite.RELEASE, close_code=1001, hint=True),
     ExitReason.CRASHED: ExitPlan(FinalWrite.RELEASE, close_code=1011, hint=True),

@@ -39,7 +39,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
 from wsfleet.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
 from wsfleet.clock import Clock, now_ms
-from wsfleet.exceptions import LeaseLost, StoreError, WsfleetError
+from wsfleet.exceptions import LeaseLost, StoreError, UpstreamRefused, WsfleetError
 from wsfleet.lease import Lease
 from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.record import ConnectionRecord
@@ -390,6 +390,9 @@ class Session:
                 ws = await ctx.connect(url)
             except asyncio.CancelledError:
                 raise
+            except UpstreamRefused as exc:
+                await self._refused(exc)
+                return
             except Exception as exc:
                 if is_permanent(exc):
                     self.finish(ExitReason.INVALID_URL, via="connect")
@@ -418,6 +421,26 @@ class Session:
             await self._upstream_trouble(
                 f"upstream closed abnormally (code {received or 'none: connection lost'})", policy
             )
+
+    async def _refused(self, exc: UpstreamRefused) -> None:
+        """SSRF guard (issue #11): note why on the record, then stop the connection for good.
+
+        Terminal rather than a backoff: where a redirect or a DNS answer points does not heal
+        by waiting, and retrying would probe the refused target on a schedule. The operator
+        sees ``STOPPED`` with ``stop_reason=upstream_refused`` and the rule in ``last_error``.
+        """
+        ctx = self._ctx
+        message = describe_error(exc)
+        ctx.metrics.count("UpstreamRefused")
+        ctx.logger.warning("upstream refused; stopping", extra={**self._log, "error": message})
+        try:
+            await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
+        except LeaseLost:
+            self.finish(ExitReason.FENCED, via="record_error")
+            return
+        except (StoreError, WsfleetError):
+            pass  # best effort: stopping matters more than the note
+        self.finish(ExitReason.REFUSED, via="connect")
 
     async def _upstream_trouble(self, message: str, policy: ReconnectPolicy) -> None:
         """Note the error on the record (fenced write), back off, and let the loop reconnect."""

@@ -9,25 +9,146 @@ A worker holds thousands of connections, so per-connection costs matter more tha
   buffer only adds memory. ``max_size`` bounds one frame (DynamoDB items are <= 400 KB).
 * ``write_limit`` small: the worker sends nothing but pongs and close frames.
 
+SSRF guard (issue #11). The router judged the URL text; the worker judges what it leads to:
+
+* every 3xx hop, through websockets' own ``process_redirect`` hook: a hop must pass
+  :func:`wsfleet.upstream.validate_redirect` (the router's rules with the worker's
+  ``ALLOWED_UPSTREAM_HOSTS`` / ``ALLOW_INSECURE_WS``, at most ``MAX_REDIRECTS`` hops). websockets
+  itself also refuses ``wss`` to ``ws`` even when insecure URLs are allowed, which is stricter;
+* every address the host resolves to, through the ``open_tcp_connection`` hook: the resolver
+  (injectable, for tests) answers once, :func:`wsfleet.upstream.refused_resolution_reason`
+  checks all answers, and the socket is opened to a checked *address*, so there is no second
+  lookup a rebinding DNS server could answer differently. TLS still verifies the certificate
+  against the original name (``server_hostname``, which also sets SNI) and the ``Host`` header
+  still names it. Environment proxies (``HTTPS_PROXY``) are not used: through a proxy the
+  proxy resolves the name and nothing here could check it.
+
+A refusal raises :class:`wsfleet.exceptions.UpstreamRefused`.
+
 Errors: :func:`is_permanent` separates URLs that can never work from transient failures.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import re
+import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any
+from urllib.parse import urljoin
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidURI
 
+from wsfleet.exceptions import InvalidUpstreamUrl, UpstreamRefused
+from wsfleet.upstream import refused_resolution_reason, validate_redirect, validate_ws_url
+
 from .frames import redact_url
 
-__all__ = ["Connector", "describe_error", "is_permanent", "make_connector"]
+__all__ = [
+    "Connector",
+    "Resolver",
+    "describe_error",
+    "is_permanent",
+    "make_connector",
+    "system_resolver",
+]
 
 Connector = Callable[[str], Awaitable[ClientConnection]]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: ``resolve(host, port) -> addresses``; injectable so tests never touch real DNS.
+Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """The addresses ``host`` resolves to (deduplicated, resolver order), via getaddrinfo.
+
+    >>> asyncio.run(system_resolver("127.0.0.1", 80))
+    [IPv4Address('127.0.0.1')]
+    """
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    found: list[IPAddress] = []
+    for _family, _type, _proto, _name, sockaddr in infos:
+        # getaddrinfo gives "fe80::1%eth0" for scoped answers; the scope does not change
+        # what the policy thinks of the address (link-local is refused either way).
+        address = ipaddress.ip_address(str(sockaddr[0]).partition("%")[0])
+        if address not in found:
+            found.append(address)
+    return found
+
+
+class _GuardedConnect(connect):
+    """websockets' ``connect`` with the SSRF checks in its two hooks (see the module doc)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        resolver: Resolver,
+        allowed_hosts: tuple[str, ...],
+        allow_insecure: bool,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(url, proxy=None, **kwargs)
+        self._resolver = resolver
+        self._allowed_hosts = allowed_hosts
+        self._allow_insecure = allow_insecure
+        self._hops = 0
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        outcome = super().process_redirect(exc)
+        if outcome is exc:
+            return outcome  # not a redirect: websockets raises it as the handshake error
+        self._hops += 1
+        location = getattr(getattr(exc, "response", None), "headers", {}).get("Location", "")
+        target = outcome if isinstance(outcome, str) else urljoin(self.uri, location)
+        try:
+            validate_redirect(
+                self.uri,
+                target,
+                hop=self._hops,
+                allowed_hosts=self._allowed_hosts,
+                allow_insecure=self._allow_insecure,
+            )
+        except InvalidUpstreamUrl as refusal:
+            return UpstreamRefused(f"{refusal} (to {redact_url(target)})")
+        if isinstance(outcome, Exception):  # websockets' own refusal (e.g. a TLS downgrade)
+            return UpstreamRefused(f"redirect refused: {describe_error(outcome)}")
+        return outcome
+
+    async def open_tcp_connection(self) -> ClientConnection:
+        host, port = self.ws_uri.host, self.ws_uri.port
+        try:
+            address: IPAddress | None = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        found = [address] if address is not None else list(await self._resolver(host, port))
+        reason = refused_resolution_reason(host, found, allowed_hosts=self._allowed_hosts)
+        if reason:
+            raise UpstreamRefused(f"address refused: {reason}")
+        kwargs = self.create_connection_kwargs.copy()
+        if self.ws_uri.secure:
+            kwargs.setdefault("ssl", True)
+            # Certificate verification and SNI use the name, though the socket goes to an address.
+            kwargs["server_hostname"] = host
+        loop = asyncio.get_running_loop()
+        last: OSError | None = None
+        for checked in found:  # every one passed; try them in the resolver's order
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: self.factory(self.ws_uri), host=str(checked), port=port, **kwargs
+                )
+            except OSError as exc:
+                last = exc
+                continue
+            return connection
+        assert last is not None  # found is never empty: the policy refuses an empty answer
+        raise last
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
@@ -44,15 +165,39 @@ def make_connector(
     open_timeout: float = 10.0,
     ping_interval: float | None = 20.0,
     close_timeout: float = 2.0,
+    allowed_hosts: tuple[str, ...],
+    allow_insecure: bool,
+    resolver: Resolver = system_resolver,
 ) -> Connector:
-    """A coroutine function ``connect(url) -> ClientConnection`` with wsfleet's limits."""
+    """A coroutine function ``connect(url) -> ClientConnection`` with wsfleet's limits.
+
+    ``allowed_hosts`` / ``allow_insecure`` are the worker's ``ALLOWED_UPSTREAM_HOSTS`` /
+    ``ALLOW_INSECURE_WS``; they are required so no caller gets a connector without the guard.
+    The URL itself, every redirect hop and every resolved address are checked against them;
+    a refusal raises :class:`~wsfleet.exceptions.UpstreamRefused`.
+
+    Example::
+
+        connect = make_connector(allowed_hosts=("feed.example",), allow_insecure=False)
+        ws = await connect("wss://feed.example/v1?token=...")
+    """
 
     async def open_connection(url: str) -> ClientConnection:
+        try:
+            validate_ws_url(url, allowed_hosts=allowed_hosts, allow_insecure=allow_insecure)
+        except InvalidUpstreamUrl as exc:
+            # The router checked this URL against its own settings; the worker's may differ
+            # (or the record was written by something else), and the worker is the one that
+            # connects.
+            raise UpstreamRefused(f"url refused: {exc}") from None
         options: dict[str, Any] = {}
         if url.lower().startswith("wss:"):
             options["ssl"] = _tls_context()
-        return await connect(
+        return await _GuardedConnect(
             url,
+            resolver=resolver,
+            allowed_hosts=allowed_hosts,
+            allow_insecure=allow_insecure,
             compression=None,
             max_size=max_frame_bytes,
             max_queue=max_queue,

@@ -191,7 +191,12 @@ class Worker:
             scheduler=self.scheduler,
             metrics=self.metrics,
             logger=self.logger,
-            connect=connector or make_connector(max_frame_bytes=config.max_frame_bytes),
+            connect=connector
+            or make_connector(
+                max_frame_bytes=config.max_frame_bytes,
+                allowed_hosts=config.settings.allowed_upstream_hosts,
+                allow_insecure=config.settings.allow_insecure_ws,
+            ),
             clock=clock,
             rng=random.Random(),
         )

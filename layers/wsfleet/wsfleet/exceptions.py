@@ -7,6 +7,7 @@ One root, so callers can catch "anything wsfleet said" in one place::
     ├── StoreError                DynamoDB/SQS failed in a way we could not classify
     ├── ConnectionNotFound        no connection item with that pk
     ├── InvalidUpstreamUrl        ws_url refused (scheme, host, SSRF guard); also a ValueError
+    ├── UpstreamRefused           the worker refused a redirect hop or a resolved address
     └── LeaseError                a conditional lease write was refused; carries `current`
         ├── LeaseConflict         acquire: someone else holds a live lease
         ├── LeaseLost             renew/release/checkpoint: owner or epoch changed (we are fenced)
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseError",
     "LeaseLost",
     "StoreError",
+    "UpstreamRefused",
     "WsfleetError",
 ]
 
@@ -66,6 +68,16 @@ class InvalidUpstreamUrl(WsfleetError, ValueError):
     """
 
     field = "ws_url"
+
+
+class UpstreamRefused(WsfleetError):
+    """The worker refused to connect: a redirect hop or a resolved address failed the SSRF
+    policy (:func:`wsfleet.upstream.validate_redirect`,
+    :func:`wsfleet.upstream.refused_resolution_reason`).
+
+    Not a ValueError on purpose: the URL the router accepted was fine as text; what it led to
+    was not. The message names the host and the rule, never a query string.
+    """
 
 
 class LeaseError(WsfleetError):

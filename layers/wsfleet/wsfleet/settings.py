@@ -108,9 +108,11 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "GSI query page size for the orphan scan.", "reconciler"),
     EnvVar("ALLOWED_UPSTREAM_HOSTS", "allowed_upstream_hosts", "",
            "Comma-separated host suffixes ws_url may use; empty allows any public host. "
-           "Private/loopback IP literals are refused unless listed.", "router"),
+           "Private/loopback IP literals are refused unless listed. The worker applies it "
+           "to every redirect hop and resolved address too: a listed name resolving to a "
+           "private address is refused unless that address is listed.", "router, worker"),
     EnvVar("ALLOW_INSECURE_WS", "allow_insecure_ws", "false",
-           "Accept ws:// upstream URLs (wss:// is always accepted).", "router"),
+           "Accept ws:// upstream URLs (wss:// is always accepted).", "router, worker"),
     # -- worker process tuning (WorkerConfig) ---------------------------------------------
     EnvVar("WORKER_HINT_WAIT_SECONDS", "hint_wait_seconds", "20",
            "Hint-queue long-poll wait, 0-20 (the SQS limit).", "worker", scope="worker"),

@@ -25,10 +25,21 @@ What it checks (each refusal is an :class:`InvalidUpstreamUrl` whose message nam
   lifts the private-address refusal: the local runtime allows its loopback simulator with
   ``ALLOWED_UPSTREAM_HOSTS=127.0.0.1``.
 
-Why no DNS lookup: a name that resolves to a public address when the router checks it can
-resolve to ``127.0.0.1`` or ``169.254.169.254`` when the worker connects seconds or days later
-(DNS rebinding), so a resolve-time check at the router proves nothing and only adds latency
-and a failure mode. This module therefore stays pure: it judges the URL text. Deployments must
+Redirects and DNS answers are the worker's to check (it is the one that connects):
+:func:`validate_redirect` judges each 3xx hop with the same rules plus a hop limit, and
+:func:`refused_resolution_reason` judges every address a name resolved to. What an
+``ALLOWED_UPSTREAM_HOSTS`` entry means for a resolved address: an IP literal entry allows
+exactly that address; a *name* entry allows the name, not whatever it resolves to. A listed
+name that resolves to a private, loopback or metadata address is refused unless that address
+is listed too (``feed.internal,10.0.0.7``), because a listed provider's DNS being wrong or
+hijacked must not turn the worker into a path to the VPC. The one exception is a listed
+loopback name such as ``localhost``: its loopback answers are what listing it meant.
+
+Why no DNS lookup at the router: a name that resolves to a public address when the router
+checks it can resolve to ``127.0.0.1`` or ``169.254.169.254`` when the worker connects seconds
+or days later (DNS rebinding), so a resolve-time check at the router proves nothing and only
+adds latency and a failure mode. This module therefore stays pure: it judges the URL text (and,
+for the worker, the addresses it is handed). Deployments must
 fence the *network* instead: run workers in subnets whose security groups and network ACLs
 allow egress only to the upstream providers (or through an egress proxy / AWS Network
 Firewall with a domain allow-list), require IMDSv2 with a hop limit of 1 (Fargate tasks have
@@ -54,16 +65,22 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .exceptions import InvalidUpstreamUrl
 
 __all__ = [
+    "MAX_REDIRECTS",
     "MAX_URL_LENGTH",
     "METADATA_ADDRESSES",
     "InvalidUpstreamUrl",
     "normalize_allowed_hosts",
     "redact_url",
     "refused_address_reason",
+    "refused_resolution_reason",
+    "validate_redirect",
     "validate_ws_url",
 ]
 
 MAX_URL_LENGTH = 2048
+#: Redirect hops one connect may follow. Real feeds use one (a load balancer or a moved
+#: endpoint); a chain longer than this is a loop or someone probing.
+MAX_REDIRECTS = 3
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -239,6 +256,93 @@ def refused_address_reason(address: IPAddress) -> str | None:
         (not address.is_global, "not a globally routable address"),
     )
     return next((reason for refused, reason in checks if refused), None)
+
+
+def refused_resolution_reason(
+    host: str, addresses: Iterable[IPAddress], *, allowed_hosts: tuple[str, ...]
+) -> str | None:
+    """Why a worker must not connect to ``host`` given what it resolved to, or None.
+
+    Every address must pass, not just the first: the worker may fall back to any of them, and
+    a DNS answer mixing a public and a private address is exactly how rebinding is staged. An
+    address passes when :func:`refused_address_reason` finds nothing wrong with it, or when it
+    is listed *as an IP literal* in ``allowed_hosts`` (an IPv4-mapped IPv6 answer counts as its
+    IPv4 address). A listed name does not vouch for its addresses; see the module docstring.
+
+    >>> import ipaddress as ip
+    >>> refused_resolution_reason("feed.example", [ip.ip_address("93.184.216.34")],
+    ...                           allowed_hosts=("feed.example",)) is None
+    True
+    >>> refused_resolution_reason("feed.example", [ip.ip_address("169.254.169.254")],
+    ...                           allowed_hosts=("feed.example",))
+    'feed.example resolves to 169.254.169.254, a cloud metadata address'
+    >>> refused_resolution_reason("sim.local", [ip.ip_address("127.0.0.1")],
+    ...                           allowed_hosts=("sim.local", "127.0.0.1")) is None
+    True
+    """
+    allowed = normalize_allowed_hosts(allowed_hosts)
+    found = list(addresses)
+    if not found:
+        return f"{host} resolved to no address"
+    # A listed loopback name ("localhost") already means this machine, so its loopback
+    # answers (127.0.0.1 and ::1 alike) are what listing it asked for.
+    local_name = host.lower().rstrip(".") in _LOCAL_NAMES and host.lower().rstrip(".") in allowed
+    for address in found:
+        plain = _unmapped(address)
+        if any(_same_address(plain, entry) for entry in allowed):
+            continue
+        if local_name and plain.is_loopback:
+            continue
+        reason = refused_address_reason(address)
+        if reason:
+            return f"{host} resolves to {address}, {reason}"
+    return None
+
+
+def _unmapped(address: IPAddress) -> IPAddress:
+    """``::ffff:a.b.c.d`` as ``a.b.c.d``, so an allow-list entry matches both forms."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def validate_redirect(
+    current_url: str,
+    location_url: str,
+    *,
+    hop: int,
+    allowed_hosts: tuple[str, ...],
+    allow_insecure: bool,
+) -> str:
+    """Return ``location_url`` if the worker may follow this redirect; raise if not.
+
+    ``hop`` counts from 1 for the first redirect of one connect. The target must pass
+    :func:`validate_ws_url` with the same settings the router used for the original URL, may
+    not leave TLS (``wss`` to ``ws``) unless ``allow_insecure``, and the chain may not be
+    longer than :data:`MAX_REDIRECTS`. ``location_url`` must already be absolute (resolve a
+    relative ``Location`` against ``current_url`` first).
+
+    >>> validate_redirect("wss://a.example/x", "wss://b.example/y", hop=1,
+    ...                   allowed_hosts=("example",), allow_insecure=False)
+    'wss://b.example/y'
+    >>> validate_redirect("wss://a.example/x", "wss://10.0.0.1/y", hop=1,
+    ...                   allowed_hosts=(), allow_insecure=False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    wsfleet.exceptions.InvalidUpstreamUrl: redirect refused: ws_url host 10.0.0.1 is a private ...
+    """
+    if hop > MAX_REDIRECTS:
+        raise InvalidUpstreamUrl(f"redirect refused: more than {MAX_REDIRECTS} redirects")
+    downgrade = current_url.lower().startswith("wss:") and not location_url.lower().startswith(
+        "wss:"
+    )
+    if downgrade and not allow_insecure:
+        raise InvalidUpstreamUrl("redirect refused: wss:// to ws:// needs ALLOW_INSECURE_WS=true")
+    try:
+        validate_ws_url(location_url, allowed_hosts=allowed_hosts, allow_insecure=allow_insecure)
+    except InvalidUpstreamUrl as exc:
+        raise InvalidUpstreamUrl(f"redirect refused: {exc}") from None
+    return location_url
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
