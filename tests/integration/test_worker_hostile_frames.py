@@ -1,8 +1,8 @@
 """A real worker process against a hostile upstream (issue #11, findings 3 and 4).
 
-The upstream is a small ``websockets.serve`` on 127.0.0.1 that sends a fixed script (chosen by the path) on every
-connection (whatever ``from_seq`` says: the worker must skip what it already has) and then
-holds the socket open. The script mixes valid frames with a 5,000-digit seq, a seq of
+The upstream is a small ``websockets.serve`` on 127.0.0.1 that sends a fixed script (by path)
+on every connection (whatever ``from_seq`` says: the worker must skip what it already has) and
+then holds the socket open. The script mixes valid frames with a 5,000-digit seq, a seq of
 10^20-1, a seq jumping 2,000,000 ahead, a non-ASCII frame just under the item limit and one
 over it. Assertions are on the messages table and the connection record.
 """

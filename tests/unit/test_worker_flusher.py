@@ -14,7 +14,7 @@ import time
 import pytest
 
 from wsfleet.messages import Message, PutResult, seq_sk
-from wsfleet_worker.flusher import MessageFlusher, QueuedFrame
+from wsfleet_worker.flusher import MAX_BATCH_BYTES, MessageFlusher, QueuedFrame
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 
@@ -334,3 +334,20 @@ def test_quiesce_waits_for_a_request_that_already_left():
         assert owner.written == [1]
 
     run_with_flusher(scenario)
+
+
+def test_a_batch_holds_at_most_max_batch_bytes_of_frames():
+    async def scenario(flusher, store, metrics):
+        # GIVEN twenty 350 kB frames (7 MB) queued at once (writes held until all are queued)
+        owner = Owner("a")
+        store.gate.clear()
+        for seq in range(1, 21):
+            await flusher.put(frame_of(owner, seq, 350_000))
+        store.gate.set()
+        await until(lambda: len(owner.written) == 20)
+        # THEN no request carried more than MAX_BATCH_BYTES of items (botocore copies a batch)
+        sizes = [sum(m.item_bytes(None) for m in batch) for batch in store.batches]
+        assert max(sizes) <= MAX_BATCH_BYTES and sum(len(b) for b in store.batches) == 20
+        assert "OversizeFrames" not in metrics.totals
+
+    run_with_flusher(scenario, flush_ms=200)

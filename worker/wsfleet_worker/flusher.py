@@ -53,7 +53,14 @@ from wsfleet.messages import BATCH_WRITE_LIMIT, MAX_ITEM_BYTES, Message, Message
 from .observability import WorkerMetrics
 from .offload import Offloader
 
-__all__ = ["FrameOwner", "MessageFlusher", "QueuedFrame"]
+__all__ = ["MAX_BATCH_BYTES", "FrameOwner", "MessageFlusher", "QueuedFrame"]
+
+#: Item bytes per BatchWriteItem at most (a lone larger frame still goes alone). botocore
+#: builds each request as JSON with non-ASCII escaped (up to 2x for 3-byte UTF-8), then as
+#: bytes, then signs it: a batch of 25 maximum-size frames costs tens of MB while it is sent,
+#: times the batches in flight. 4 MiB keeps that transient bounded (and far below the 16 MB
+#: request limit); small frames still fill batches of 25.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class FrameOwner(Protocol):
@@ -206,13 +213,21 @@ class MessageFlusher:
             task.add_done_callback(self._writes.discard)
 
     def _take(self, batch: list[QueuedFrame]) -> None:
-        """Move queued frames (retries first) into ``batch``, up to a full batch."""
-        while self._retry and len(batch) < BATCH_WRITE_LIMIT:
-            batch.append(self._retry.popleft())
-        while self._frames and len(batch) < BATCH_WRITE_LIMIT:
-            batch.append(self._frames.popleft())
+        """Move queued frames (retries first) into ``batch``, up to a full batch: 25 frames
+        or :data:`MAX_BATCH_BYTES`."""
+        used = sum(frame.size for frame in batch)
+        for source in (self._retry, self._frames):
+            while source and not _full(batch, used, source[0]):
+                frame = source.popleft()
+                used += frame.size
+                batch.append(frame)
         if len(self._frames) < self._capacity:
             self._not_full.set()  # put() re-checks the byte budget itself
+
+    def _next(self) -> QueuedFrame | None:
+        """The frame :meth:`_take` would take next."""
+        source = self._retry or self._frames
+        return source[0] if source else None
 
     async def _wait_for_frames(self, seconds: float | None) -> None:
         if self._frames or self._retry:
@@ -230,7 +245,7 @@ class MessageFlusher:
             await self._wait_for_frames(None)
             self._take(batch)
         deadline = batch[0].enqueued_at + self._flush_seconds
-        while len(batch) < BATCH_WRITE_LIMIT:
+        while not _full(batch, sum(frame.size for frame in batch), self._next()):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._urgent:
                 break
@@ -328,6 +343,13 @@ class MessageFlusher:
     def _log_warning(self, message: str, exc: BaseException) -> None:
         if self._logger is not None:
             self._logger.warning(message, extra={"error": str(exc)})
+
+
+def _full(batch: list[QueuedFrame], used: int, following: QueuedFrame | None) -> bool:
+    """Whether ``batch`` (holding ``used`` item bytes) cannot take ``following`` as well."""
+    if len(batch) >= BATCH_WRITE_LIMIT:
+        return True
+    return bool(batch) and following is not None and used + following.size > MAX_BATCH_BYTES
 
 
 def _keys(messages: list[Message]) -> set[tuple[str, str]]:
