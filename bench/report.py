@@ -163,7 +163,7 @@ def _capacity_section(document: dict[str, Any]) -> str:
 def _flood_section(document: dict[str, Any]) -> str:
     items = _results(document, "flood")
     rows = [
-        [r.get("connections"), f"{r.get('frame_bytes')} ({r.get('frame_text')})",
+        [r.get("connections"), f"{r.get('frame_bytes')}, {r.get('frame_text')}",
          r.get("window_seconds"),
          f"{(r.get('queue_bytes') or 0) // 2**20} / {(r.get('session_queue_bytes') or 0) // 2**20}",
          r.get("idle_rss_mib"), r.get("peak_rss_mib"), r.get("task_memory_mib"),
