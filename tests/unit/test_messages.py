@@ -247,3 +247,11 @@ def test_a_marker_keeps_the_key_and_seq_and_drops_the_data():
         {"S": seq_sk(7)}, {"N": "7"}, {"N": "500000"}
     )
     assert wire["data_sha256"]["S"] == hashlib.sha256(b"\xff" * 10).hexdigest()
+
+
+def test_module_examples_hold():
+    import doctest
+
+    from wsfleet import messages
+
+    assert doctest.testmod(messages).failed == 0

@@ -225,3 +225,11 @@ def test_deeply_nested_frames_are_invalid_not_a_crash():
     assert parse_frame("[" * 100_000).kind is FrameKind.INVALID
     nested = '{"seq": 1, "data": ' + "[" * 900 + "]" * 900 + "}"
     assert parse_frame(nested).kind is FrameKind.SEQUENCED
+
+
+def test_module_examples_hold():
+    import doctest
+
+    from wsfleet_worker import frames
+
+    assert doctest.testmod(frames).failed == 0
