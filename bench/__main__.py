@@ -10,7 +10,7 @@ Options::
     python -m bench --only crash stop   # some groups only (results of others are kept)
     python -m bench --render            # re-render RESULTS.md from results.json
 
-Groups: crash, handoff, stop, cost, capacity, reconcile, compat. Loss/duplicate figures come
+Groups: crash, handoff, stop, cost, capacity, flood, reconcile, compat. Loss/duplicate figures come
 with crash and handoff (each run audits the messages table afterwards).
 """
 
@@ -35,7 +35,7 @@ from .harness import ROOT, machine
 
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-GROUPS = ("crash", "handoff", "stop", "cost", "capacity", "reconcile", "compat")
+GROUPS = ("crash", "handoff", "stop", "cost", "capacity", "flood", "reconcile", "compat")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def _steps(quick: bool) -> list[Step]:
 
     from .fleet_bench import Profile, run_disruption, run_stop_latency
     from .request_cost import run_request_cost
-    from .wrapped import run_capacity, run_compat, run_reconcile
+    from .wrapped import run_capacity, run_compat, run_flood, run_reconcile
 
     steps: list[Step] = []
 
@@ -96,6 +96,9 @@ def _steps(quick: bool) -> list[Step]:
             connections=5000, rate=0.02, lease=180, heartbeat=60, margin=10, window=60)))
         steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
             items=[10_000, 100_000], scenarios=["steady"])))
+    # Memory bounded in bytes: one worker, many sessions, a flood of maximum-size frames.
+    steps.append(Step("flood", "flood-50", lambda d: run_flood(
+        connections=50, window=30 if quick else 60)))
     steps.append(Step("compat", "compat-dynalite", lambda d: run_compat()))
     return steps  # fmt: skip
 

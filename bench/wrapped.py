@@ -76,6 +76,22 @@ def run_capacity(
     return result
 
 
+def run_flood(*, connections: int, window: float, timeout: float = 600) -> dict[str, Any]:
+    """bench/frame_flood.py: peak RSS of one worker flooded with maximum-size frames."""
+    argv = ["bench/frame_flood.py", "--json-only", "--connections", str(connections),
+            "--window", str(window)]  # fmt: skip
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    completed = subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    result = dict(_json_from(completed.stdout))  # exits 1 when the target is missed: keep it
+    result["benchmark"] = "flood"
+    result["bench_seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
 def run_reconcile(
     *, items: list[int], scenarios: list[str], timeout: float = 1800
 ) -> dict[str, Any]:

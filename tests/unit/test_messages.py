@@ -8,6 +8,8 @@ ValidationException for one oversized item.
 
 from __future__ import annotations
 
+import hashlib
+
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
@@ -225,3 +227,31 @@ def test_fully_fenced_batch_sends_nothing(client):
         result = store_for(client).put_batch([message(1)], guard=lambda m: False)
         stub.assert_no_pending_responses()
     assert (result.written, result.requests, len(result.fenced)) == (0, 0, 1)
+
+
+def test_item_bytes_counts_names_and_utf8_values_like_dynamodb():
+    # GIVEN a frame of CJK text: 3 bytes of UTF-8 per character (6 as a JSON \u escape)
+    message = Message("CONN#a", seq_sk(7), "\u8a9e" * 1000, 1_700_000_000_000, "w1", 3, seq=7)
+    names = sum(len(n) for n in message.to_wire(None))
+    strings = len("CONN#a") + len(seq_sk(7)) + 3000 + len("w1")
+    numbers = (13 + 1) // 2 + 1 + (1 + 1) // 2 + 1 + (1 + 1) // 2 + 1  # received_at, epoch, seq
+    assert message.item_bytes(None) == names + strings + numbers
+
+
+def test_a_marker_keeps_the_key_and_seq_and_drops_the_data():
+    message = Message("CONN#a", seq_sk(7), b"\xff" * 10, 1, "w1", 3, seq=7)
+    marker = message.as_marker(500_000)
+    wire = marker.to_wire(None)
+    assert "message_data" not in wire and marker.is_marker and not message.is_marker
+    assert (wire["sk"], wire["seq"], wire["oversize_bytes"]) == (
+        {"S": seq_sk(7)}, {"N": "7"}, {"N": "500000"}
+    )
+    assert wire["data_sha256"]["S"] == hashlib.sha256(b"\xff" * 10).hexdigest()
+
+
+def test_module_examples_hold():
+    import doctest
+
+    from wsfleet import messages
+
+    assert doctest.testmod(messages).failed == 0

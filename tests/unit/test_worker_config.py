@@ -161,3 +161,26 @@ def test_nothing_to_flush_prints_nothing():
     documents = []
     assert WorkerMetrics("svc", emit=documents.append).flush() is None
     assert documents == []
+
+
+def test_byte_budgets_and_seq_jump_come_from_the_environment():
+    config = WorkerConfig.from_env({
+        "WORKER_QUEUE_BYTES": "1048576",
+        "WORKER_SESSION_QUEUE_BYTES": "65536",
+        "WORKER_MAX_SEQ_JUMP": "0",
+    })
+    assert (config.queue_bytes, config.session_queue_bytes, config.max_seq_jump) == (
+        1_048_576, 65_536, 0
+    )
+    defaults = WorkerConfig()
+    assert (defaults.queue_bytes, defaults.session_queue_bytes) == (128 * 2**20, 4 * 2**20)
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [("WORKER_QUEUE_BYTES", "0"), ("WORKER_SESSION_QUEUE_BYTES", "0"),
+     ("WORKER_MAX_SEQ_JUMP", "-1")],
+)
+def test_bad_budgets_name_their_variable(variable, value):
+    with pytest.raises(ConfigurationError, match=variable):
+        WorkerConfig.from_env({variable: value})

@@ -7,13 +7,14 @@ MessageStore tests); everything else is the real flusher on a real event loop.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 
 import pytest
 
 from wsfleet.messages import Message, PutResult, seq_sk
-from wsfleet_worker.flusher import MessageFlusher, QueuedFrame
+from wsfleet_worker.flusher import MAX_BATCH_BYTES, MessageFlusher, QueuedFrame
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 
@@ -27,11 +28,15 @@ class RecordingStore:
         self.batches: list[list[Message]] = []
         self.unwritten_once: set[tuple[str, str]] = set()
         self.rejected: set[tuple[str, str]] = set()
+        self.reject_markers = False  # True: DynamoDB refuses a frame's marker too
         self.gate = threading.Event()
         self.gate.set()
         self.sent = threading.Event()  # a request passed the guard ("left the process")
         self.landed = threading.Event()  # ...and its response came back
         self.landed.set()
+
+    def expires_at(self, received_at_ms: int) -> int | None:
+        return None
 
     def put_batch(self, messages: list[Message], guard=None) -> PutResult:
         self.gate.wait(WAIT)
@@ -46,7 +51,7 @@ class RecordingStore:
             if m.key in self.unwritten_once:
                 self.unwritten_once.discard(m.key)
                 result.unwritten.append(m)
-            elif m.key in self.rejected:
+            elif m.key in self.rejected and (self.reject_markers or not m.is_marker):
                 result.rejected.append(m)
             else:
                 result.written += 1
@@ -70,6 +75,11 @@ class Owner:
         self.rejected.append(message.seq or 0)
 
 
+def frame_of(owner: Owner, seq: int, size: int) -> QueuedFrame:
+    message = Message(f"CONN#{owner.name}", seq_sk(seq), "x" * size, 0, "w", 1, seq)
+    return QueuedFrame(message, owner)
+
+
 def frame(owner: Owner, seq: int) -> QueuedFrame:
     message = Message(f"CONN#{owner.name}", seq_sk(seq), f"{owner.name}:{seq}", 0, "w", 1, seq)
     return QueuedFrame(message, owner)
@@ -82,14 +92,17 @@ async def until(condition, limit: float = WAIT) -> None:
         await asyncio.sleep(0.005)
 
 
-def run_with_flusher(scenario, *, flush_ms: int = 20, capacity: int = 1000, in_flight: int = 2):
+def run_with_flusher(
+    scenario, *, flush_ms: int = 20, capacity: int = 1000, in_flight: int = 2,
+    capacity_bytes: int | None = None,
+):
     async def main():
         store = RecordingStore()
         metrics = WorkerMetrics("t", emit=lambda doc: None)
         offloader = Offloader(io_threads=1, write_threads=in_flight)
         flusher = MessageFlusher(
             store, offloader, metrics, flush_ms=flush_ms, capacity=capacity,
-            max_in_flight=in_flight,
+            capacity_bytes=capacity_bytes, max_in_flight=in_flight,
         )
         task = asyncio.create_task(flusher.run())
         try:
@@ -186,16 +199,94 @@ def test_unwritten_frames_are_retried_and_acknowledged_once():
     run_with_flusher(scenario)
 
 
-def test_rejected_frames_are_reported_to_their_owner():
+def test_a_rejected_frame_is_stored_as_a_marker_and_acknowledged_as_that():
     async def scenario(flusher, store, metrics):
+        # GIVEN DynamoDB refuses frame 2 itself (but takes a small marker at its key)
         owner = Owner("a")
         store.rejected = {("CONN#a", seq_sk(2))}
         for seq in (1, 2):
             await flusher.put(frame(owner, seq))
-        await until(lambda: owner.written == [1] and owner.rejected == [2])
+        # THEN frame 2 is acknowledged only once its marker is written: never skipped
+        await until(lambda: sorted(owner.written) == [1, 2])
+        marker = store.batches[-1][-1]
+        assert (marker.seq, marker.message_data) == (2, "")
+        assert marker.oversize_bytes and marker.data_sha256
+        assert owner.rejected == []
         assert metrics.totals["MessagesRejected"] == 1
+        assert metrics.totals["OversizeFrames"] == 1
+        assert flusher.held_bytes == 0
 
     run_with_flusher(scenario)
+
+
+def test_a_rejected_marker_is_reported_to_its_owner():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        store.rejected = {("CONN#a", seq_sk(2))}
+        store.reject_markers = True
+        for seq in (1, 2):
+            await flusher.put(frame(owner, seq))
+        await until(lambda: owner.written == [1] and owner.rejected == [2])
+        assert metrics.totals["MessagesRejected"] == 2  # the frame, then its marker
+
+    run_with_flusher(scenario)
+
+
+def test_a_frame_too_large_for_an_item_is_queued_as_a_marker_before_any_write():
+    async def scenario(flusher, store, metrics):
+        # GIVEN a frame of 200,000 CJK characters: 600 KB of UTF-8, over the item limit
+        owner = Owner("big")
+        data = "\u8a9e" * 200_000
+        message = Message("CONN#big", seq_sk(1), data, 0, "w", 1, 1)
+        # WHEN it is queued THEN what is held is the marker: small, with the size and digest
+        held = await flusher.put(QueuedFrame(message, owner))
+        assert held < 1_000
+        await until(lambda: owner.written == [1])
+        (stored,) = store.batches[0]
+        assert stored.message_data == "" and stored.oversize_bytes > 600_000
+        assert stored.data_sha256 == hashlib.sha256(data.encode()).hexdigest()
+        assert metrics.totals["OversizeFrames"] == 1
+
+    run_with_flusher(scenario)
+
+
+def test_the_byte_budget_blocks_the_producer_until_writes_settle():
+    async def scenario(flusher, store, metrics):
+        # GIVEN a budget of 100 kB and writes that hang
+        owner = Owner("a")
+        store.gate.clear()
+        sizes = [await flusher.put(frame_of(owner, seq, 40_000)) for seq in (1, 2)]
+        assert flusher.held_bytes == sum(sizes) > 80_000
+        # WHEN a third 40 kB frame comes THEN put waits: the budget holds in-flight writes
+        third = asyncio.create_task(flusher.put(frame_of(owner, 3, 40_000)))
+        await asyncio.sleep(0.2)
+        assert not third.done()
+        # WHEN the writes land THEN the bytes are released and the producer goes on
+        store.gate.set()
+        await asyncio.wait_for(third, WAIT)
+        await until(lambda: sorted(owner.written) == [1, 2, 3])
+        assert flusher.held_bytes == 0
+
+    run_with_flusher(scenario, capacity_bytes=100_000)
+
+
+def test_a_frame_larger_than_the_budget_is_admitted_into_an_empty_queue():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        await asyncio.wait_for(flusher.put(frame_of(owner, 1, 50_000)), WAIT)
+        await until(lambda: owner.written == [1])
+
+    run_with_flusher(scenario, capacity_bytes=10_000)
+
+
+def test_fenced_frames_release_their_bytes():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a", writable=False)
+        await flusher.put(frame_of(owner, 1, 40_000))
+        await until(lambda: flusher.held_bytes == 0)
+        assert metrics.totals["FencedFramesDropped"] == 1
+
+    run_with_flusher(scenario, capacity_bytes=100_000)
 
 
 def test_a_full_queue_blocks_the_producer():
@@ -243,3 +334,20 @@ def test_quiesce_waits_for_a_request_that_already_left():
         assert owner.written == [1]
 
     run_with_flusher(scenario)
+
+
+def test_a_batch_holds_at_most_max_batch_bytes_of_frames():
+    async def scenario(flusher, store, metrics):
+        # GIVEN twenty 350 kB frames (7 MB) queued at once (writes held until all are queued)
+        owner = Owner("a")
+        store.gate.clear()
+        for seq in range(1, 21):
+            await flusher.put(frame_of(owner, seq, 350_000))
+        store.gate.set()
+        await until(lambda: len(owner.written) == 20)
+        # THEN no request carried more than MAX_BATCH_BYTES of items (botocore copies a batch)
+        sizes = [sum(m.item_bytes(None) for m in batch) for batch in store.batches]
+        assert max(sizes) <= MAX_BATCH_BYTES and sum(len(b) for b in store.batches) == 20
+        assert "OversizeFrames" not in metrics.totals
+
+    run_with_flusher(scenario, flush_ms=200)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from wsfleet_worker.frames import Frame, FrameKind, parse_frame, redact_url, resume_url
+from wsfleet_worker.frames import (
+    MAX_SAFE_SEQ,
+    Frame,
+    FrameKind,
+    parse_frame,
+    redact_url,
+    resume_url,
+)
 
 
 # ---------------------------------------------------------------- parse_frame
@@ -59,10 +67,6 @@ def test_malformed_frames_are_invalid_never_raise(raw):
     assert frame.kind is FrameKind.INVALID
     assert frame.seq is None
     assert frame.data == raw  # stored exactly as received: never dropped
-
-
-def test_largest_seq_that_fits_twenty_digits_is_valid():
-    assert parse_frame('{"seq": 99999999999999999999}').seq == 10**20 - 1
 
 
 def test_binary_utf8_frame_is_parsed_like_text():
@@ -133,3 +137,99 @@ def test_error_descriptions_redact_urls():
 
     text = describe_error(ValueError("wss://user:pw@feed.example/s?token=abc is not a valid URI"))
     assert text == "ValueError: wss://feed.example/s is not a valid URI"
+
+
+# ---------------------------------------------------------------- hostile frames (issue #11)
+def test_a_seq_of_5000_digits_is_an_invalid_frame_not_a_crash():
+    # GIVEN a seq past Python's int() digit limit, as a string and as a bare JSON number
+    for raw in ('{"seq": "' + "9" * 5000 + '", "data": "x"}', '{"seq": ' + "9" * 5000 + "}"):
+        # WHEN it is parsed THEN it is stored as an invalid frame (local key, counted)
+        frame = parse_frame(raw)
+        assert frame.kind is FrameKind.INVALID and frame.seq is None
+
+
+@pytest.mark.parametrize("seq", [10**20 - 1, MAX_SAFE_SEQ + 1, "9007199254740992", 0, -1, 1.5])
+def test_a_seq_outside_1_to_2_pow_53_minus_1_is_invalid(seq):
+    frame = parse_frame(json.dumps({"seq": seq, "data": "x"}))
+    assert (frame.kind, frame.seq, frame.reason) == (FrameKind.INVALID, None, "bad-seq")
+
+
+def test_the_largest_safe_seq_is_accepted():
+    frame = parse_frame(json.dumps({"seq": str(MAX_SAFE_SEQ), "data": "x"}))
+    assert (frame.kind, frame.seq) == (FrameKind.SEQUENCED, MAX_SAFE_SEQ)
+
+
+def test_a_seq_jumping_past_the_window_is_invalid_and_within_it_accepted():
+    raw = json.dumps({"seq": 1_000_011, "data": "x"})
+    assert parse_frame(raw, highest_seq=10, max_seq_jump=1_000_000).reason == "seq-jump"
+    assert parse_frame(raw, highest_seq=11, max_seq_jump=1_000_000).seq == 1_000_011
+    # off (None or 0), and a brand-new stream (nothing seen yet) takes any safe seq
+    assert parse_frame(raw, highest_seq=10, max_seq_jump=None).seq == 1_000_011
+    assert parse_frame(raw, highest_seq=10, max_seq_jump=0).seq == 1_000_011
+    assert parse_frame(raw, highest_seq=0, max_seq_jump=5).seq == 1_000_011
+
+
+def test_non_ascii_data_is_stored_unescaped():
+    # \u escapes made CJK data twice (and astral characters 3x) its UTF-8 size: items over 400 KB
+    frame = parse_frame(json.dumps({"seq": 1, "data": {"t": "\u8a9e\U0001F600"}}))
+    assert frame.data == '{"t":"\u8a9e\U0001F600"}'
+
+
+def test_data_with_a_lone_surrogate_falls_back_to_the_raw_frame():
+    raw = '{"seq": 1, "data": "\\ud800"}'
+    assert parse_frame(raw).data == raw
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+frame_objects = st.fixed_dictionaries(
+    {},
+    optional={
+        "seq": json_values | st.integers(min_value=-(10**30), max_value=10**30)
+        | st.from_regex(r"\A[0-9]{1,40}\Z"),
+        "data": json_values,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw=st.text()
+    | st.binary()
+    | json_values.map(json.dumps)
+    | frame_objects.map(lambda o: json.dumps(o, ensure_ascii=False)).map(str)
+    | frame_objects.map(lambda o: json.dumps(o).encode()),
+    highest=st.integers(min_value=0, max_value=MAX_SAFE_SEQ),
+    jump=st.none() | st.integers(min_value=0, max_value=10**12),
+)
+def test_parse_frame_never_raises_and_keeps_its_promises(raw, highest, jump):
+    frame = parse_frame(raw, highest_seq=highest, max_seq_jump=jump)
+    # a seq is accepted only in range and, with a jump window, within it
+    if frame.kind is FrameKind.SEQUENCED:
+        assert frame.seq is not None and 1 <= frame.seq <= MAX_SAFE_SEQ
+        assert not (jump and highest and frame.seq > highest + jump)
+    else:
+        assert frame.seq is None
+    # whatever is stored can be stored: bytes, or a string that encodes as UTF-8
+    if isinstance(frame.data, str):
+        frame.data.encode("utf-8")
+    else:
+        assert isinstance(frame.data, bytes)
+
+
+def test_deeply_nested_frames_are_invalid_not_a_crash():
+    assert parse_frame("[" * 100_000).kind is FrameKind.INVALID
+    nested = '{"seq": 1, "data": ' + "[" * 900 + "]" * 900 + "}"
+    assert parse_frame(nested).kind is FrameKind.SEQUENCED
+
+
+def test_module_examples_hold():
+    import doctest
+
+    from wsfleet_worker import frames
+
+    assert doctest.testmod(frames).failed == 0

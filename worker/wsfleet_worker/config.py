@@ -42,6 +42,9 @@ class WorkerConfig:
     queue_frames: int = 10_000
     session_queue_frames: int = 500
     max_frame_bytes: int = 393_216
+    queue_bytes: int = 128 * 1024 * 1024
+    session_queue_bytes: int = 4 * 1024 * 1024
+    max_seq_jump: int = 1_000_000
 
     def __post_init__(self) -> None:
         for name in ("hint_wait_seconds", "control_wait_seconds"):
@@ -53,13 +56,18 @@ class WorkerConfig:
                 )
         for name in (
             "io_threads", "write_threads", "queue_frames", "session_queue_frames",
-            "max_frame_bytes",
+            "max_frame_bytes", "queue_bytes", "session_queue_bytes",
         ):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigurationError(
                     f"{_VARIABLE_OF_FIELD[name]} must be at least 1, got {value}"
                 )
+        if self.max_seq_jump < 0:
+            raise ConfigurationError(
+                f"{_VARIABLE_OF_FIELD['max_seq_jump']} must be 0 (off) or more, "
+                f"got {self.max_seq_jump}"
+            )
         if self.metrics_flush_seconds <= 0:
             raise ConfigurationError(
                 f"{_VARIABLE_OF_FIELD['metrics_flush_seconds']} must be positive, "

@@ -21,9 +21,21 @@ first waits (:meth:`MessageFlusher.quiesce`) until no batch holding its frames i
 written: BatchWriteItem is unconditional, and a batch landing after the release could land after
 the next owner's acquire.
 
-Backpressure: the queue is bounded. When it is full, :meth:`put` waits, the session stops
-reading its socket, websockets stops reading TCP, and the upstream's sends block. Memory stays
-flat under any inbound rate.
+Backpressure: the queue is bounded in frames (``capacity``) and in bytes (``capacity_bytes``:
+the DynamoDB item size of every frame held, from :meth:`put` until its write is settled, the
+batches being written included, because that is the memory they hold). When either is full,
+:meth:`put` waits, the session stops reading its socket, websockets stops reading TCP, and the
+upstream's sends block. Memory stays flat under any inbound rate. A frame is always admitted
+into an empty queue, so a frame larger than the budget cannot wedge the worker. Only the
+sessions' reading waits on it: renewals, the control channel and the flusher's own writes
+never do, so backpressure cannot starve the heartbeat or the fencing.
+
+Size: :meth:`put` computes each frame's item size before queueing it. A frame that cannot be
+stored (its item would exceed :data:`~wsfleet.messages.MAX_ITEM_BYTES`) is replaced by a marker
+item at its key (its size and SHA-256, see :meth:`~wsfleet.messages.Message.as_marker`),
+counted (``OversizeFrames``) and logged. So is a frame DynamoDB rejects anyway. Only a rejected
+*marker* reaches :meth:`FrameOwner.on_rejected`: the session then ends without its checkpoint
+passing the frame.
 """
 
 from __future__ import annotations
@@ -36,12 +48,19 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wsfleet.clock import Clock, now_ms
-from wsfleet.messages import BATCH_WRITE_LIMIT, Message, MessageStore, PutResult
+from wsfleet.messages import BATCH_WRITE_LIMIT, MAX_ITEM_BYTES, Message, MessageStore, PutResult
 
 from .observability import WorkerMetrics
 from .offload import Offloader
 
-__all__ = ["FrameOwner", "MessageFlusher", "QueuedFrame"]
+__all__ = ["MAX_BATCH_BYTES", "FrameOwner", "MessageFlusher", "QueuedFrame"]
+
+#: Item bytes per BatchWriteItem at most (a lone larger frame still goes alone). botocore
+#: builds each request as JSON with non-ASCII escaped (up to 2x for 3-byte UTF-8), then as
+#: bytes, then signs it: a batch of 25 maximum-size frames costs tens of MB while it is sent,
+#: times the batches in flight. 4 MiB keeps that transient bounded (and far below the 16 MB
+#: request limit); small frames still fill batches of 25.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class FrameOwner(Protocol):
@@ -59,6 +78,7 @@ class QueuedFrame:
     message: Message
     owner: FrameOwner
     enqueued_at: float = field(default_factory=time.monotonic)
+    size: int = 0  # item bytes held against the byte budget (set by MessageFlusher.put)
 
 
 class MessageFlusher:
@@ -68,6 +88,8 @@ class MessageFlusher:
     :param offloader: runs ``put_batch`` on its ``write`` pool.
     :param flush_ms: the longest a frame waits for its batch to fill.
     :param capacity: frames queued at most before :meth:`put` blocks (backpressure).
+    :param capacity_bytes: item bytes held at most (queued and being written) before
+        :meth:`put` blocks; ``None`` for no byte limit.
     :param max_in_flight: batches being written at the same time.
     """
 
@@ -79,6 +101,7 @@ class MessageFlusher:
         *,
         flush_ms: int = 100,
         capacity: int = 10_000,
+        capacity_bytes: int | None = None,
         max_in_flight: int = 4,
         logger: Any = None,
         clock: Clock = now_ms,
@@ -88,6 +111,8 @@ class MessageFlusher:
         self._metrics = metrics
         self._flush_seconds = max(0, flush_ms) / 1000
         self._capacity = max(1, capacity)
+        self._capacity_bytes = capacity_bytes
+        self._held_bytes = 0
         self._frames: collections.deque[QueuedFrame] = collections.deque()
         self._retry: collections.deque[QueuedFrame] = collections.deque()
         self._not_empty = asyncio.Event()
@@ -106,13 +131,61 @@ class MessageFlusher:
         """Frames waiting for a batch (not counting batches being written)."""
         return len(self._frames) + len(self._retry)
 
-    async def put(self, frame: QueuedFrame) -> None:
-        """Queue a frame; waits while the queue is full (the caller stops reading)."""
-        while len(self._frames) >= self._capacity:
+    @property
+    def held_bytes(self) -> int:
+        """Item bytes of the frames held: queued, waiting for a retry, or being written."""
+        return self._held_bytes
+
+    async def put(self, frame: QueuedFrame) -> int:
+        """Queue a frame; waits while the queue is full (the caller stops reading).
+
+        Returns the bytes the frame holds against the budget (its item size, or its marker's)
+        until the owner hears :meth:`FrameOwner.on_written` or ``on_rejected`` about it.
+        """
+        size = self._fit(frame)
+        while not self._has_room(size):
             self._not_full.clear()
             await self._not_full.wait()
+        frame.size = size
+        self._held_bytes += size
         self._frames.append(frame)
         self._not_empty.set()
+        return size
+
+    def _has_room(self, size: int) -> bool:
+        if len(self._frames) >= self._capacity:
+            return False
+        budget = self._capacity_bytes
+        return budget is None or self._held_bytes == 0 or self._held_bytes + size <= budget
+
+    def _release(self, frames: list[QueuedFrame]) -> None:
+        """Frames settled or dropped: their bytes leave the budget."""
+        if frames:
+            self._held_bytes -= sum(frame.size for frame in frames)
+            self._not_full.set()
+
+    def _fit(self, frame: QueuedFrame) -> int:
+        """The frame's item size; a frame too large to store is swapped for its marker."""
+        message = frame.message
+        expires_at = self._store.expires_at(message.received_at_ms)
+        size = message.item_bytes(expires_at)
+        if size > MAX_ITEM_BYTES and not message.is_marker:
+            frame.message = self._marker(message, size, "larger than a DynamoDB item")
+            size = frame.message.item_bytes(expires_at)
+        return size
+
+    def _marker(self, message: Message, size: int, why: str) -> Message:
+        marker = message.as_marker(size)
+        self._metrics.count("OversizeFrames")
+        if self._logger is not None:
+            self._logger.error(
+                "frame cannot be stored; a marker with its size and digest is stored instead",
+                extra={
+                    "pk": message.pk, "sk": message.sk, "item_bytes": size,
+                    "data_sha256": marker.data_sha256, "why": why,
+                },
+            )
+        return marker
 
     def flush_now(self) -> None:
         """Send what is queued without waiting for batches to fill (shutdown, STOP)."""
@@ -140,13 +213,21 @@ class MessageFlusher:
             task.add_done_callback(self._writes.discard)
 
     def _take(self, batch: list[QueuedFrame]) -> None:
-        """Move queued frames (retries first) into ``batch``, up to a full batch."""
-        while self._retry and len(batch) < BATCH_WRITE_LIMIT:
-            batch.append(self._retry.popleft())
-        while self._frames and len(batch) < BATCH_WRITE_LIMIT:
-            batch.append(self._frames.popleft())
+        """Move queued frames (retries first) into ``batch``, up to a full batch: 25 frames
+        or :data:`MAX_BATCH_BYTES`."""
+        used = sum(frame.size for frame in batch)
+        for source in (self._retry, self._frames):
+            while source and not _full(batch, used, source[0]):
+                frame = source.popleft()
+                used += frame.size
+                batch.append(frame)
         if len(self._frames) < self._capacity:
-            self._not_full.set()
+            self._not_full.set()  # put() re-checks the byte budget itself
+
+    def _next(self) -> QueuedFrame | None:
+        """The frame :meth:`_take` would take next."""
+        source = self._retry or self._frames
+        return source[0] if source else None
 
     async def _wait_for_frames(self, seconds: float | None) -> None:
         if self._frames or self._retry:
@@ -164,7 +245,7 @@ class MessageFlusher:
             await self._wait_for_frames(None)
             self._take(batch)
         deadline = batch[0].enqueued_at + self._flush_seconds
-        while len(batch) < BATCH_WRITE_LIMIT:
+        while not _full(batch, sum(frame.size for frame in batch), self._next()):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._urgent:
                 break
@@ -220,6 +301,7 @@ class MessageFlusher:
         live = [frame for frame in batch if frame.owner.may_write(now)]
         if len(live) < len(batch):
             self._metrics.count("FencedFramesDropped", len(batch) - len(live))
+            self._release([frame for frame in batch if not frame.owner.may_write(now)])
         return live
 
     def _settle(self, live: list[QueuedFrame], result: PutResult) -> None:
@@ -229,15 +311,29 @@ class MessageFlusher:
         self._metrics.observe("FlushLatencyMs", (time.monotonic() - oldest) * 1000)
         self._metrics.count("MessageWriteRequests", result.requests)
         self._metrics.count("MessagesWritten", result.written)
+        settled: list[QueuedFrame] = []
         for frame in live:
             key = frame.message.key
-            if key in unwritten or key in fenced:
+            if key in unwritten:
+                continue  # re-queued by the caller: still held
+            if key in rejected and not frame.message.is_marker:
+                # DynamoDB refused the frame itself: store its marker instead (never skip it)
+                self._metrics.count("MessagesRejected")
+                message = frame.message
+                size = message.item_bytes(self._store.expires_at(message.received_at_ms))
+                frame.message = self._marker(message, size, "rejected by DynamoDB")
+                self._retry.append(frame)
+                self._not_empty.set()
+                continue
+            settled.append(frame)
+            if key in fenced:
                 continue
             if key in rejected:
                 self._metrics.count("MessagesRejected")
                 frame.owner.on_rejected(frame.message)
             else:
                 frame.owner.on_written(frame.message)
+        self._release(settled)
 
     async def aclose(self) -> None:
         """Wait for batches already being written (the caller cancels :meth:`run`)."""
@@ -247,6 +343,13 @@ class MessageFlusher:
     def _log_warning(self, message: str, exc: BaseException) -> None:
         if self._logger is not None:
             self._logger.warning(message, extra={"error": str(exc)})
+
+
+def _full(batch: list[QueuedFrame], used: int, following: QueuedFrame | None) -> bool:
+    """Whether ``batch`` (holding ``used`` item bytes) cannot take ``following`` as well."""
+    if len(batch) >= BATCH_WRITE_LIMIT:
+        return True
+    return bool(batch) and following is not None and used + following.size > MAX_BATCH_BYTES
 
 
 def _keys(messages: list[Message]) -> set[tuple[str, str]]:

@@ -14,14 +14,26 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
 
-from wsfleet.messages import MAX_SEQ
+__all__ = [
+    "MAX_SAFE_SEQ",
+    "Frame",
+    "FrameKind",
+    "parse_frame",
+    "redact_url",
+    "resume_url",
+]
 
-__all__ = ["Frame", "FrameKind", "parse_frame", "redact_url", "resume_url"]
+#: The largest accepted sequence number: 2**53 - 1, the largest integer every JSON parser
+#: represents exactly (I-JSON, RFC 7493). A larger seq cannot be told apart from its
+#: neighbours by a JavaScript or float-based producer anyway, and 16 digits can never reach
+#: Python's int-parsing digit limit. Sequence numbers start at 1 (0 is "nothing stored").
+MAX_SAFE_SEQ = 2**53 - 1
+_MAX_SEQ_DIGITS = len(str(MAX_SAFE_SEQ))
 
 
 class FrameKind(StrEnum):
@@ -29,67 +41,126 @@ class FrameKind(StrEnum):
 
     SEQUENCED = "sequenced"  # JSON object with a valid sequence number: stored under seq_sk
     NOSEQ = "noseq"  # JSON object without the sequence field: stored under a local key
-    INVALID = "invalid"  # not JSON, not an object, or a malformed seq: stored, local key, counted
+    INVALID = "invalid"  # not JSON, not an object, or a bad seq: stored, local key, counted
 
 
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One upstream message as the worker will store it.
 
-    ``data`` is the frame's ``data`` field (JSON-encoded if it is not a string), else the raw
-    frame; binary frames that are not UTF-8 stay bytes.
+    ``data`` is the frame's ``data`` field (compact JSON, non-ASCII kept as is, if it is not a
+    string), else the raw frame; binary frames that are not UTF-8 stay bytes. ``reason`` says
+    why an INVALID frame is invalid (``"not-utf8"``, ``"not-json"``, ``"not-object"``,
+    ``"bad-seq"``, ``"seq-jump"``), for logs and metrics.
     """
 
     kind: FrameKind
     data: str | bytes
     seq: int | None = None
+    reason: str = field(default="", compare=False)  # detail for logs, not identity
 
 
 def _parse_seq(value: Any) -> int | None:
-    """A sequence number is a positive integer (or a string of digits) that fits 20 digits."""
+    """A sequence number is an integer in ``1..MAX_SAFE_SEQ``, or a string of ASCII digits.
+
+    The digit count is checked before ``int()``: a 5,000-digit string would raise ValueError
+    (Python's int digit limit) and crash the session on every reconnect.
+    """
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.isascii() and value.isdigit():
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit() and len(value) <= _MAX_SEQ_DIGITS):
+            return None
         value = int(value)
-    if isinstance(value, int) and 1 <= value <= MAX_SEQ:
+    if isinstance(value, int) and 1 <= value <= MAX_SAFE_SEQ:
         return value
     return None
 
 
+def _storable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (DynamoDB strings must; lone surrogates do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _data_of(payload: dict[str, Any], text: str) -> str:
+    """The frame's ``data`` field as stored, else the whole frame.
+
+    Compact and unescaped (``ensure_ascii=False``): escaping made non-ASCII data up to six times
+    larger, pushing frames well under the size limit past DynamoDB's 400 KB item limit. If the
+    field cannot be stored as it is (a ``"\\ud800"`` escape decodes to a lone surrogate, which
+    UTF-8 cannot encode; nesting too deep to re-encode), the raw frame is stored instead: it
+    came off the wire as valid UTF-8.
+    """
     if "data" not in payload:
         return text
     data = payload["data"]
-    return data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    if not isinstance(data, str):
+        try:
+            data = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        except (ValueError, RecursionError):
+            return text
+    return data if _storable(data) else text
 
 
-def parse_frame(raw: str | bytes, seq_field: str = "seq") -> Frame:
-    """Classify one received message. Never raises.
+def parse_frame(
+    raw: str | bytes,
+    seq_field: str = "seq",
+    *,
+    highest_seq: int = 0,
+    max_seq_jump: int | None = None,
+) -> Frame:
+    """Classify one received message. Never raises, whatever ``raw`` holds.
+
+    The accepted seq rule, both parts enforced here:
+
+    * **absolute**: an integer (or string of ASCII digits) in ``1..MAX_SAFE_SEQ`` (2**53 - 1);
+    * **relative**: with ``max_seq_jump`` set (``None`` or 0 turns it off) and ``highest_seq``
+      (the session's highest seq seen, which starts at the checkpoint) above 0, a seq greater
+      than ``highest_seq + max_seq_jump`` is refused. Without it a single bogus frame (seq
+      9007199254740991, say) moves the checkpoint so far that every later genuine frame is a
+      "duplicate" and the stream is jammed for good. A brand-new stream (checkpoint 0) takes
+      its first seq unchecked: feeds may start anywhere.
+
+    A frame failing either rule is INVALID: stored under a local key and counted, never
+    dropped, and it does not move the checkpoint.
 
     >>> parse_frame('{"seq": 7, "data": "s1:7"}')
-    Frame(kind=<FrameKind.SEQUENCED: 'sequenced'>, data='s1:7', seq=7)
+    Frame(kind=<FrameKind.SEQUENCED: 'sequenced'>, data='s1:7', seq=7, reason='')
     >>> parse_frame('{"data": "hello"}').kind, parse_frame("<<garbage>>").kind
     (<FrameKind.NOSEQ: 'noseq'>, <FrameKind.INVALID: 'invalid'>)
+    >>> parse_frame('{"seq": "' + "9" * 5000 + '"}').reason
+    'bad-seq'
+    >>> parse_frame('{"seq": 2000000, "data": "x"}', highest_seq=10, max_seq_jump=1000).reason
+    'seq-jump'
     """
     if isinstance(raw, bytes):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            return Frame(FrameKind.INVALID, raw)
-    else:
+            return Frame(FrameKind.INVALID, raw, reason="not-utf8")
+    elif _storable(raw):
         text = raw
+    else:  # not from websockets (text frames are valid UTF-8), but never raise
+        return Frame(FrameKind.INVALID, raw.encode("utf-8", "surrogatepass"), reason="not-utf8")
     try:
         payload = json.loads(text)
-    except (ValueError, RecursionError):
-        return Frame(FrameKind.INVALID, text)
+    except (ValueError, RecursionError):  # ValueError covers numbers past the digit limit
+        return Frame(FrameKind.INVALID, text, reason="not-json")
     if not isinstance(payload, dict):
-        return Frame(FrameKind.INVALID, text)
+        return Frame(FrameKind.INVALID, text, reason="not-object")
+    data = _data_of(payload, text)
     if seq_field not in payload:
-        return Frame(FrameKind.NOSEQ, _data_of(payload, text))
+        return Frame(FrameKind.NOSEQ, data)
     seq = _parse_seq(payload[seq_field])
     if seq is None:
-        return Frame(FrameKind.INVALID, _data_of(payload, text))
-    return Frame(FrameKind.SEQUENCED, _data_of(payload, text), seq)
+        return Frame(FrameKind.INVALID, data, reason="bad-seq")
+    if max_seq_jump and highest_seq > 0 and seq > highest_seq + max_seq_jump:
+        return Frame(FrameKind.INVALID, data, reason="seq-jump")
+    return Frame(FrameKind.SEQUENCED, data, seq)
 
 
 def resume_url(ws_url: str, param: str, from_seq: int, *, enabled: bool = True) -> str:

@@ -133,6 +133,8 @@ class Session:
         self._ws: ClientConnection | None = None
         self._local_count = 0  # frames without seq stored so far (their sk counter)
         self._local_unacked = 0
+        self._frame_bytes: dict[tuple[str, str], int] = {}  # item bytes of frames in flight
+        self._bytes_in_flight = 0
         self._uncovered_since_ms: int | None = None
         self._warned_invalid = False
         self._ending = False  # the final lease write has begun: renewal outcomes are moot
@@ -356,6 +358,7 @@ class Session:
         return not (self.fenced or self._ending) and self.timer.may_write(now)
 
     def on_written(self, message: Message) -> None:
+        self._bytes_in_flight -= self._frame_bytes.pop(message.key, 0)
         if message.seq is None:
             self._local_unacked -= 1
         else:
@@ -363,15 +366,27 @@ class Session:
         self._progress.set()
 
     def on_rejected(self, message: Message) -> None:
-        """DynamoDB refused the item itself (e.g. too large): count it as done, loudly."""
+        """DynamoDB refused even the frame's marker (the flusher stores one for a frame it
+        refuses): nothing records the frame, so the checkpoint must not pass it. The session
+        ends (CRASHED) at the checkpoint below it; the next owner replays from there."""
+        self._bytes_in_flight -= self._frame_bytes.pop(message.key, 0)
+        self._ctx.metrics.count("FramesUnrecorded")
         self._ctx.logger.error(
-            "frame rejected by the messages table",
+            "frame and its marker rejected by the messages table; ending the session below it",
             extra={**self._log, "sk": message.sk},
         )
-        self.on_written(message)
+        self.finish(ExitReason.CRASHED, via="rejected")
 
     def _in_flight(self) -> int:
         return self.tracker.outstanding + self._local_unacked
+
+    def _over_budget(self) -> bool:
+        """Too much in flight: in frames, or in bytes (memory is what the budget protects)."""
+        config = self._ctx.config
+        return (
+            self._in_flight() >= config.session_queue_frames
+            or self._bytes_in_flight >= config.session_queue_bytes
+        )
 
     # ------------------------------------------------------------------ streaming
     async def _stream(self) -> None:
@@ -467,7 +482,12 @@ class Session:
         ctx = self._ctx
         now = ctx.clock()
         ctx.metrics.count("MessagesReceived")
-        frame = parse_frame(raw, ctx.config.settings.seq_field)
+        frame = parse_frame(
+            raw,
+            ctx.config.settings.seq_field,
+            highest_seq=self.tracker.highest_received,
+            max_seq_jump=ctx.config.max_seq_jump,
+        )
         if frame.kind is FrameKind.SEQUENCED:
             assert frame.seq is not None
             if not self.tracker.accept(frame.seq):
@@ -482,9 +502,11 @@ class Session:
         if self._uncovered_since_ms is None:
             self._uncovered_since_ms = now
         message = Message(self.pk, sk, frame.data, now, ctx.worker_id, self.epoch, frame.seq)
-        await ctx.flusher.put(QueuedFrame(message, self))
-        limit = ctx.config.session_queue_frames
-        while self._in_flight() >= limit and not self.fenced:
+        size = await ctx.flusher.put(QueuedFrame(message, self))
+        self._frame_bytes[message.key] = size
+        self._bytes_in_flight += size
+        # Backpressure: not reading the socket makes TCP push back on the upstream.
+        while self._over_budget() and not self.fenced:
             self._progress.clear()
             await self._progress.wait()
 

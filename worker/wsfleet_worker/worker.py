@@ -143,6 +143,7 @@ class Worker:
             self.metrics,
             flush_ms=settings.message_flush_ms,
             capacity=config.queue_frames,
+            capacity_bytes=config.queue_bytes,
             max_in_flight=config.write_threads,
             logger=self.logger,
             clock=clock,

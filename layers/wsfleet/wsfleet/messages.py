@@ -31,6 +31,13 @@ re-queues them, because its checkpoint must not pass an unwritten frame). A requ
 refuses as invalid (an item over 400 KB, say) is split until the offending item is isolated and
 reported as rejected, so one poison frame never blocks the 24 others.
 
+Item size: :meth:`Message.item_bytes` is DynamoDB's size of the item (attribute names and
+values, UTF-8), computed before a frame is queued. A frame whose item would exceed
+:data:`MAX_ITEM_BYTES` cannot be stored; :meth:`Message.as_marker` turns it into a *marker* item
+at the same key, holding ``oversize_bytes`` (the item size it would have had) and
+``data_sha256`` (a digest of its data) instead of ``message_data``. The marker is what the
+checkpoint passes: a frame is never skipped silently, and the gap is visible to any reader.
+
 Example::
 
     store = MessageStore(dynamodb_client(), "wsfleet-messages", retention_days=30)
@@ -42,11 +49,12 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from boto3.dynamodb.types import Binary, TypeDeserializer
@@ -58,6 +66,7 @@ from .exceptions import StoreError
 __all__ = [
     "BATCH_WRITE_LIMIT",
     "LOCAL_SK_PREFIX",
+    "MAX_ITEM_BYTES",
     "SEQ_DIGITS",
     "Message",
     "MessageStore",
@@ -73,6 +82,9 @@ SEQ_DIGITS = 20
 MAX_SEQ = 10**SEQ_DIGITS - 1
 #: Prefix of keys for frames without a sequence number; sorts after all digits.
 LOCAL_SK_PREFIX = "L"
+#: The largest item the worker sends. DynamoDB's limit is 400 KB (409,600 bytes); the margin
+#: covers the estimate of number sizes and the moto server, which refuses items above 405,000.
+MAX_ITEM_BYTES = 400_000
 
 _SECONDS_PER_DAY = 86_400
 _deserializer = TypeDeserializer()
@@ -112,10 +124,54 @@ class Message:
     worker_id: str
     lease_epoch: int
     seq: int | None = None
+    #: set on a marker (see :meth:`as_marker`): the item size the frame would have had
+    oversize_bytes: int | None = None
+    data_sha256: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.pk, self.sk)
+
+    @property
+    def is_marker(self) -> bool:
+        return self.oversize_bytes is not None
+
+    def item_bytes(self, expires_at: int | None) -> int:
+        """DynamoDB's size of this item: attribute names plus values, strings in UTF-8.
+
+        Numbers are counted as DynamoDB documents them (one byte per two significant digits,
+        plus one), rounded up.
+
+        >>> Message("CONN#a", seq_sk(1), "\u00e9", 0, "w", 1, seq=1).item_bytes(None)
+        88
+        """
+        total = 0
+        for name, value in self.to_wire(expires_at).items():
+            total += len(name.encode("utf-8"))
+            (kind, raw), = value.items()
+            if kind == "B":
+                total += len(raw)
+            elif kind == "N":
+                total += (len(raw.lstrip("-")) + 1) // 2 + 1
+            else:
+                total += len(raw.encode("utf-8"))
+        return total
+
+    def as_marker(self, item_bytes: int) -> Message:
+        """The marker stored instead of a frame that cannot be: same key, size and digest.
+
+        >>> m = Message("CONN#a", seq_sk(1), "x" * 500_000, 0, "w", 1, seq=1).as_marker(500_080)
+        >>> (m.message_data, m.oversize_bytes, m.data_sha256[:8])
+        ('', 500080, 'c7adf628')
+        """
+        data = self.message_data
+        raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+        return replace(
+            self,
+            message_data="",
+            oversize_bytes=item_bytes,
+            data_sha256=hashlib.sha256(raw).hexdigest(),
+        )
 
     def to_wire(self, expires_at: int | None) -> dict[str, Any]:
         """The low-level DynamoDB item (built by hand: TypeSerializer costs CPU per frame)."""
@@ -123,11 +179,15 @@ class Message:
         item: dict[str, Any] = {
             "pk": {"S": self.pk},
             "sk": {"S": self.sk},
-            "message_data": {"B": data} if isinstance(data, bytes) else {"S": data},
             "received_at_ms": {"N": str(self.received_at_ms)},
             "worker_id": {"S": self.worker_id},
             "lease_epoch": {"N": str(self.lease_epoch)},
         }
+        if self.oversize_bytes is None:
+            item["message_data"] = {"B": data} if isinstance(data, bytes) else {"S": data}
+        else:  # a marker: no data, what it would have been instead
+            item["oversize_bytes"] = {"N": str(self.oversize_bytes)}
+            item["data_sha256"] = {"S": self.data_sha256 or ""}
         if self.seq is not None:
             item["seq"] = {"N": str(self.seq)}
         if expires_at is not None:

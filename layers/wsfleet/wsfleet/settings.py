@@ -134,6 +134,18 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "Frames one connection may have in flight.", "worker", scope="worker"),
     EnvVar("WORKER_MAX_FRAME_BYTES", "max_frame_bytes", "393216",
            "Largest accepted frame (DynamoDB items are at most 400 KB).", "worker", scope="worker"),
+    EnvVar("WORKER_QUEUE_BYTES", "queue_bytes", "134217728",
+           "Bytes of frames (DynamoDB item size) held for writing by all connections before "
+           "sessions stop reading their sockets: 128 MiB, 1/8 of the 1 GiB task (queued frames "
+           "cost more than their size in Python, and a batch being sent is copied).",
+           "worker", scope="worker"),
+    EnvVar("WORKER_SESSION_QUEUE_BYTES", "session_queue_bytes", "4194304",
+           "Bytes of frames one connection may have in flight (4 MiB: about 10 frames of the "
+           "largest size) before it stops reading its socket.", "worker", scope="worker"),
+    EnvVar("WORKER_MAX_SEQ_JUMP", "max_seq_jump", "1000000",
+           "A seq more than this above the highest seen on the connection is an invalid frame "
+           "(stored under a local key, counted), so one bogus seq cannot jam the stream; 0 "
+           "turns the check off. Seqs are always 1 to 2^53-1.", "worker", scope="worker"),
 )
 
 

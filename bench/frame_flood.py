@@ -1,0 +1,190 @@
+"""Benchmark: peak RSS of one worker under a flood of maximum-size frames on many sessions.
+
+Issue #11 finding 5: memory was bounded in frames, not bytes (10,000 x 384 KiB per worker
+against a 1 GiB task). This starts its own embedded moto server and a flooding upstream (its
+own process: ``--serve``), which sends every connection frames of the largest accepted size
+(``WORKER_MAX_FRAME_BYTES``, non-ASCII text) as fast as TCP lets it. One real
+``python -m wsfleet_worker`` holds N connections with its default byte budgets. The moto server
+stores far fewer bytes per second than the upstream sends, so the budgets, not the frame
+caps, are what bound the worker: the figure is the worker's peak RSS (``VmHWM``) over the
+whole run, against the task memory of ``template.yaml`` (1024 MiB). Renewal lateness and
+lost leases show that backpressure did not starve the heartbeat.
+
+Usage::
+
+    python bench/frame_flood.py                          # 50 connections, 60 s
+    python bench/frame_flood.py --connections 20 --window 30 --json-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from worker_capacity import create_connections, emf_documents, value, wait_for
+
+#: The Fargate task's memory (template.yaml, WorkerTaskDefinition Memory).
+TASK_MEMORY_MIB = 1024
+MAX_FRAME_BYTES = 393_216
+CJK = "\u8a9e"  # 3 bytes of UTF-8
+
+
+def status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field}")
+
+
+def serve(frame_bytes: int) -> None:
+    """The flooding upstream: prints its URL, then streams max-size frames to every client."""
+    import websockets
+
+    chars = (frame_bytes - 64) // len(CJK.encode())
+
+    async def handler(ws: Any) -> None:
+        query = ws.request.path.partition("?")[2]
+        seq = int(dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("from_seq", 1))
+        data = CJK * chars
+        while True:
+            await ws.send(json.dumps({"seq": seq, "data": data}, ensure_ascii=False))
+            seq += 1
+
+    async def main() -> None:
+        async with websockets.serve(handler, "127.0.0.1", 0, max_size=None) as server:
+            port = server.sockets[0].getsockname()[1]
+            print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
+            await asyncio.Future()
+
+    asyncio.run(main())
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from wsfleet.hints import Hint, HintSender
+    from wsfleet.settings import ENVIRONMENT
+    from wsfleet_local.backend import EmbeddedBackend
+
+    defaults = {v.name: v.default for v in ENVIRONMENT}
+    workdir = Path(tempfile.mkdtemp(prefix="wsfleet-flood-"))
+    upstream = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--frame-bytes", str(args.frame_bytes)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    backend = EmbeddedBackend().start()
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        url = json.loads(upstream.stdout.readline())["url"]  # type: ignore[union-attr]
+        resources = backend.create_resources(f"flood-{uuid.uuid4().hex[:6]}")
+        session = boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+            region_name=resources.region,
+        )  # fmt: skip
+        dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
+        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        log_path = workdir / "worker.log"
+        worker_env = {
+            **os.environ,
+            **resources.env(),
+            "WORKER_ID": "flood-worker",
+            "MAX_CONNECTIONS": str(args.connections),
+            "LEASE_SECONDS": str(args.lease),
+            "HEARTBEAT_EVERY": str(args.heartbeat),
+            "LEASE_SAFETY_MARGIN_SECONDS": "2",
+            "WORKER_METRICS_FLUSH_SECONDS": "2",
+            "WORKER_HINT_WAIT_SECONDS": "1",
+            "WORKER_CONTROL_WAIT_SECONDS": "5",
+            "HEALTH_FILE": str(workdir / "health"),
+            "CONTROL_QUEUE_PREFIX": f"flood-{uuid.uuid4().hex[:6]}-",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(log_path, "wb") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "wsfleet_worker"], env=worker_env, stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wait_for(lambda: len(emf_documents(log_path)) >= 2, 120, "the idle worker")
+        idle_rss = status_kb(worker.pid, "VmRSS")
+        ids = [f"flood{i:04d}" for i in range(args.connections)]
+        create_connections(dynamodb, resources.connections_table, ids, url)
+        HintSender(sqs, resources.hint_queue_url).send_many(Hint(f"CONN#{i}") for i in ids)
+
+        started = time.monotonic()
+        samples: list[int] = []
+        while time.monotonic() - started < args.window and worker.poll() is None:
+            samples.append(status_kb(worker.pid, "VmRSS"))
+            time.sleep(0.25)
+        alive = worker.poll() is None
+        peak_kb = status_kb(worker.pid, "VmHWM") if alive else max(samples, default=0)
+        documents = emf_documents(log_path)
+        active = value(documents[-1], "ActiveConnections") if documents else 0
+        total = {
+            name: sum(value(d, name) for d in documents)
+            for name in ("MessagesWritten", "MessagesReceived", "LeaseLost", "OversizeFrames")
+        }
+        lateness = max((value(d, "RenewLatenessMs") for d in documents), default=0)
+        peak_mib = round(peak_kb / 1024, 1)
+        return {
+            "connections": args.connections,
+            "active_at_end": int(active),
+            "frame_bytes": args.frame_bytes,
+            "frame_text": "non-ASCII (3-byte UTF-8)",
+            "window_seconds": args.window,
+            "queue_bytes": int(defaults.get("WORKER_QUEUE_BYTES", 0)),
+            "session_queue_bytes": int(defaults.get("WORKER_SESSION_QUEUE_BYTES", 0)),
+            "idle_rss_mib": round(idle_rss / 1024, 1),
+            "peak_rss_mib": peak_mib,
+            "task_memory_mib": TASK_MEMORY_MIB,
+            "frames_written": int(total["MessagesWritten"]),
+            "frames_received": int(total["MessagesReceived"]),
+            "written_mib": round(total["MessagesWritten"] * args.frame_bytes / 2**20, 1),
+            "lease_lost": int(total["LeaseLost"]),
+            "renew_lateness_max_ms": lateness,
+            "renew_lateness_limit_ms": args.lease * 1000 / 2,
+            "worker_alive": alive,
+            "target": f"peak RSS < task memory ({TASK_MEMORY_MIB} MiB), no lease lost",
+            "target_met": alive and peak_mib < TASK_MEMORY_MIB and total["LeaseLost"] == 0,
+        }
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        upstream.terminate()
+        upstream.wait(10)
+        backend.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--window", type=float, default=60.0, help="flood seconds")
+    parser.add_argument("--frame-bytes", type=int, default=MAX_FRAME_BYTES)
+    parser.add_argument("--lease", type=float, default=10.0)
+    parser.add_argument("--heartbeat", type=float, default=2.0)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.frame_bytes)
+        return 0
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    return 0 if result["target_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
