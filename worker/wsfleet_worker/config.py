@@ -42,6 +42,7 @@ class WorkerConfig:
     queue_frames: int = 10_000
     session_queue_frames: int = 500
     max_frame_bytes: int = 393_216
+    breaker_max_failures: int = 5
 
     def __post_init__(self) -> None:
         for name in ("hint_wait_seconds", "control_wait_seconds"):

@@ -128,6 +128,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "Frames one connection may have in flight.", "worker", scope="worker"),
     EnvVar("WORKER_MAX_FRAME_BYTES", "max_frame_bytes", "393216",
            "Largest accepted frame (DynamoDB items are at most 400 KB).", "worker", scope="worker"),
+    EnvVar("WORKER_BREAKER_MAX_FAILURES", "breaker_max_failures", "5",
+           "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
+           "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
+           "FAILED. 0 turns the breaker off.", "worker", scope="worker"),
 )
 
 
