@@ -7,9 +7,11 @@ import pytest
 from wsfleet.lease import (
     EARLY_HINT_MAX_WAIT_MS,
     MAX_HINT_DELAY_SECONDS,
+    BreakerVerdict,
     Lease,
     RefusalReason,
     acquire_wait_ms,
+    breaker_verdict,
     hint_delay_seconds,
     is_acquirable,
     is_expired,
@@ -218,8 +220,6 @@ def test_stale_checkpoint_only_when_ours_and_behind():
 
 
 # ------------------------------------------------------------------ crash-loop breaker
-from wsfleet.lease import BreakerVerdict, breaker_verdict  # noqa: E402
-from wsfleet.record import ConnectionRecord  # noqa: E402
 
 
 def _counted(count: int, at: int | None) -> ConnectionRecord:

@@ -17,6 +17,7 @@ from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet_worker.protocol import (
     CloseAction,
+    ErrorCategory,
     ExitReason,
     FinalWrite,
     LeaseTimer,
@@ -25,6 +26,8 @@ from wsfleet_worker.protocol import (
     TimerAction,
     close_action,
     exit_plan,
+    is_poison,
+    last_error_text,
     renew_outcome,
     supersedes,
     triage_hints,
@@ -225,11 +228,6 @@ def test_hints_over_capacity_are_released_for_a_peer():
 
 
 # ------------------------------------------------------------------ last_error and the breaker
-from wsfleet_worker.protocol import (  # noqa: E402
-    ErrorCategory,
-    is_poison,
-    last_error_text,
-)
 
 
 @pytest.mark.parametrize(
