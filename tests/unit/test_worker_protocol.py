@@ -236,7 +236,7 @@ def test_hints_over_capacity_are_released_for_a_peer():
         (ErrorCategory.CONNECT_FAILED, None, "", "connect_failed"),
         (ErrorCategory.HANDSHAKE_REJECTED, None, "", "handshake_rejected"),
         (ErrorCategory.CONNECTION_LOST, None, "", "connection_lost"),
-        (ErrorCategory.UPSTREAM_CLOSED, 1011, "upstream's own words", "upstream_closed (code 1011)"),
+        (ErrorCategory.UPSTREAM_CLOSED, 1011, "its words", "upstream_closed (code 1011)"),
         (ErrorCategory.CLOSED_BY_WORKER, 1009, "", "closed_by_worker (code 1009: message too big)"),
         (ErrorCategory.CLOSED_BY_WORKER, 1009, "over size limit",
          "closed_by_worker (code 1009: over size limit)"),
