@@ -16,11 +16,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, wait_until
+from fleet_helpers import FAST_WORKER_ENV, Fleet, WorkerProcess, wait_until
 from websockets.asyncio.server import ServerConnection, serve
 
-from wsfleet.record import DesiredState
+from wsfleet.record import ConnectionRecord, DesiredState
 from wsfleet_local.functions import load_function
+from wsfleet_worker.config import WorkerConfig
+from wsfleet_worker.session import Session
+from wsfleet_worker.worker import Worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -127,3 +130,48 @@ def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_
         for worker in workers:
             worker.stop()
     assert sum(w.metric_total("ConnectionsFailed") for w in workers) == 1
+
+
+def test_a_session_crashing_at_one_checkpoint_ends_failed(aws, upstream, monkeypatch, tmp_path):
+    """CRASHED counts too: an in-process worker whose frame handling always raises.
+
+    The crash is provoked by replacing ``Session._on_frame`` (the dependency the streaming
+    loop calls per frame); the worker, its store and its queues are the real ones.
+    """
+    # GIVEN a worker whose sessions crash on their first frame, with a breaker of 3
+    for name, value in {**FAST_WORKER_ENV, "WORKER_BREAKER_MAX_FAILURES": str(MAX_FAILURES),
+                        "HEALTH_FILE": str(tmp_path / "health"),
+                        "CONTROL_QUEUE_PREFIX": f"ctl-{uuid.uuid4().hex[:6]}-"}.items():
+        monkeypatch.setenv(name, value)
+
+    async def crash(self: Session, raw: str | bytes) -> None:
+        raise RuntimeError("bug triggered by this frame")
+
+    monkeypatch.setattr(Session, "_on_frame", crash)
+    fleet = Fleet(aws.env())
+    worker = Worker(WorkerConfig.from_env())
+
+    async def scenario() -> ConnectionRecord:
+        running = asyncio.create_task(worker.run())
+        try:
+            # WHEN a connection is started
+            await asyncio.to_thread(fleet.start, "crashy", upstream.url("crashy"))
+
+            def failed() -> ConnectionRecord | None:
+                record = fleet.record("crashy")
+                return record if record.desired_state is DesiredState.FAILED else None
+
+            return await asyncio.to_thread(
+                wait_until, failed, timeout=60, message=lambda: str(fleet.record("crashy"))
+            )
+        finally:
+            worker.request_stop()
+            await running
+
+    record = asyncio.run(scenario())
+    # THEN it ends FAILED after exactly MAX_FAILURES sessions, the reason the crash category
+    assert (record.stop_reason, record.last_error) == ("crashed", "crashed")
+    assert (record.failure_count, record.failure_seq) == (MAX_FAILURES, 0)
+    assert record.lease_epoch == MAX_FAILURES
+    assert upstream.connects == MAX_FAILURES
+    assert record.lease_owner == ""
