@@ -402,7 +402,7 @@ def test_get_shows_the_lease_state(router, store):
     assert 0 < lease["expires_in_ms"] <= 20_000
     assert set(reply.body) == {
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "created_at_ms", "updated_at_ms",
+        "stop_reason", "last_error", "failures", "created_at_ms", "updated_at_ms",
     }
 
 
