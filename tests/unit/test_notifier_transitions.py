@@ -209,7 +209,8 @@ def test_a_connection_turning_failed_sends_no_stop() -> None:
     (raw,) = records("stream_stop_modify.json")
     failed = _failed_by_the_breaker(raw)
     # THEN it is not a STOP transition: the filter in template.yaml drops it, so does the code
-    source = load_template(EVENTS.parent / "template.yaml")["Resources"]["StreamNotifierFunction"]["Properties"]["Events"]
+    resources = load_template(EVENTS.parent / "template.yaml")["Resources"]
+    source = resources["StreamNotifierFunction"]["Properties"]["Events"]
     (stream,) = [e["Properties"] for e in source.values() if e["Type"] == "DynamoDB"]
     (pattern,) = [json.loads(f["Pattern"]) for f in stream["FilterCriteria"]["Filters"]]
     assert not eventfilter.matches(pattern, failed)
