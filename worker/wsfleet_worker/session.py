@@ -469,13 +469,15 @@ class Session:
             self._ws = None
             if by_worker and sent is not None:
                 error = last_error_text(ErrorCategory.CLOSED_BY_WORKER, sent.code, sent.reason)
-                if is_poison(False, sent.code, worker_initiated=True):
-                    if self._count_failure(error, crashed=False):
-                        await self._write_verdict()
-                        self.finish(ExitReason.FAILED, via="breaker")
+                poison = is_poison(False, sent.code, worker_initiated=True)
+                if poison and self._count_failure(error, crashed=False):
+                    self.finish(ExitReason.FAILED, via="breaker")  # the final write stores it
+                    return
+                if poison:
+                    await self._write_verdict()  # also the last_error: no record_error needed
+                    if self._done.is_set():  # the count found the lease lost
                         return
-                    await self._write_verdict()
-                await self._upstream_trouble(error, policy)
+                await self._upstream_trouble(error, policy, noted=poison)
                 continue
             if close_action(received) is CloseAction.END:
                 self.finish(ExitReason.UPSTREAM_CLOSED, via="upstream")
@@ -531,11 +533,12 @@ class Session:
             pass  # best effort: a lost count only delays the breaker by one failure
 
     async def _upstream_trouble(
-        self, message: str, policy: ReconnectPolicy, *, detail: str = ""
+        self, message: str, policy: ReconnectPolicy, *, detail: str = "", noted: bool = False
     ) -> None:
         """Note the error on the record (fenced write), back off, and let the loop reconnect.
 
         ``message`` is the coarse category the API shows; ``detail`` goes to the log only.
+        ``noted``: the breaker's write already stored ``message`` as ``last_error``.
         """
         ctx = self._ctx
         self.state = SessionState.BACKING_OFF
@@ -546,7 +549,8 @@ class Session:
             extra={**self._log, "error": message, "detail": detail, "retry_in_s": round(delay, 3)},
         )
         try:
-            await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
+            if not noted:
+                await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
         except LeaseLost:
             self.finish(ExitReason.FENCED, via="record_error")
             return
