@@ -315,7 +315,7 @@ def _status_table(rows: list[Any], source: str) -> Table:
         table.add_column(column, justify="right" if column in ("epoch", "last_seq") else "left")
     for row in sorted(rows, key=lambda r: r.connection_id):
         left = "-" if row.lease_left_ms is None else f"{row.lease_left_ms / 1000:.1f}s"
-        note = row.last_error or row.stop_reason or ""
+        note = row.note
         style = {"STOPPED": "dim", "FAILED": "red"}.get(
             row.desired_state, "green" if row.streaming else "yellow"
         )
