@@ -11,7 +11,8 @@ Routes (REST API, IAM-authorised; request and response bodies are JSON):
 * ``POST /events`` with the article's body ``{"event_type": "START"|"STOP", "connection_id",
   "ws_url"}`` (``event_type`` is case-insensitive; ``ws_url`` is required for START and
   ignored for STOP). START answers 201 when it created the connection, 200 when it was already
-  STARTED or has been restarted; STOP answers 200 (also when already STOPPED) or 404.
+  STARTED or has been restarted (from STOPPED, or FAILED: the crash-loop breaker is reset);
+  STOP answers 200 (also when already STOPPED) or 404.
 * ``PUT /connections/{id}`` ``{"ws_url", "resume": bool = true}``: START for that id.
 * ``DELETE /connections/{id}``: STOP for that id.
 * ``GET /connections/{id}``: the connection view (200) or 404.
