@@ -11,11 +11,12 @@ Routes (REST API, IAM-authorised; request and response bodies are JSON):
 * ``POST /events`` with the article's body ``{"event_type": "START"|"STOP", "connection_id",
   "ws_url"}`` (``event_type`` is case-insensitive; ``ws_url`` is required for START and
   ignored for STOP). START answers 201 when it created the connection, 200 when it was already
-  STARTED or has been restarted; STOP answers 200 (also when already STOPPED) or 404.
+  STARTED or has been restarted (from STOPPED, or FAILED: the crash-loop breaker is reset);
+  STOP answers 200 (also when already STOPPED) or 404.
 * ``PUT /connections/{id}`` ``{"ws_url", "resume": bool = true}``: START for that id.
 * ``DELETE /connections/{id}``: STOP for that id.
 * ``GET /connections/{id}``: the connection view (200) or 404.
-* ``GET /connections?state=STARTED|STOPPED&limit=1..100&next_token=...``: one page,
+* ``GET /connections?state=STARTED|STOPPED|FAILED&limit=1..100&next_token=...``: one page,
   ``{"items": [view, ...], "next_token": str | null}``.
 
 Decisions worth knowing:
@@ -231,6 +232,8 @@ def connection_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
         "lease": lease_view(record, now),
         "stop_reason": record.stop_reason,
         "last_error": record.last_error,
+        # Crash-loop breaker: failures counted at checkpoint at_seq (FAILED once it tripped).
+        "failures": {"count": record.failure_count, "at_seq": record.failure_seq},
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }

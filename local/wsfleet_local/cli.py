@@ -315,9 +315,9 @@ def _status_table(rows: list[Any], source: str) -> Table:
         table.add_column(column, justify="right" if column in ("epoch", "last_seq") else "left")
     for row in sorted(rows, key=lambda r: r.connection_id):
         left = "-" if row.lease_left_ms is None else f"{row.lease_left_ms / 1000:.1f}s"
-        note = row.last_error or row.stop_reason or ""
-        style = (
-            "green" if row.streaming else ("dim" if row.desired_state == "STOPPED" else "yellow")
+        note = row.note
+        style = {"STOPPED": "dim", "FAILED": "red"}.get(
+            row.desired_state, "green" if row.streaming else "yellow"
         )
         table.add_row(
             row.connection_id,
@@ -367,7 +367,8 @@ def status(
     """Table of connections: owner, epoch, lease left, last_seq, state."""
     from .client import ApiError
 
-    states = ["STARTED", "STOPPED"] if all_states else ["STARTED"]
+    # FAILED is always shown: it needs an operator (a new START restarts it).
+    states = ["STARTED", "FAILED", "STOPPED"] if all_states else ["STARTED", "FAILED"]
     try:
         if not watch:
             rows, source = _read_rows(api, table, region, states)

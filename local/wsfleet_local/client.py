@@ -188,6 +188,7 @@ class ConnectionRow:
     last_seq: int
     stop_reason: str | None = None
     last_error: str | None = None
+    failures: int = 0  # crash-loop breaker count (FAILED once it reached the threshold)
 
     @classmethod
     def from_api(cls, view: Mapping[str, Any]) -> ConnectionRow:
@@ -203,6 +204,7 @@ class ConnectionRow:
             last_seq=int(view.get("last_seq") or 0),
             stop_reason=view.get("stop_reason"),
             last_error=view.get("last_error"),
+            failures=int((view.get("failures") or {}).get("count") or 0),
         )
 
     @classmethod
@@ -223,6 +225,7 @@ class ConnectionRow:
             last_seq=record.last_seq,
             stop_reason=record.stop_reason,
             last_error=record.last_error,
+            failures=record.failure_count,
         )
 
     @classmethod
@@ -233,6 +236,23 @@ class ConnectionRow:
     @property
     def streaming(self) -> bool:
         return self.desired_state == DesiredState.STARTED and self.lease_state == "held"
+
+    @property
+    def failed(self) -> bool:
+        """Ended by the crash-loop breaker: needs an operator (a new START restarts it)."""
+        return self.desired_state == DesiredState.FAILED
+
+    @property
+    def note(self) -> str:
+        """One line for ``wsfleet status``: the error (with the breaker count) or stop reason.
+
+        >>> ConnectionRow("c", "FAILED", None, 3, "free", None, 7, "crashed", "crashed", 5).note
+        'crashed (5 failures at one checkpoint)'
+        """
+        text = self.last_error or self.stop_reason or ""
+        if self.failures:
+            text += f" ({self.failures} failures at one checkpoint)"
+        return text
 
 
 def scan_table(client: Any, table: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

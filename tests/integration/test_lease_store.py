@@ -385,3 +385,55 @@ def test_stale_checkpoint_of_a_fenced_holder_is_still_lost(store, clock):
         store.renew(old, last_seq=5)
     with pytest.raises(LeaseLost):
         store.checkpoint(old, 5)
+
+
+# ------------------------------------------------------------------ crash-loop breaker
+def test_note_failure_counts_on_the_item_and_survives_a_hand_over(store, clock):
+    # GIVEN a connection whose holder counted a failure at checkpoint 7
+    pk = started(store)
+    first = Lease.of(store.acquire(pk, "w1"))
+    store.note_failure(first, "crashed", count=1, at_seq=7)
+    store.release(first)
+    # WHEN the next worker acquires it
+    taken = store.acquire(pk, "w2")
+    # THEN the count and the position are there for it, with the coarse error
+    assert (taken.failure_count, taken.failure_seq, taken.last_error) == (1, 7, "crashed")
+    # AND the ex-holder can no longer count (fenced by owner and epoch)
+    with pytest.raises(LeaseLost):
+        store.note_failure(first, "crashed", count=2, at_seq=7)
+
+
+def test_mark_failed_releases_and_leaves_the_orphan_query(store, clock):
+    # GIVEN a held connection
+    pk = started(store)
+    lease = Lease.of(store.acquire(pk, "w1"))
+    reason = "closed_by_worker (code 1009: message too big)"
+    # WHEN the breaker trips
+    record = store.mark_failed(lease, reason, count=5, at_seq=3, last_seq=3)
+    # THEN it is FAILED, free, with the reason in stop_reason and last_error, and no TTL
+    assert record.desired_state is DesiredState.FAILED
+    assert (record.lease_owner, record.lease_expires_at_ms, record.last_seq) == ("", 0, 3)
+    assert (record.stop_reason, record.last_error) == (reason, reason)
+    assert (record.failure_count, record.failure_seq) == (5, 3)
+    assert "expires_at" not in store._call("get_item", Key={"pk": {"S": pk}})["Item"]
+    # AND no worker may take it, the reconciler does not see it, the listing does
+    assert not is_acquirable(record, clock() + LEASE_MS)
+    with pytest.raises(LeaseConflict):
+        store.acquire(pk, "w2")
+    assert pk not in [r.pk for r in store.query_orphans(clock() + 10 * LEASE_MS)]
+    assert [r.pk for r in store.list_connections(DesiredState.FAILED).records] == [pk]
+
+
+def test_start_restarts_a_failed_connection_and_resets_the_breaker(store, clock):
+    # GIVEN a FAILED connection
+    pk = started(store)
+    lease = Lease.of(store.acquire(pk, "w1"))
+    store.mark_failed(lease, "crashed", count=5, at_seq=3, last_seq=3)
+    # WHEN it is STARTed again with the same URL
+    result = store.start("c1", "wss://up.example/s")
+    # THEN it runs again from its checkpoint, with the breaker count and the reasons cleared
+    assert result.restarted and result.record.desired_state is DesiredState.STARTED
+    assert (result.record.failure_count, result.record.failure_seq) == (0, None)
+    assert (result.record.stop_reason, result.record.last_error) == (None, None)
+    assert result.record.last_seq == 3
+    assert store.acquire(pk, "w2").lease_owner == "w2"

@@ -340,6 +340,37 @@ def test_start_after_stop_restarts(router, store, hints):
     assert hints() == [Hint(connection_pk("c1"))]
 
 
+def test_a_failed_connection_is_shown_listed_and_restarted_by_start(router, store, hints):
+    # GIVEN a connection the crash-loop breaker ended FAILED at checkpoint 7
+    assert start(router, "c1").status == 201
+    held = store.acquire(connection_pk("c1"), owner="worker-a")
+    reason = "closed_by_worker (code 1009: message too big)"
+    store.mark_failed(Lease.of(held), reason, count=5, at_seq=7, last_seq=7)
+    hints()
+    # WHEN it is read and listed
+    view = invoke(router, api_event("GET", "/connections/c1")).body
+    listed = list_page(router, state="failed").body["items"]
+    # THEN the reason and the count are visible, and only ?state=FAILED lists it
+    assert (view["desired_state"], view["stop_reason"], view["last_error"]) == (
+        "FAILED", reason, reason,
+    )
+    assert view["failures"] == {"count": 5, "at_seq": 7}
+    assert view["lease"]["state"] == "free"
+    assert [item["connection_id"] for item in listed] == ["c1"]
+    assert list_page(router).body["items"] == []
+    # WHEN it is STARTed again
+    reply = start(router, "c1")
+    # THEN it restarts like a STOPPED one: breaker reset, checkpoint kept, a hint sent
+    assert (reply.status, reply.body["outcome"], reply.body["desired_state"]) == (
+        200, "restarted", "STARTED",
+    )
+    assert reply.body["failures"] == {"count": 0, "at_seq": None}
+    assert (reply.body["stop_reason"], reply.body["last_error"], reply.body["last_seq"]) == (
+        None, None, 7,
+    )
+    assert hints() == [Hint(connection_pk("c1"))]
+
+
 def test_hint_send_failure_still_succeeds_and_is_counted(
     router, aws, store, monkeypatch, capsys, caplog
 ):
@@ -413,7 +444,7 @@ def test_get_shows_the_lease_state(router, store):
     assert 0 < lease["expires_in_ms"] <= 20_000
     assert set(reply.body) == {
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "created_at_ms", "updated_at_ms",
+        "stop_reason", "last_error", "failures", "created_at_ms", "updated_at_ms",
     }
 
 

@@ -7,9 +7,11 @@ import pytest
 from wsfleet.lease import (
     EARLY_HINT_MAX_WAIT_MS,
     MAX_HINT_DELAY_SECONDS,
+    BreakerVerdict,
     Lease,
     RefusalReason,
     acquire_wait_ms,
+    breaker_verdict,
     hint_delay_seconds,
     is_acquirable,
     is_expired,
@@ -215,3 +217,25 @@ def test_stale_checkpoint_only_when_ours_and_behind():
     assert not is_stale_checkpoint(ahead, LEASE, 31)
     assert not is_stale_checkpoint(ahead.with_changes(lease_epoch=4), LEASE, 30)  # fenced instead
     assert not is_stale_checkpoint(None, LEASE, 30)
+
+
+# ------------------------------------------------------------------ crash-loop breaker
+
+
+def _counted(count: int, at: int | None) -> ConnectionRecord:
+    return ConnectionRecord.new("c", "wss://x", 0).with_changes(failure_count=count, failure_seq=at)
+
+
+@pytest.mark.parametrize(
+    ("count", "at", "checkpoint", "threshold", "expected"),
+    [
+        (0, None, 0, 3, BreakerVerdict(1, 0, False)),  # first failure ever, even at seq 0
+        (1, 4, 4, 3, BreakerVerdict(2, 4, False)),  # same checkpoint: counts up
+        (2, 4, 4, 3, BreakerVerdict(3, 4, True)),  # reaches the threshold: trips
+        (2, 4, 5, 3, BreakerVerdict(1, 5, False)),  # checkpoint advanced: starts again
+        (0, None, 9, 1, BreakerVerdict(1, 9, True)),  # threshold 1 trips on the first
+        (99, 4, 4, 0, BreakerVerdict(100, 4, False)),  # 0 turns the breaker off
+    ],
+)
+def test_breaker_verdict(count, at, checkpoint, threshold, expected):
+    assert breaker_verdict(_counted(count, at), checkpoint, threshold) == expected

@@ -62,3 +62,22 @@ def test_rows_from_the_api_view_and_from_a_record_agree():
     assert (expired.lease_state, expired.lease_left_ms, expired.streaming) == ("expired", 0, False)
     free = ConnectionRow.from_record(record.with_changes(lease_owner="", lease_expires_at_ms=0), 0)
     assert (free.lease_state, free.owner, free.lease_left_ms) == ("free", None, None)
+
+
+def test_a_failed_connection_row_shows_the_reason_and_the_breaker_count():
+    # GIVEN a connection the breaker ended FAILED, read from the table and from the API
+    reason = "closed_by_worker (code 1009: message too big)"
+    record = ConnectionRecord(
+        pk="CONN#p", desired_state=DesiredState.FAILED, ws_url="ws://x", last_seq=2,
+        lease_epoch=3, stop_reason=reason, last_error=reason, failure_count=5, failure_seq=2,
+    )
+    view = {
+        "connection_id": "p", "desired_state": "FAILED", "last_seq": 2,
+        "lease": {"state": "free", "owner": None, "epoch": 3, "expires_in_ms": None},
+        "stop_reason": reason, "last_error": reason, "failures": {"count": 5, "at_seq": 2},
+    }
+    # THEN both rows agree, are FAILED (not streaming) and say why and how often
+    row = ConnectionRow.from_record(record, now_ms=0)
+    assert ConnectionRow.from_api(view) == row
+    assert row.failed and not row.streaming
+    assert row.note == f"{reason} (5 failures at one checkpoint)"

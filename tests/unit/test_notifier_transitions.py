@@ -18,6 +18,8 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 
 from wsfleet.control import StopCommand
 from wsfleet.record import WorkerRecord
+from wsfleet_local import eventfilter
+from wsfleet_local.backend import load_template
 from wsfleet_local.functions import load_function
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
@@ -188,3 +190,41 @@ def test_skipped_outcomes_are_the_three_nothing_to_send_cases() -> None:
         Outcome.LEASE_EXPIRED,
         Outcome.WORKER_GONE,
     }
+
+
+# ---------------------------------------------------------------- FAILED (crash-loop breaker)
+def _failed_by_the_breaker(raw: dict[str, Any]) -> dict[str, Any]:
+    """The worker's own mark_failed write: FAILED and released in one MODIFY."""
+    raw = copy.deepcopy(raw)
+    new = raw["dynamodb"]["NewImage"]
+    new["desired_state"] = {"S": "FAILED"}
+    new["lease_owner"] = {"S": ""}
+    new["lease_expires_at_ms"] = {"N": "0"}
+    raw["dynamodb"]["OldImage"]["desired_state"] = {"S": "STARTED"}
+    return raw
+
+
+def test_a_connection_turning_failed_sends_no_stop() -> None:
+    # GIVEN the worker's write that ends a connection FAILED (it released the lease itself)
+    (raw,) = records("stream_stop_modify.json")
+    failed = _failed_by_the_breaker(raw)
+    # THEN it is not a STOP transition: the filter in template.yaml drops it, so does the code
+    resources = load_template(EVENTS.parent / "template.yaml")["Resources"]
+    source = resources["StreamNotifierFunction"]["Properties"]["Events"]
+    (stream,) = [e["Properties"] for e in source.values() if e["Type"] == "DynamoDB"]
+    (pattern,) = [json.loads(f["Pattern"]) for f in stream["FilterCriteria"]["Filters"]]
+    assert not eventfilter.matches(pattern, failed)
+    assert notifier_app.stopped_connection(record(failed)) is None
+
+
+def test_stopping_a_failed_connection_tells_nobody() -> None:
+    # GIVEN a FAILED connection (lease free) that the API now STOPs
+    (raw,) = records("stream_stop_modify.json")
+    stopped = _failed_by_the_breaker(raw)
+    stopped["dynamodb"]["OldImage"] = copy.deepcopy(stopped["dynamodb"]["NewImage"])
+    stopped["dynamodb"]["NewImage"]["desired_state"] = {"S": "STOPPED"}
+    outbox = Outbox()
+    notifier = make_notifier({"worker-a": live_worker("worker-a", "q://a")}, outbox)
+    # THEN it is a transition, but nobody holds the lease: nothing is sent
+    assert notifier.handle(record(stopped)) is Outcome.NO_OWNER
+    assert outbox.sent == []

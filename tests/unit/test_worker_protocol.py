@@ -17,6 +17,7 @@ from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet_worker.protocol import (
     CloseAction,
+    ErrorCategory,
     ExitReason,
     FinalWrite,
     LeaseTimer,
@@ -25,6 +26,8 @@ from wsfleet_worker.protocol import (
     TimerAction,
     close_action,
     exit_plan,
+    is_poison,
+    last_error_text,
     renew_outcome,
     supersedes,
     triage_hints,
@@ -233,3 +236,39 @@ def test_a_hostile_hint_is_dropped_with_an_excerpt_not_the_whole_body():
     assert triage.drop == ["r1"]
     assert [receipt for _, receipt in triage.acquire] == ["r2"]
     assert len(triage.invalid) == 1 and len(triage.invalid[0]) < 200
+# ------------------------------------------------------------------ last_error and the breaker
+
+
+@pytest.mark.parametrize(
+    ("category", "code", "reason", "expected"),
+    [
+        (ErrorCategory.CONNECT_FAILED, None, "", "connect_failed"),
+        (ErrorCategory.HANDSHAKE_REJECTED, None, "", "handshake_rejected"),
+        (ErrorCategory.CONNECTION_LOST, None, "", "connection_lost"),
+        (ErrorCategory.UPSTREAM_CLOSED, 1011, "its words", "upstream_closed (code 1011)"),
+        (ErrorCategory.CLOSED_BY_WORKER, 1009, "", "closed_by_worker (code 1009: message too big)"),
+        (ErrorCategory.CLOSED_BY_WORKER, 1009, "over size limit",
+         "closed_by_worker (code 1009: over size limit)"),
+        (ErrorCategory.CLOSED_BY_WORKER, 4000, "", "closed_by_worker (code 4000)"),
+    ],
+)
+def test_last_error_text_is_a_category_and_only_the_workers_own_close(
+    category, code, reason, expected
+):
+    assert last_error_text(category, code, reason) == expected
+
+
+@pytest.mark.parametrize(
+    ("crashed", "code", "by_worker", "expected"),
+    [
+        (True, None, False, True),  # a session crash always counts
+        (False, 1009, True, True),
+        (False, 1007, True, True),
+        (False, 1002, True, True),
+        (False, 1009, False, False),  # the upstream sent 1009: its problem, keep retrying
+        (False, 1011, True, False),  # our own internal error is not the input's fault
+        (False, None, False, False),  # connect failure / outage: never counted
+    ],
+)
+def test_is_poison(crashed, code, by_worker, expected):
+    assert is_poison(crashed, code, worker_initiated=by_worker) is expected

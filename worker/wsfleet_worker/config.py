@@ -45,6 +45,7 @@ class WorkerConfig:
     queue_bytes: int = 128 * 1024 * 1024
     session_queue_bytes: int = 4 * 1024 * 1024
     max_seq_jump: int = 1_000_000
+    breaker_max_failures: int = 5
 
     def __post_init__(self) -> None:
         for name in ("hint_wait_seconds", "control_wait_seconds"):

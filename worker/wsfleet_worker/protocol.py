@@ -10,6 +10,8 @@ a clock, or talks to the network, so every branch is unit-tested without I/O.
   write, how to close the socket, whether to hint a peer.
 * :func:`close_action` - an upstream close: end the connection, or reconnect and resume.
 * :class:`ReconnectPolicy` - jittered exponential backoff between reconnects.
+* :class:`ErrorCategory` / :func:`last_error_text` - the coarse ``last_error`` the API shows.
+* :func:`is_poison` - which failures the crash-loop breaker counts.
 * :func:`triage_hints` - which hint messages of a receive batch to act on.
 """
 
@@ -28,7 +30,9 @@ from wsfleet.lease import Lease
 
 __all__ = [
     "NORMAL_CLOSE_CODES",
+    "POISON_CLOSE_CODES",
     "CloseAction",
+    "ErrorCategory",
     "ExitPlan",
     "ExitReason",
     "FinalWrite",
@@ -40,6 +44,8 @@ __all__ = [
     "TimerAction",
     "close_action",
     "exit_plan",
+    "is_poison",
+    "last_error_text",
     "renew_outcome",
     "supersedes",
     "triage_hints",
@@ -174,12 +180,14 @@ class ExitReason(StrEnum):
     REFUSED = "upstream_refused"  # SSRF guard: a redirect hop or resolved address refused
     SHUTDOWN = "shutdown"  # the worker is draining (SIGTERM/SIGINT)
     CRASHED = "crashed"  # a bug in the session: hand the connection to a peer
+    FAILED = "failed"  # the crash-loop breaker tripped: FAILED until a new START
 
 
 class FinalWrite(Enum):
     NONE = "none"
     RELEASE = "release"  # owner "", expiry 0, final checkpoint: a peer may take it at once
     MARK_STOPPED = "mark_stopped"  # STOPPED + stop_reason + release, final checkpoint
+    MARK_FAILED = "mark_failed"  # FAILED + reason + breaker count + release, final checkpoint
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,9 @@ _PLANS: dict[ExitReason, ExitPlan] = {
     ),
     ExitReason.SHUTDOWN: ExitPlan(FinalWrite.RELEASE, close_code=1001, hint=True),
     ExitReason.CRASHED: ExitPlan(FinalWrite.RELEASE, close_code=1011, hint=True),
+    # The socket is already closed (the worker's own protocol close) or about to be closed with
+    # 1011; no hint: nobody should take it.
+    ExitReason.FAILED: ExitPlan(FinalWrite.MARK_FAILED, close_code=1011, stop_reason="failed"),
 }
 
 
@@ -325,3 +336,71 @@ def triage_hints(
             seen.add(hint.pk)
             triage.acquire.append((hint, receipt))
     return triage
+
+
+# ============================================================================ errors & breaker
+
+
+#: Close codes the *worker* sends because of what the upstream sent: a protocol error, an
+#: invalid payload, a message too big. The same input comes back on every resume from the
+#: same checkpoint, so these count towards the crash-loop breaker.
+POISON_CLOSE_CODES = frozenset({1002, 1007, 1009})
+
+_CLOSE_CODE_NAMES = {
+    1002: "protocol error",
+    1007: "invalid payload",
+    1009: "message too big",
+    1011: "internal error",
+}
+
+
+class ErrorCategory(StrEnum):
+    """What ``last_error`` may say, the one place it is defined.
+
+    Coarse on purpose: the API must not tell "connection refused" from "HTTP 400" or a DNS
+    failure (with the router, that would make a port scanner). Details stay in worker logs.
+    """
+
+    CONNECT_FAILED = "connect_failed"  # DNS, TCP, TLS or timeout: anything before a response
+    HANDSHAKE_REJECTED = "handshake_rejected"  # the upstream answered, but not with a 101
+    REFUSED_BY_POLICY = "refused_by_policy"  # the worker's upstream policy refused the target
+    UPSTREAM_CLOSED = "upstream_closed"  # the upstream sent a close frame other than 1000/1001
+    CONNECTION_LOST = "connection_lost"  # the link died without a close frame
+    CLOSED_BY_WORKER = "closed_by_worker"  # the worker closed for a protocol reason
+    CRASHED = "crashed"  # a bug in the session while handling this connection
+
+
+def last_error_text(category: ErrorCategory, code: int | None = None, reason: str = "") -> str:
+    """The ``last_error`` stored for ``category``; close codes (and the worker's own close
+    reason, never the upstream's) are the only detail.
+
+    >>> last_error_text(ErrorCategory.CONNECT_FAILED)
+    'connect_failed'
+    >>> last_error_text(ErrorCategory.UPSTREAM_CLOSED, 1011)
+    'upstream_closed (code 1011)'
+    >>> last_error_text(ErrorCategory.CLOSED_BY_WORKER, 1009)
+    'closed_by_worker (code 1009: message too big)'
+    """
+    if code is None:
+        return category.value
+    detail = ""
+    if category is ErrorCategory.CLOSED_BY_WORKER:
+        detail = reason or _CLOSE_CODE_NAMES.get(code, "")
+    return f"{category.value} (code {code}{': ' + detail if detail else ''})"
+
+
+def is_poison(crashed: bool, sent_code: int | None, *, worker_initiated: bool) -> bool:
+    """Does this failure count towards the crash-loop breaker?
+
+    A session crash does, and so does a close the worker itself started with a protocol code
+    (:data:`POISON_CLOSE_CODES`). Connect failures and upstream closes or outages do not: an
+    upstream down for an hour must keep being retried with capped backoff.
+
+    >>> is_poison(False, 1009, worker_initiated=True)
+    True
+    >>> is_poison(False, 1009, worker_initiated=False)
+    False
+    """
+    if crashed:
+        return True
+    return worker_initiated and sent_code in POISON_CLOSE_CODES

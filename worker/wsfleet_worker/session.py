@@ -12,7 +12,14 @@ self-fence          :attr:`ExitReason.FENCED`                  abort socket, wri
 upstream 1000/1001  :attr:`ExitReason.UPSTREAM_CLOSED`         flush, mark STOPPED
 worker draining     :attr:`ExitReason.SHUTDOWN`                flush, release, hint a peer
 bug                 :attr:`ExitReason.CRASHED`                 flush, release, hint a peer
+breaker tripped     :attr:`ExitReason.FAILED`                  flush, mark FAILED (no hint)
 ==================  =========================================  ================================
+
+Crash-loop breaker: a crash, or a close the worker itself sent for a protocol reason (1002,
+1007, 1009), is counted on the connection item at the position it happened
+(:func:`wsfleet.lease.breaker_verdict`, :func:`~wsfleet_worker.protocol.is_poison`). The count
+survives hand-overs; ``WORKER_BREAKER_MAX_FAILURES`` of them at one position end the connection
+FAILED. A crash that trips it turns into :attr:`ExitReason.FAILED`.
 
 Shape: :meth:`Session.run` opens a task group holding the streaming task (connect, receive,
 reconnect with backoff) and waits for the *done* signal that :meth:`Session.finish` raises from
@@ -35,12 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
 from wsfleet.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
 from wsfleet.clock import Clock, now_ms
 from wsfleet.exceptions import LeaseLost, StoreError, UpstreamRefused, WsfleetError
-from wsfleet.lease import Lease
+from wsfleet.lease import BreakerVerdict, Lease, breaker_verdict
 from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.record import ConnectionRecord
 from wsfleet.store import LeaseStore
@@ -54,6 +61,7 @@ from .observability import WorkerMetrics
 from .offload import Offloader
 from .protocol import (
     CloseAction,
+    ErrorCategory,
     ExitReason,
     FinalWrite,
     LeaseTimer,
@@ -62,6 +70,8 @@ from .protocol import (
     SessionState,
     close_action,
     exit_plan,
+    is_poison,
+    last_error_text,
     renew_outcome,
     supersedes,
 )
@@ -138,6 +148,8 @@ class Session:
         self._uncovered_since_ms: int | None = None
         self._warned_invalid = False
         self._ending = False  # the final lease write has begun: renewal outcomes are moot
+        self._verdict: BreakerVerdict | None = None  # a crash counted, not yet written
+        self._failure = ""  # last_error of the failure the breaker counted last
         self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
 
     # ------------------------------------------------------------------ identity
@@ -241,6 +253,14 @@ class Session:
         last_seq = self.tracker.durable
         self._ctx.scheduler.remove(self)  # no renewal may race the final write
         self._ending = True
+        # A crash is counted now, after the flush: the position is where the next owner resumes.
+        if (
+            reason is ExitReason.CRASHED
+            and not self.fenced
+            and self._count_failure(last_error_text(ErrorCategory.CRASHED), crashed=True)
+        ):
+            reason = self.reason = ExitReason.FAILED
+            plan = exit_plan(reason)
         if plan.final_write is not FinalWrite.NONE and not self.fenced:
             try:
                 async with asyncio.timeout(_IN_FLIGHT_WAIT_SECONDS):
@@ -254,6 +274,12 @@ class Session:
                 released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
         if reason is ExitReason.FENCED:
             self._ctx.metrics.count("LeaseLost")
+        if reason is ExitReason.FAILED and released:
+            self._ctx.metrics.count("ConnectionsFailed")
+            self._ctx.logger.error(
+                "connection FAILED: crash-loop breaker tripped",
+                extra={**self._log, "error": self._failure, "failures": self.record.failure_count},
+            )
         self._info(
             "session finished",
             reason=reason.value,
@@ -267,12 +293,31 @@ class Session:
 
     async def _final_write(self, kind: FinalWrite, stop_reason: str | None, last_seq: int) -> bool:
         ctx = self._ctx
+        verdict, self._verdict = self._verdict, None
         try:
-            if kind is FinalWrite.MARK_STOPPED:
+            if kind is FinalWrite.MARK_FAILED:
+                record = self.record
+                await ctx.offloader.io(
+                    ctx.leases.mark_failed,
+                    self.lease,
+                    self._failure,
+                    count=record.failure_count,
+                    at_seq=record.failure_seq if record.failure_seq is not None else last_seq,
+                    last_seq=last_seq,
+                )
+            elif kind is FinalWrite.MARK_STOPPED:
                 await ctx.offloader.io(
                     ctx.leases.mark_stopped, self.lease, stop_reason or "stopped", last_seq=last_seq
                 )
             else:
+                if verdict is not None:  # a crash below the threshold: count it, then release
+                    await ctx.offloader.io(
+                        ctx.leases.note_failure,
+                        self.lease,
+                        self._failure,
+                        count=verdict.count,
+                        at_seq=verdict.at_seq,
+                    )
                 await ctx.offloader.io(ctx.leases.release, self.lease, last_seq=last_seq)
         except LeaseLost:
             self.fenced = True
@@ -412,7 +457,14 @@ class Session:
                 if is_permanent(exc):
                     self.finish(ExitReason.INVALID_URL, via="connect")
                     return
-                await self._upstream_trouble(f"connect failed: {describe_error(exc)}", policy)
+                category = (
+                    ErrorCategory.HANDSHAKE_REJECTED
+                    if isinstance(exc, InvalidStatus)
+                    else ErrorCategory.CONNECT_FAILED
+                )
+                await self._upstream_trouble(
+                    last_error_text(category), policy, detail=describe_error(exc)
+                )
                 continue
             self._ws = ws
             if self._done.is_set():  # finished while the handshake was in flight
@@ -429,13 +481,30 @@ class Session:
                 pass
             close_frame = ws.protocol.close_rcvd  # None: the link died without a close frame
             received = close_frame.code if close_frame is not None else None
+            sent = ws.protocol.close_sent
+            # We started the closing handshake (the upstream's close, if any, only echoed ours).
+            by_worker = sent is not None and not ws.protocol.close_rcvd_then_sent
             self._ws = None
+            if by_worker and sent is not None:
+                error = last_error_text(ErrorCategory.CLOSED_BY_WORKER, sent.code, sent.reason)
+                poison = is_poison(False, sent.code, worker_initiated=True)
+                if poison and self._count_failure(error, crashed=False):
+                    self.finish(ExitReason.FAILED, via="breaker")  # the final write stores it
+                    return
+                if poison:
+                    await self._write_verdict()  # also the last_error: no record_error needed
+                    if self._done.is_set():  # the count found the lease lost
+                        return
+                await self._upstream_trouble(error, policy, noted=poison)
+                continue
             if close_action(received) is CloseAction.END:
                 self.finish(ExitReason.UPSTREAM_CLOSED, via="upstream")
                 return
-            await self._upstream_trouble(
-                f"upstream closed abnormally (code {received or 'none: connection lost'})", policy
-            )
+            if received is None:
+                error = last_error_text(ErrorCategory.CONNECTION_LOST)
+            else:
+                error = last_error_text(ErrorCategory.UPSTREAM_CLOSED, received)
+            await self._upstream_trouble(error, policy)
 
     async def _refused(self, exc: UpstreamRefused) -> None:
         """SSRF guard (issue #11): note why on the record, then stop the connection for good.
@@ -445,7 +514,10 @@ class Session:
         sees ``STOPPED`` with ``stop_reason=upstream_refused`` and the rule in ``last_error``.
         """
         ctx = self._ctx
-        message = describe_error(exc)
+        # The rule and host, never socket detail: nothing was connected, so this says nothing
+        # about what the refused target would have answered.
+        rule = describe_error(exc).partition(": ")[2]
+        message = f"{last_error_text(ErrorCategory.REFUSED_BY_POLICY)}: {rule}"
         ctx.metrics.count("UpstreamRefused")
         ctx.logger.warning("upstream refused; stopping", extra={**self._log, "error": message})
         try:
@@ -457,18 +529,69 @@ class Session:
             pass  # best effort: stopping matters more than the note
         self.finish(ExitReason.REFUSED, via="connect")
 
-    async def _upstream_trouble(self, message: str, policy: ReconnectPolicy) -> None:
-        """Note the error on the record (fenced write), back off, and let the loop reconnect."""
+    def _count_failure(self, error: str, *, crashed: bool) -> bool:
+        """Count a poison failure at the highest position received; True if the breaker trips.
+
+        The record kept by the session carries the count (read at acquire, so it includes the
+        previous owners' failures) and is updated in memory; the store write follows
+        (:meth:`_write_verdict` or the final write), fenced by our lease.
+        """
+        position = max(self.tracker.highest_received, self.tracker.durable)
+        verdict = breaker_verdict(
+            self.record, position, self._ctx.config.breaker_max_failures
+        )
+        self.record = self.record.with_changes(
+            failure_count=verdict.count, failure_seq=verdict.at_seq
+        )
+        self._failure = error
+        self._verdict = verdict
+        self._ctx.metrics.count("BreakerFailures")
+        self._ctx.logger.warning(
+            "crash-loop breaker counted a failure",
+            extra={**self._log, "error": error, "crashed": crashed, "failures": verdict.count,
+                   "at_seq": verdict.at_seq, "trip": verdict.trip},
+        )
+        return verdict.trip
+
+    async def _write_verdict(self) -> None:
+        """Store a counted in-session failure now (the final write stores a tripping one)."""
+        verdict = self._verdict
+        if verdict is None or verdict.trip:
+            return
+        self._verdict = None
+        ctx = self._ctx
+        try:
+            await ctx.offloader.io(
+                ctx.leases.note_failure,
+                self.lease,
+                self._failure,
+                count=verdict.count,
+                at_seq=verdict.at_seq,
+            )
+        except LeaseLost:
+            self.finish(ExitReason.FENCED, via="note_failure")
+        except (StoreError, WsfleetError):
+            pass  # best effort: a lost count only delays the breaker by one failure
+
+    async def _upstream_trouble(
+        self, message: str, policy: ReconnectPolicy, *, detail: str = "", noted: bool = False
+    ) -> None:
+        """Note the error on the record (fenced write), back off, and let the loop reconnect.
+
+        ``message`` is the coarse category the API shows; ``detail`` goes to the log only.
+        ``noted``: the breaker's write already stored ``message`` as ``last_error``.
+        """
         ctx = self._ctx
         self.state = SessionState.BACKING_OFF
         ctx.metrics.count("Reconnects")
         delay = policy.next_delay()
         ctx.logger.warning(
             "upstream trouble; reconnecting",
-            extra={**self._log, "error": message, "retry_in_s": round(delay, 3)},
+            extra={**self._log, "error": message, "detail": detail, "retry_in_s": round(delay, 3)},
         )
         try:
-            await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
+            if not noted:
+                await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
         except LeaseLost:
             self.finish(ExitReason.FENCED, via="record_error")
             return

@@ -32,9 +32,11 @@ from .record import ConnectionRecord, DesiredState, WorkerRecord
 __all__ = [
     "EARLY_HINT_MAX_WAIT_MS",
     "MAX_HINT_DELAY_SECONDS",
+    "BreakerVerdict",
     "Lease",
     "RefusalReason",
     "acquire_wait_ms",
+    "breaker_verdict",
     "hint_delay_seconds",
     "is_acquirable",
     "is_expired",
@@ -198,3 +200,34 @@ def is_own_acquire(
 def is_worker_alive(worker: WorkerRecord | None, now_ms: int) -> bool:
     """A worker item counts as live until its own heartbeat-renewed expiry passes."""
     return worker is not None and worker.expires_at_ms >= now_ms
+
+
+@dataclass(frozen=True)
+class BreakerVerdict:
+    """The crash-loop breaker's answer for one more failure of a connection.
+
+    ``count`` failures have now happened at checkpoint ``at_seq``; ``trip`` means the
+    connection must end FAILED instead of being handed to the next worker.
+    """
+
+    count: int
+    at_seq: int
+    trip: bool
+
+
+def breaker_verdict(record: ConnectionRecord, checkpoint: int, max_failures: int) -> BreakerVerdict:
+    """Count one more poison failure (a crash, a protocol close the worker sent) at ``checkpoint``.
+
+    Failures are consecutive only while the checkpoint stands still: the same input keeps
+    coming back from ``checkpoint + 1``. A checkpoint that advanced means the stream got past
+    whatever failed before, so the count starts again at 1. ``max_failures <= 0`` turns the
+    breaker off (it never trips).
+
+    >>> rec = ConnectionRecord.new("c", "wss://x", 0).with_changes(failure_count=2, failure_seq=7)
+    >>> breaker_verdict(rec, 7, 3)
+    BreakerVerdict(count=3, at_seq=7, trip=True)
+    >>> breaker_verdict(rec, 8, 3)
+    BreakerVerdict(count=1, at_seq=8, trip=False)
+    """
+    count = record.failure_count + 1 if record.failure_seq == checkpoint else 1
+    return BreakerVerdict(count, checkpoint, max_failures > 0 and count >= max_failures)

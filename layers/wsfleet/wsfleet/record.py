@@ -42,6 +42,9 @@ class DesiredState(StrEnum):
 
     STARTED = "STARTED"
     STOPPED = "STOPPED"
+    #: Terminal until a new START: the crash-loop breaker tripped (see
+    #: :func:`wsfleet.lease.breaker_verdict`); ``stop_reason`` and ``last_error`` say why.
+    FAILED = "FAILED"
 
 
 def is_valid_connection_id(connection_id: str) -> bool:
@@ -92,6 +95,10 @@ class ConnectionRecord:
     stop_reason: str | None = None
     last_error: str | None = None
     resume: bool = True
+    #: Crash-loop breaker: failures counted so far, all at checkpoint ``failure_seq``. Kept on
+    #: the item (not in a worker) so the count survives hand-overs between workers.
+    failure_count: int = 0
+    failure_seq: int | None = None
 
     @property
     def connection_id(self) -> str:
@@ -124,6 +131,8 @@ class ConnectionRecord:
             stop_reason=_opt_str(item, "stop_reason"),
             last_error=_opt_str(item, "last_error"),
             resume=bool(item.get("resume", True)),
+            failure_count=_int(item, "failure_count"),
+            failure_seq=None if item.get("failure_seq") is None else int(item["failure_seq"]),
         )
 
     def to_item(self) -> dict[str, Any]:

@@ -146,6 +146,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "A seq more than this above the highest seen on the connection is an invalid frame "
            "(stored under a local key, counted), so one bogus seq cannot jam the stream; 0 "
            "turns the check off. Seqs are always 1 to 2^53-1.", "worker", scope="worker"),
+    EnvVar("WORKER_BREAKER_MAX_FAILURES", "breaker_max_failures", "5",
+           "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
+           "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
+           "FAILED. 0 turns the breaker off.", "worker", scope="worker"),
 )
 
 

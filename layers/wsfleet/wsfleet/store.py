@@ -243,8 +243,9 @@ class LeaseStore:
         * New id: the item is created with no lease (``created=True``).
         * Already STARTED: nothing is written. Re-sending START must never reset a live lease,
           which would move a healthy stream to another worker.
-        * STOPPED: flipped back to STARTED (``restarted=True``). ``last_seq`` is kept when the
-          URL is unchanged, so the stream resumes where it stopped; a new URL starts from 0.
+        * STOPPED or FAILED: flipped back to STARTED (``restarted=True``). ``last_seq`` is kept
+          when the URL is unchanged, so the stream resumes where it stopped; a new URL starts
+          from 0. The crash-loop breaker's count is reset.
         """
         now = self._clock()
         record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(resume=resume)
@@ -267,13 +268,15 @@ class LeaseStore:
                 current.pk,
                 UpdateExpression=(
                     "SET desired_state = :started, ws_url = :url, updated_at_ms = :now, "
-                    "#resume = :resume, last_seq = :seq REMOVE stop_reason, last_error, expires_at"
+                    "#resume = :resume, last_seq = :seq "
+                    "REMOVE stop_reason, last_error, expires_at, failure_count, failure_seq"
                 ),
-                ConditionExpression="desired_state = :stopped",
+                ConditionExpression="desired_state IN (:stopped, :failed)",
                 ExpressionAttributeNames={"#resume": "resume"},
                 ExpressionAttributeValues=_values(
                     started=DesiredState.STARTED.value,
                     stopped=DesiredState.STOPPED.value,
+                    failed=DesiredState.FAILED.value,
                     url=ws_url,
                     now=now,
                     resume=resume,
@@ -549,6 +552,45 @@ class LeaseStore:
             lease,
             "last_error = :error, updated_at_ms = :now",
             error=message[:_MAX_ERROR_CHARS],
+            now=self._clock(),
+        )
+
+    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
+        """Count a crash-loop failure on the item (survives hand-overs), with ``last_error``.
+
+        Fenced by owner+epoch: only the holder counts, so two workers never count one failure.
+        ``count``/``at_seq`` come from :func:`wsfleet.lease.breaker_verdict`.
+        """
+        self._holder_write(
+            lease,
+            "failure_count = :count, failure_seq = :at, last_error = :error, updated_at_ms = :now",
+            count=count,
+            at=at_seq,
+            error=error[:_MAX_ERROR_CHARS],
+            now=self._clock(),
+        )
+
+    def mark_failed(
+        self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
+    ) -> ConnectionRecord:
+        """The breaker tripped: FAILED + reason + release, in one write fenced by owner+epoch.
+
+        FAILED is terminal until a new START (``LeaseStore.start``). It is out of the orphan
+        GSI query (``desired_state = STARTED``), so the reconciler never re-hints it, and it gets
+        no TTL: an operator must be able to find it (``GET /connections?state=FAILED``).
+        """
+        return self._holder_write(
+            lease,
+            "desired_state = :failed, stop_reason = :reason, last_error = :reason, "
+            "failure_count = :count, failure_seq = :at, lease_owner = :empty, "
+            "lease_expires_at_ms = :zero, updated_at_ms = :now",
+            last_seq=last_seq,
+            failed=DesiredState.FAILED.value,
+            reason=reason[:_MAX_ERROR_CHARS],
+            count=count,
+            at=at_seq,
+            empty="",
+            zero=0,
             now=self._clock(),
         )
 
