@@ -642,15 +642,37 @@ def _samconfig_parameters() -> dict[str, dict[str, str]]:
     return found
 
 
-@pytest.mark.parametrize("env", ["default", "dev", "prod"])
-def test_samconfig_env_is_complete_and_consistent(template: dict[str, Any], env: str) -> None:
-    config = tomllib.loads((ROOT / "samconfig.toml").read_text())[env]["deploy"]["parameters"]
-    values = _samconfig_parameters()[env]
+# Parameters without a Default, which every environment must give, and Stage, which names it.
+REQUIRED_IN_EVERY_ENV = {"Stage", "WorkerImageUri", "VpcId", "SubnetIds"}
 
-    assert set(values) == set(template["Parameters"])  # every parameter, explicitly
+
+@pytest.mark.parametrize("env", ["default", "dev", "prod"])
+def test_samconfig_env_lists_only_differences_and_is_consistent(
+    template: dict[str, Any], env: str
+) -> None:
+    # GIVEN an environment of samconfig.toml and the template's defaults
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())[env]["deploy"]["parameters"]
+    pinned = _samconfig_parameters()[env]
+    defaults = {
+        name: str(spec["Default"])
+        for name, spec in template["Parameters"].items()
+        if "Default" in spec
+    }
+
+    # THEN it names the required parameters and otherwise only values that differ from the
+    # Default: a parameter pinned to its Default would be re-sent by every `sam deploy` and
+    # revert an operator's change of it (left out, SAM sends UsePreviousValue on updates).
+    assert REQUIRED_IN_EVERY_ENV <= set(pinned)
+    assert set(pinned) <= set(template["Parameters"])
+    for name, value in pinned.items():
+        if name not in REQUIRED_IN_EVERY_ENV:
+            assert value != defaults.get(name), f"{env}: {name} repeats its template Default"
     assert config["capabilities"] == "CAPABILITY_IAM"
     assert config["resolve_s3"] is True
     assert "confirm_changeset" in config
+
+    # AND what the stack is created with (Default unless pinned) is consistent
+    values = {**defaults, **pinned}
     assert values["ReconcileSchedule"] == "rate(1 minute)"
     assert values["ReconcileScheduleState"] in ("ENABLED", "DISABLED")
     lease, heartbeat = float(values["LeaseSeconds"]), float(values["HeartbeatSeconds"])
@@ -658,6 +680,28 @@ def test_samconfig_env_is_complete_and_consistent(template: dict[str, Any], env:
     assert float(values["ReconcilePassSeconds"]) < lease - heartbeat
     assert int(values["MinTasks"]) <= int(values["MaxTasks"])
     assert int(values["TargetConnectionsPerTask"]) < int(values["MaxConnectionsPerTask"])
+
+
+@pytest.mark.parametrize(
+    ("expression", "accepted"),
+    [
+        ("rate(1 minute)", True),
+        ("rate(5 minutes)", True),
+        ("rate(2 hours)", True),
+        ("cron(0/5 * * * ? *)", True),
+        ("rate(0 minutes)", False),
+        ("rate(1 minute", False),
+        ("every 5 minutes", False),
+        ("at(2030-01-01T00:00:00)", False),
+        ("", False),
+    ],
+)
+def test_reconcile_schedule_allowed_pattern(
+    template: dict[str, Any], expression: str, accepted: bool
+) -> None:
+    # CloudFormation anchors AllowedPattern to the whole value, as fullmatch does.
+    pattern = template["Parameters"]["ReconcileSchedule"]["AllowedPattern"]
+    assert (re.fullmatch(pattern, expression) is not None) is accepted
 
 
 def test_template_defaults_are_consistent(template: dict[str, Any]) -> None:
