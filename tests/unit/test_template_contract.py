@@ -324,12 +324,31 @@ def test_every_variable_the_stack_sets_is_one_the_code_reads(
         "POWERTOOLS_METRICS_NAMESPACE",
         "POWERTOOLS_LOG_LEVEL",
         "AWS_REGION",
+        "AWS_ENDPOINT_URL",  # read by boto3 itself; declared for `sam local invoke` only
     }
     passed = set(task_env(resources))
     for logical_id in FUNCTIONS:
         passed |= set(function_env(template, logical_id))
 
     assert passed - known == set()
+
+
+def test_endpoint_variable_exists_only_when_local_endpoint_is_given(
+    template: dict[str, Any],
+) -> None:
+    # GIVEN the Globals declaration of AWS_ENDPOINT_URL
+    declared = template["Globals"]["Function"]["Environment"]["Variables"]["AWS_ENDPOINT_URL"]
+    condition = template["Conditions"]["HasLocalEndpoint"]
+
+    # THEN it is the parameter when given and AWS::NoValue (no variable) otherwise, and the
+    # parameter defaults to empty, so a deployed stack talks to the real AWS endpoints
+    assert declared == {
+        "Fn::If": ["HasLocalEndpoint", {"Ref": "LocalEndpointUrl"}, {"Ref": "AWS::NoValue"}]
+    }
+    assert condition == {"Fn::Not": [{"Fn::Equals": [{"Ref": "LocalEndpointUrl"}, ""]}]}
+    assert template["Parameters"]["LocalEndpointUrl"]["Default"] == ""
+    for env in ("default", "dev", "prod"):
+        assert "LocalEndpointUrl" not in _samconfig_parameters()[env]
 
 
 def test_stop_timeout_outlasts_the_drain(resources: dict[str, Any]) -> None:
@@ -662,7 +681,7 @@ def test_samconfig_env_lists_only_differences_and_is_consistent(
     # THEN it names the required parameters and otherwise only values that differ from the
     # Default: a parameter pinned to its Default would be re-sent by every `sam deploy` and
     # revert an operator's change of it (left out, SAM sends UsePreviousValue on updates).
-    assert REQUIRED_IN_EVERY_ENV <= set(pinned)
+    assert set(pinned) >= REQUIRED_IN_EVERY_ENV
     assert set(pinned) <= set(template["Parameters"])
     for name, value in pinned.items():
         if name not in REQUIRED_IN_EVERY_ENV:
