@@ -77,7 +77,9 @@ push: image
 	aws ecr get-login-password --region $(REGION) | docker login --username AWS --password-stdin $(REGISTRY)
 	docker tag $(REPO):$(TAG) $(IMAGE)
 	docker push $(IMAGE)
-	docker inspect --format '{{index .RepoDigests 0}}' $(IMAGE) > $(IMAGE_URI_FILE)
+	# The digest of this registry and repository (an image pushed to two has two).
+	docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(IMAGE) \
+	  | grep '^$(REGISTRY)/$(REPO)@sha256:' > $(IMAGE_URI_FILE)
 	@echo "WorkerImageUri=$$(cat $(IMAGE_URI_FILE))"
 
 # With $(IMAGE_URI_FILE) present (after `make push`) the stack gets that image; every other
