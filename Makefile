@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy
+.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy openapi
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ up: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# docs/openapi.json: the OpenAPI document the router's resolver builds (tests/unit/test_openapi.py
+# fails when it is stale).
+openapi: $(STAMP)
+	WSFLEET_UPDATE_OPENAPI=1 $(BIN)/python -m pytest -q tests/unit/test_openapi.py
 
 # ------------------------------------------------------------------ sam local invoke
 # `make local-backend` in one shell (the tables and queues env.json names, on port 4566), then
