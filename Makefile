@@ -1,11 +1,13 @@
 # The two quickstart commands: `make demo` (a local fleet on the embedded backend) and
-# `make test` (the whole test suite). Both create .venv on first use.
+# `make test` (the whole test suite). Both create .venv on first use. Below them, thin wrappers
+# for SAM users: `sam local invoke` against the embedded backend, and image / push / deploy
+# (these need Docker, the AWS CLI and sam; README "Deploy to AWS").
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration lint-py demo up bench clean
+.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy openapi
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,5 +44,56 @@ up: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# docs/openapi.json: the OpenAPI document the router's resolver builds (tests/unit/test_openapi.py
+# fails when it is stale).
+openapi: $(STAMP)
+	WSFLEET_UPDATE_OPENAPI=1 $(BIN)/python -m pytest -q tests/unit/test_openapi.py
+
+# ------------------------------------------------------------------ sam local invoke
+# `make local-backend` in one shell (the tables and queues env.json names, on port 4566), then
+# `make invoke FUNCTION=StreamNotifierFunction EVENT=stream_stop_modify` in another.
+# samconfig.toml's [default.local_invoke.parameters] adds env.json and the endpoint.
+FUNCTION ?= RouterFunction
+EVENT    ?= api_post_events_start
+
+local-backend: $(STAMP)
+	$(BIN)/python -m wsfleet_local.backend --port 4566 --create-resources wsfleet
+
+invoke:
+	sam build
+	sam local invoke $(FUNCTION) --event events/$(EVENT).json
+
+# ------------------------------------------------------------------ image, push, deploy
+# `make push deploy CONFIG_ENV=dev`: builds the worker image, pushes it to ECR and deploys
+# the stack with it, by digest. The shell lookups run only when a target uses them.
+CONFIG_ENV ?= dev
+REPO       ?= wsfleet-worker
+TAG        ?= $(shell git rev-parse --short HEAD)
+REGION     ?= $(shell aws configure get region)
+REGISTRY    = $(shell aws sts get-caller-identity --query Account --output text).dkr.ecr.$(REGION).amazonaws.com
+IMAGE       = $(REGISTRY)/$(REPO):$(TAG)
+# Written by `make push`: the pushed image as <registry>/<repo>@sha256:<digest>.
+IMAGE_URI_FILE := .worker-image-uri
+
+image:
+	docker build --platform linux/amd64 -f worker/Dockerfile -t $(REPO):$(TAG) .
+
+push: image
+	aws ecr get-login-password --region $(REGION) | docker login --username AWS --password-stdin $(REGISTRY)
+	docker tag $(REPO):$(TAG) $(IMAGE)
+	docker push $(IMAGE)
+	# The digest of this registry and repository (an image pushed to two has two).
+	docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' $(IMAGE) \
+	  | grep '^$(REGISTRY)/$(REPO)@sha256:' > $(IMAGE_URI_FILE)
+	@echo "WorkerImageUri=$$(cat $(IMAGE_URI_FILE))"
+
+# With $(IMAGE_URI_FILE) present (after `make push`) the stack gets that image; every other
+# parameter keeps its deployed value (SAM sends UsePreviousValue for the ones not given).
+# Without it: samconfig.toml's parameters as they are (the first deploy of a stack).
+deploy:
+	sam build
+	sam deploy --config-env $(CONFIG_ENV) --region $(REGION) \
+	  $$(test -f $(IMAGE_URI_FILE) && echo --parameter-overrides WorkerImageUri=$$(cat $(IMAGE_URI_FILE)))
+
 clean:
-	rm -rf $(VENV) .aws-sam .pytest_cache
+	rm -rf $(VENV) .aws-sam .pytest_cache $(IMAGE_URI_FILE)

@@ -556,7 +556,7 @@ def reset_dependencies() -> None:
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """EventBridge Scheduler target. The event only carries schedule metadata (logged)."""
     event = event or {}

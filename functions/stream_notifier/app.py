@@ -163,7 +163,7 @@ processor = BatchProcessor(
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """DynamoDB Streams batch -> ``{"batchItemFailures": [...]}`` (ReportBatchItemFailures)."""
     stop_notifier = notifier()

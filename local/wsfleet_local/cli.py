@@ -264,6 +264,39 @@ def _report_json(report: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- API commands
 
 
+# Like `aws` and `sam`: a short line for people by default, the whole document on request.
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print the whole connection document (= --output json).")
+]
+OutputOption = Annotated[
+    str, typer.Option("--output", "-o", help="text (one line) or json (the whole document).")
+]
+
+
+def _summary(view: dict[str, Any]) -> str:
+    """One line: id, what happened, desired state, checkpoint, lease holder."""
+    lease = view.get("lease") or {}
+    holder = lease.get("owner") if lease.get("state") == "held" else None
+    parts = [
+        str(view.get("connection_id")),
+        str(view.get("outcome", "")),
+        f"desired={view.get('desired_state')}",
+        f"last_seq={view.get('last_seq')}",
+        f"lease={lease.get('state', '-')}" + (f" ({holder})" if holder else ""),
+    ]
+    return "  ".join(part for part in parts if part)
+
+
+def _print_view(view: dict[str, Any], output: str) -> None:
+    if output == "json":
+        console.print_json(data=view)
+    elif output == "text":
+        console.print(_summary(view), soft_wrap=True, highlight=False, markup=False)
+    else:
+        err_console.print(f"--output must be text or json, not {output!r}")
+        raise typer.Exit(2)
+
+
 @app.command()
 def start(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
@@ -273,6 +306,8 @@ def start(
     no_resume: Annotated[
         bool, typer.Option("--no-resume", help="Never resume from a seq.")
     ] = False,
+    json_flag: JsonOption = False,
+    output: OutputOption = "text",
 ) -> None:
     """START a connection: a worker acquires its lease and streams it."""
     from .client import ApiError
@@ -281,7 +316,7 @@ def start(
         view = _api_client(api, region).start(connection_id, ws_url, resume=not no_resume)
     except ApiError as exc:
         raise _fail(exc) from exc
-    console.print_json(data=view)
+    _print_view(view, "json" if json_flag else output)
 
 
 @app.command()
@@ -289,6 +324,8 @@ def stop(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
     api: ApiOption = None,
     region: RegionOption = None,
+    json_flag: JsonOption = False,
+    output: OutputOption = "text",
 ) -> None:
     """STOP a connection: its owner closes the socket and releases the lease."""
     from .client import ApiError
@@ -297,7 +334,7 @@ def stop(
         view = _api_client(api, region).stop(connection_id)
     except ApiError as exc:
         raise _fail(exc) from exc
-    console.print_json(data=view)
+    _print_view(view, "json" if json_flag else output)
 
 
 def _status_table(rows: list[Any], source: str) -> Table:

@@ -129,7 +129,7 @@ def test_cli_start_status_stop_against_the_local_api(fleet):
     run = lambda *args: subprocess.run(  # noqa: E731
         [WSFLEET, *args, "--api", fleet.api], capture_output=True, text=True, timeout=60
     )
-    started = run("start", "t2", url)
+    started = run("start", "t2", url, "--json")
     assert started.returncode == 0, started.stderr
     assert json.loads(started.stdout)["connection_id"] == "t2"
     wait_until(
@@ -138,7 +138,10 @@ def test_cli_start_status_stop_against_the_local_api(fleet):
     )
     status = run("status")
     assert status.returncode == 0 and "t2" in status.stdout and "held" in status.stdout
-    stopped = run("stop", "t2")
+    again = run("start", "t2", url)  # the default: one line for people
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split()[:3] == ["t2", "already_started", "desired=STARTED"]
+    stopped = run("stop", "t2", "--output", "json")
     assert stopped.returncode == 0 and json.loads(stopped.stdout)["desired_state"] == "STOPPED"
     missing = run("stop", "nope")
     assert missing.returncode == 1 and "404" in missing.stderr

@@ -23,7 +23,9 @@ from wsfleet_local.backend import load_template
 from wsfleet_local.functions import load_function
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
-#: The sample events are written at 2026-01-01T00:00:00Z; their leases run 14 s past that.
+#: The sample events are written at 2026-01-01T00:00:00Z. Their live leases expire in 2100
+#: (events/ are also run with the real clock, under `sam local invoke` and in
+#: tests/integration/test_sample_events.py), so a lapsed lease is made by moving the clock.
 EVENT_NOW_MS = 1_767_225_600_000
 
 notifier_app = load_function("stream_notifier")
@@ -140,9 +142,12 @@ def test_nothing_is_sent_when_nobody_holds_the_lease() -> None:
 def test_nothing_is_sent_when_the_lease_already_expired() -> None:
     # A STOPPED lease can no longer be renewed, so once it lapsed its holder is fenced.
     (raw,) = records("stream_stop_modify.json")
+    expiry = int(raw["dynamodb"]["NewImage"]["lease_expires_at_ms"]["N"])
     outbox = Outbox()
     notifier = make_notifier(
-        {"worker-a": live_worker("worker-a", "q://a")}, outbox, now=EVENT_NOW_MS + 14_001
+        {"worker-a": live_worker("worker-a", "q://a", expires=expiry + 60_000)},
+        outbox,
+        now=expiry + 1,
     )
     assert notifier.handle(record(raw)) is Outcome.LEASE_EXPIRED
     assert outbox.sent == []

@@ -324,12 +324,31 @@ def test_every_variable_the_stack_sets_is_one_the_code_reads(
         "POWERTOOLS_METRICS_NAMESPACE",
         "POWERTOOLS_LOG_LEVEL",
         "AWS_REGION",
+        "AWS_ENDPOINT_URL",  # read by boto3 itself; declared for `sam local invoke` only
     }
     passed = set(task_env(resources))
     for logical_id in FUNCTIONS:
         passed |= set(function_env(template, logical_id))
 
     assert passed - known == set()
+
+
+def test_endpoint_variable_exists_only_when_local_endpoint_is_given(
+    template: dict[str, Any],
+) -> None:
+    # GIVEN the Globals declaration of AWS_ENDPOINT_URL
+    declared = template["Globals"]["Function"]["Environment"]["Variables"]["AWS_ENDPOINT_URL"]
+    condition = template["Conditions"]["HasLocalEndpoint"]
+
+    # THEN it is the parameter when given and AWS::NoValue (no variable) otherwise, and the
+    # parameter defaults to empty, so a deployed stack talks to the real AWS endpoints
+    assert declared == {
+        "Fn::If": ["HasLocalEndpoint", {"Ref": "LocalEndpointUrl"}, {"Ref": "AWS::NoValue"}]
+    }
+    assert condition == {"Fn::Not": [{"Fn::Equals": [{"Ref": "LocalEndpointUrl"}, ""]}]}
+    assert template["Parameters"]["LocalEndpointUrl"]["Default"] == ""
+    for env in ("default", "dev", "prod"):
+        assert "LocalEndpointUrl" not in _samconfig_parameters()[env]
 
 
 def test_stop_timeout_outlasts_the_drain(resources: dict[str, Any]) -> None:
@@ -629,15 +648,37 @@ def _samconfig_parameters() -> dict[str, dict[str, str]]:
     return found
 
 
-@pytest.mark.parametrize("env", ["default", "dev", "prod"])
-def test_samconfig_env_is_complete_and_consistent(template: dict[str, Any], env: str) -> None:
-    config = tomllib.loads((ROOT / "samconfig.toml").read_text())[env]["deploy"]["parameters"]
-    values = _samconfig_parameters()[env]
+# Parameters without a Default, which every environment must give, and Stage, which names it.
+REQUIRED_IN_EVERY_ENV = {"Stage", "WorkerImageUri", "VpcId", "SubnetIds"}
 
-    assert set(values) == set(template["Parameters"])  # every parameter, explicitly
+
+@pytest.mark.parametrize("env", ["default", "dev", "prod"])
+def test_samconfig_env_lists_only_differences_and_is_consistent(
+    template: dict[str, Any], env: str
+) -> None:
+    # GIVEN an environment of samconfig.toml and the template's defaults
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())[env]["deploy"]["parameters"]
+    pinned = _samconfig_parameters()[env]
+    defaults = {
+        name: str(spec["Default"])
+        for name, spec in template["Parameters"].items()
+        if "Default" in spec
+    }
+
+    # THEN it names the required parameters and otherwise only values that differ from the
+    # Default: a parameter pinned to its Default would be re-sent by every `sam deploy` and
+    # revert an operator's change of it (left out, SAM sends UsePreviousValue on updates).
+    assert set(pinned) >= REQUIRED_IN_EVERY_ENV
+    assert set(pinned) <= set(template["Parameters"])
+    for name, value in pinned.items():
+        if name not in REQUIRED_IN_EVERY_ENV:
+            assert value != defaults.get(name), f"{env}: {name} repeats its template Default"
     assert config["capabilities"] == "CAPABILITY_IAM"
     assert config["resolve_s3"] is True
     assert "confirm_changeset" in config
+
+    # AND what the stack is created with (Default unless pinned) is consistent
+    values = {**defaults, **pinned}
     assert values["ReconcileSchedule"] == "rate(1 minute)"
     assert values["ReconcileScheduleState"] in ("ENABLED", "DISABLED")
     lease, heartbeat = float(values["LeaseSeconds"]), float(values["HeartbeatSeconds"])
@@ -645,6 +686,28 @@ def test_samconfig_env_is_complete_and_consistent(template: dict[str, Any], env:
     assert float(values["ReconcilePassSeconds"]) < lease - heartbeat
     assert int(values["MinTasks"]) <= int(values["MaxTasks"])
     assert int(values["TargetConnectionsPerTask"]) < int(values["MaxConnectionsPerTask"])
+
+
+@pytest.mark.parametrize(
+    ("expression", "accepted"),
+    [
+        ("rate(1 minute)", True),
+        ("rate(5 minutes)", True),
+        ("rate(2 hours)", True),
+        ("cron(0/5 * * * ? *)", True),
+        ("rate(0 minutes)", False),
+        ("rate(1 minute", False),
+        ("every 5 minutes", False),
+        ("at(2030-01-01T00:00:00)", False),
+        ("", False),
+    ],
+)
+def test_reconcile_schedule_allowed_pattern(
+    template: dict[str, Any], expression: str, accepted: bool
+) -> None:
+    # CloudFormation anchors AllowedPattern to the whole value, as fullmatch does.
+    pattern = template["Parameters"]["ReconcileSchedule"]["AllowedPattern"]
+    assert (re.fullmatch(pattern, expression) is not None) is accepted
 
 
 def test_template_defaults_are_consistent(template: dict[str, Any]) -> None:

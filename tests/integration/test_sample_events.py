@@ -1,0 +1,222 @@
+"""Every sample in ``events/`` through its handler, the way ``sam local invoke`` runs it.
+
+``sam local invoke <Function> -e events/<sample>.json`` (README, "Invoke one function with sam
+local") needs Docker, which CI does not have; this runs the same handlers in-process with the
+values of ``env.json`` (the file samconfig.toml hands to ``--env-vars``), against the embedded
+backend with the resources ``python -m wsfleet_local.backend --create-resources wsfleet``
+creates, on today's clock. So a sample that only shows its path on the day it was written
+(a lease that has since lapsed) fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import pytest
+
+from wsfleet.aws import dynamodb_client
+from wsfleet.clock import now_ms
+from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
+from wsfleet.record import WorkerRecord
+from wsfleet.store import LeaseStore
+from wsfleet_local.backend import find_template, load_template, provision_resources
+from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.stack import read_stack
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore:No application metrics to publish:UserWarning"),
+]
+
+ROOT = Path(find_template()).parent
+EVENTS = ROOT / "events"
+ENV_JSON = json.loads((ROOT / "env.json").read_text())
+#: Where env.json expects the backend (``--port 4566``); the test's backend has its own port.
+ENV_ENDPOINT = ENV_JSON["Parameters"]["AWS_ENDPOINT_URL"]
+STACK = read_stack(load_template(find_template()))
+BY_LOGICAL_ID = {spec.logical_id: spec for spec in STACK.functions.values()}
+#: Sample name prefix -> the function `sam local invoke` is given it with (README's table).
+FUNCTION_OF_PREFIX = {
+    "api_": "RouterFunction",
+    "scheduler_": "ReconcilerFunction",
+    "stream_": "StreamNotifierFunction",
+}
+
+
+def function_of(sample: str) -> str:
+    (logical_id,) = [f for p, f in FUNCTION_OF_PREFIX.items() if sample.startswith(p)]
+    return logical_id
+
+
+def env_for(logical_id: str, endpoint_url: str) -> dict[str, str]:
+    """What --env-vars gives the function: Parameters, then its own section, env.json's backend
+    address swapped for the test backend's."""
+    values = {**ENV_JSON["Parameters"], **ENV_JSON.get(logical_id, {})}
+    return {name: value.replace(ENV_ENDPOINT, endpoint_url) for name, value in values.items()}
+
+
+def test_env_json_sets_only_variables_the_template_declares() -> None:
+    # SAM ignores an --env-vars entry the function does not declare: it would do nothing.
+    for section, values in ENV_JSON.items():
+        targets = BY_LOGICAL_ID.values() if section == "Parameters" else [BY_LOGICAL_ID[section]]
+        for spec in targets:
+            assert set(values) <= set(spec.environment), (section, spec.logical_id)
+
+
+def test_samconfig_local_invoke_uses_env_json_and_its_endpoint() -> None:
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())
+    local = config["default"]["local_invoke"]["parameters"]
+    assert local["env_vars"] == "env.json"
+    assert local["parameter_overrides"] == [f'LocalEndpointUrl="{ENV_ENDPOINT}"']
+
+
+def test_every_sample_belongs_to_a_function() -> None:
+    for path in EVENTS.glob("*.json"):
+        assert function_of(path.stem) in BY_LOGICAL_ID
+
+
+@pytest.fixture(scope="module")
+def local_stack(backend: Any) -> Any:
+    """The resources of `python -m wsfleet_local.backend --create-resources wsfleet`."""
+    return provision_resources(backend.endpoint_url, "wsfleet", region=backend.region)
+
+
+def test_env_json_names_the_resources_the_local_backend_creates(local_stack: Any) -> None:
+    env = env_for("RouterFunction", local_stack.endpoint_url)
+    assert env["CONNECTIONS_TABLE"] == local_stack.connections_table
+    assert env["MESSAGES_TABLE"] == local_stack.messages_table
+    assert urlsplit(env["HINT_QUEUE_URL"]).path == urlsplit(local_stack.hint_queue_url).path
+
+
+@pytest.fixture
+def invoke(local_stack: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Runs a sample through its function's handler with env.json's values."""
+    for name, value in env_for("Parameters", local_stack.endpoint_url).items():
+        monkeypatch.setenv(name, value)  # the backend and names, for the test's own calls too
+
+    def run(sample: str, *, timeout_ms: int = 10_000) -> dict[str, Any]:
+        logical_id = function_of(sample)
+        for name, value in env_for(logical_id, local_stack.endpoint_url).items():
+            monkeypatch.setenv(name, value)
+        spec = BY_LOGICAL_ID[logical_id]
+        module = load_function(spec.name)
+        module.reset_dependencies()
+        event = json.loads((EVENTS / f"{sample}.json").read_text())
+        try:
+            return dict(
+                module.lambda_handler(event, lambda_context(spec.name, timeout_ms=timeout_ms))
+            )
+        finally:
+            module.reset_dependencies()
+
+    return run
+
+
+def live_worker(worker_id: str, *, queue_deleted: bool = False) -> str:
+    """A worker item alive for a minute from now, with its control queue (env.json's prefix)."""
+    prefix = ENV_JSON["StreamNotifierFunction"]["CONTROL_QUEUE_PREFIX"]
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(
+        QueueName=control_queue_name(prefix, worker_id), tags={WORKER_ID_TAG: worker_id}
+    )["QueueUrl"]
+    if queue_deleted:
+        sqs.delete_queue(QueueUrl=url)
+    now = now_ms()
+    store = LeaseStore(dynamodb_client(), ENV_JSON["Parameters"]["CONNECTIONS_TABLE"])
+    store.register_worker(
+        WorkerRecord(
+            worker_id=worker_id,
+            control_queue_url=url,
+            started_at_ms=now - 60_000,
+            heartbeat_at_ms=now,
+            expires_at_ms=now + 60_000,
+        )
+    )
+    return url
+
+
+def drain(queue_url: str) -> list[str]:
+    sqs = boto3.client("sqs")
+    bodies: list[str] = []
+    while messages := sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+    ).get("Messages", []):
+        for message in messages:
+            bodies.append(message["Body"])
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    return bodies
+
+
+def failed_ids(response: dict[str, Any]) -> list[str]:
+    return [item["itemIdentifier"] for item in response["batchItemFailures"]]
+
+
+def sequence_numbers(sample: str) -> list[str]:
+    event = json.loads((EVENTS / f"{sample}.json").read_text())
+    return [record["dynamodb"]["SequenceNumber"] for record in event["Records"]]
+
+
+# The stream samples' live leases expire in 2100 (not at the moment the samples were written),
+# so each one shows its path on whatever day it is invoked.
+def test_stream_samples_on_todays_clock(invoke: Any) -> None:
+    # GIVEN worker-a alive with a working control queue; worker-b alive but its queue gone
+    # (mid-restart), the setup README describes for the partial-failure sample
+    queue_a = live_worker("worker-a")
+    live_worker("worker-b", queue_deleted=True)
+
+    # WHEN each stream sample is invoked, THEN:
+    # a STOP transition reaches its owner
+    assert invoke("stream_stop_modify") == {"batchItemFailures": []}
+    assert drain(queue_a) == [StopCommand("CONN#ticker-btc-usd", 3).body()]
+    # the batch reports exactly worker-b's record; worker-a's STOP went through
+    batch = "stream_batch_partial_failure"
+    assert failed_ids(invoke(batch)) == [sequence_numbers(batch)[1]]
+    assert drain(queue_a) == [StopCommand("CONN#ticker-btc-eur", 5).body()]
+    # records that are not STOP transitions (a heartbeat, an INSERT, a TTL REMOVE) send nothing
+    for sample in ("stream_ignored_modify", "stream_insert", "stream_remove_ttl"):
+        assert invoke(sample) == {"batchItemFailures": []}, sample
+    assert drain(queue_a) == []
+
+
+def test_remove_sample_is_a_ttl_deletion() -> None:
+    (record,) = json.loads((EVENTS / "stream_remove_ttl.json").read_text())["Records"]
+    assert record["eventName"] == "REMOVE"
+    # DynamoDB marks TTL deletions with this service principal; the filter drops them anyway.
+    assert record["userIdentity"] == {"type": "Service", "principalId": "dynamodb.amazonaws.com"}
+    assert "NewImage" not in record["dynamodb"]
+
+
+def test_scheduler_sample_runs_a_pass(invoke: Any) -> None:
+    # One pass (a 1 s budget leaves time for only the first, which always runs).
+    response = invoke("scheduler_reconcile", timeout_ms=1_000)
+    assert response["passes"] == 1
+    assert response["hints_failed"] == 0
+
+
+#: The API samples in README order on a fresh table, with the answer each one shows.
+API_SAMPLES_IN_ORDER = [
+    ("api_post_events_start", 201),
+    ("api_get_connection", 200),
+    ("api_put_connection", 201),
+    ("api_list_connections", 200),
+    ("api_delete_connection", 200),
+    ("api_post_events_stop", 200),
+    ("api_post_events_invalid", 422),
+    ("api_post_events_extra_field", 422),
+    ("api_post_events_metadata_url", 422),
+    ("api_post_events_not_json", 400),
+    ("api_put_connection_bad_id", 422),
+    ("api_list_connections_bad_token", 400),
+]
+
+
+def test_api_samples_in_order(invoke: Any) -> None:
+    assert {name for name, _ in API_SAMPLES_IN_ORDER} == {p.stem for p in EVENTS.glob("api_*.json")}
+    for name, status in API_SAMPLES_IN_ORDER:
+        response = invoke(name)
+        assert response["statusCode"] == status, (name, response["body"])
