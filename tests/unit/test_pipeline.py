@@ -1,6 +1,6 @@
 """The deploy workflow (.github/workflows/pipeline.yaml) against the Makefile and the README.
 
-actionlint (in .ci/lint) checks the workflow's syntax and expressions; this checks what it
+check-jsonschema (in .ci/lint) checks the workflow against its schema; this checks what it
 promises: OIDC roles and no stored keys, the stages in the `sam pipeline init` order with prod
 behind an environment, the worker image built with the Makefile's own target and deployed by
 digest, and commands that are the ones the Makefile and README document.
