@@ -67,6 +67,7 @@ from pydantic_core import PydanticCustomError
 
 from wsfleet import lease as lease_rules
 from wsfleet.aws import dynamodb_client, sqs_client
+from wsfleet.bodies import json_nesting_depth
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import ConfigurationError, ConnectionNotFound, StoreError
 from wsfleet.hints import Hint, HintSender
@@ -267,7 +268,7 @@ def parse_json(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
             raise UnreadableJson("JSON must be UTF-8 text") from None
     else:
         text = data
-    if _nesting_depth(text) > max_depth:
+    if json_nesting_depth(text) > max_depth:
         raise UnreadableJson(f"JSON nests deeper than {max_depth} levels")
     try:
         value = json.loads(
@@ -285,28 +286,6 @@ def parse_json(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except UnicodeEncodeError:
         raise UnreadableJson("JSON strings must be valid Unicode") from None
     return value
-
-
-def _nesting_depth(text: str) -> int:
-    """Deepest ``[``/``{`` nesting outside string literals (a linear scan, no recursion)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
 
 
 def _dynamodb_number(literal: str) -> decimal.Decimal:
@@ -700,7 +679,7 @@ def _proxy_error(status: HTTPStatus, message: str, field: str) -> dict[str, Any]
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
 @tracer.capture_lambda_handler
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """API Gateway REST proxy entry point."""
     try:

@@ -311,13 +311,7 @@ class Session:
                 )
             else:
                 if verdict is not None:  # a crash below the threshold: count it, then release
-                    await ctx.offloader.io(
-                        ctx.leases.note_failure,
-                        self.lease,
-                        self._failure,
-                        count=verdict.count,
-                        at_seq=verdict.at_seq,
-                    )
+                    await self._store_failure(verdict)
                 await ctx.offloader.io(ctx.leases.release, self.lease, last_seq=last_seq)
         except LeaseLost:
             self.fenced = True
@@ -553,21 +547,25 @@ class Session:
         )
         return verdict.trip
 
+    async def _store_failure(self, verdict: BreakerVerdict) -> None:
+        """The counted failure and its position on the record (fenced by our lease)."""
+        ctx = self._ctx
+        await ctx.offloader.io(
+            ctx.leases.note_failure,
+            self.lease,
+            self._failure,
+            count=verdict.count,
+            at_seq=verdict.at_seq,
+        )
+
     async def _write_verdict(self) -> None:
         """Store a counted in-session failure now (the final write stores a tripping one)."""
         verdict = self._verdict
         if verdict is None or verdict.trip:
             return
         self._verdict = None
-        ctx = self._ctx
         try:
-            await ctx.offloader.io(
-                ctx.leases.note_failure,
-                self.lease,
-                self._failure,
-                count=verdict.count,
-                at_seq=verdict.at_seq,
-            )
+            await self._store_failure(verdict)
         except LeaseLost:
             self.finish(ExitReason.FENCED, via="note_failure")
         except (StoreError, WsfleetError):

@@ -22,6 +22,7 @@ __all__ = [
     "decode_object",
     "epoch_field",
     "excerpt",
+    "json_nesting_depth",
 ]
 
 #: Longest body accepted. Real hints and STOPs are under 200 characters (a 128-character id
@@ -44,15 +45,18 @@ def excerpt(body: object, limit: int = _EXCERPT_CHARS) -> str:
     return head if len(body) <= limit else f"{head}... ({len(body)} chars)"
 
 
-def _flat(body: str) -> bool:
-    """True if no JSON array or object sits inside the top-level value.
+def json_nesting_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting outside JSON string literals: a linear scan, no recursion.
 
-    A linear scan outside string literals, so nesting is refused before json's recursive
-    decoder sees it (it raises RecursionError, not ValueError, past about 1,000 levels).
+    Lets callers refuse deep nesting before json's recursive decoder sees it (it raises
+    RecursionError, not ValueError, past about 1,000 levels).
+
+    >>> json_nesting_depth('{"a": [1, "[[["]}'), json_nesting_depth("[" * 5000)
+    (2, 5000)
     """
-    depth = 0
+    depth = deepest = 0
     in_string = escaped = False
-    for char in body:
+    for char in text:
         if in_string:
             if escaped:
                 escaped = False
@@ -64,11 +68,15 @@ def _flat(body: str) -> bool:
             in_string = True
         elif char in "[{":
             depth += 1
-            if depth > 1:
-                return False
+            deepest = max(deepest, depth)
         elif char in "]}":
             depth -= 1
-    return True
+    return deepest
+
+
+def _flat(body: str) -> bool:
+    """True if no JSON array or object sits inside the top-level value."""
+    return json_nesting_depth(body) <= 1
 
 
 def decode_object(body: object, *, what: str) -> dict[str, Any]:
