@@ -292,8 +292,36 @@ class TestRedact:
     def test_url_without_query_is_unchanged(self):
         assert redact_url("wss://h.example/x") == "wss://h.example/x"
 
-    def test_valueless_parameter_is_masked_too(self):
-        assert redact_url("wss://h.example/x?flag") == "wss://h.example/x?flag=***"
+    def test_blank_value_is_masked_too(self):
+        assert redact_url("wss://h.example/x?flag=") == "wss://h.example/x?flag=***"
+
+    def test_part_without_a_name_is_masked_whole(self):
+        # GIVEN a bare query part (it may be a token): WHEN redacted THEN nothing of it shows
+        assert redact_url("wss://h.example/x?s3cret&a=1") == "wss://h.example/x?***&a=***"
+        assert redact_url("wss://h.example/x?=s3cret") == "wss://h.example/x?***"
+
+    @pytest.mark.parametrize(
+        ("url", "safe"),
+        [
+            ("wss://user:pw@feed.example:8443/s?token=secret#x", "wss://feed.example:8443/s?token=***"),
+            ("ws://127.0.0.1:9000/stream?from_seq=4", "ws://127.0.0.1:9000/stream?from_seq=***"),
+            ("ws://[::1]:9000/s?k=v", "ws://[::1]:9000/s?k=***"),
+        ],
+    )
+    def test_no_credentials_or_query_values_survive(self, url, safe):
+        assert redact_url(url) == safe
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "ws://h:notaport/s?token=x",
+            # an unencoded '#' or '?' in a password cuts the netloc short: "user:s3cret"
+            "wss://user:s3cret#@h.example/s",
+            "wss://user:s3cret?@h.example/s",
+        ],
+    )
+    def test_a_netloc_that_is_not_host_and_port_is_not_echoed(self, url):
+        assert redact_url(url) == "<invalid url>"
 
     def test_unparseable_url_is_replaced(self):
         assert redact_url("wss://[zz::1/x?token=s3cret") == "<invalid url>"

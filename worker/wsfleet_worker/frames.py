@@ -7,8 +7,8 @@
   recorder must not do.
 * :func:`resume_url` adds ``<param>=<from_seq>`` to the upstream URL so a new session picks up
   exactly after the last durable checkpoint.
-* :func:`redact_url` is what may appear in logs: upstream URLs often carry tokens in their
-  query string or user-info.
+
+URLs that may appear in logs go through :func:`wsfleet.upstream.redact_url`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ __all__ = [
     "Frame",
     "FrameKind",
     "parse_frame",
-    "redact_url",
     "resume_url",
 ]
 
@@ -186,20 +185,3 @@ def resume_url(ws_url: str, param: str, from_seq: int, *, enabled: bool = True) 
     ]
     kept.append(f"{quote(param, safe='')}={from_seq}")
     return urlunsplit(parts._replace(query="&".join(kept), fragment=""))
-
-
-def redact_url(url: str) -> str:
-    """The URL without user-info, query or fragment: safe to log.
-
-    >>> redact_url("wss://user:secret@feed.example:8443/s?token=abc")
-    'wss://feed.example:8443/s'
-    """
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unparseable url>"
-    if ":" in host:
-        host = f"[{host}]"
-    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))

@@ -44,9 +44,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidURI
 
 from wsfleet.exceptions import InvalidUpstreamUrl, UpstreamRefused
-from wsfleet.upstream import refused_resolution_reason, validate_redirect, validate_ws_url
-
-from .frames import redact_url
+from wsfleet.upstream import (
+    redact_url,
+    refused_resolution_reason,
+    validate_redirect,
+    validate_ws_url,
+)
 
 __all__ = [
     "Connector",
@@ -222,7 +225,7 @@ def describe_error(exc: BaseException) -> str:
     """A short description for logs and ``last_error``; URLs in it are redacted.
 
     >>> describe_error(ValueError("wss://u:pw@h/s?token=x isn't valid"))
-    "ValueError: wss://h/s isn't valid"
+    "ValueError: wss://h/s?token=*** isn't valid"
     """
     text = _URL.sub(lambda m: redact_url(m.group(0)), str(exc))
     return f"{type(exc).__name__}: {text}"[:300]

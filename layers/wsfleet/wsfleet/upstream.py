@@ -60,7 +60,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from .exceptions import InvalidUpstreamUrl
 
@@ -369,17 +369,27 @@ def _refused_name_reason(host: str) -> str | None:
 def redact_url(url: str) -> str:
     """``url`` safe to log or show: query values masked, user info and fragment dropped.
 
-    Upstream URLs often carry an API token in the query string; the parameter names stay
-    visible so an operator can still tell two URLs apart.
+    The one redaction for logs, ``last_error`` and API responses. Upstream URLs often carry an
+    API token in the query string; the parameter names stay visible so an operator can still
+    tell two URLs apart. A query part without ``=`` has no name to keep (it may be a bare
+    token), so it is masked whole. A URL that does not parse (including a non-numeric port,
+    where the "host" may really be ``user:password`` cut short by a ``#`` or ``?``) is replaced.
 
     >>> redact_url("wss://u:p@h.example/feed?token=s3cret&x=1#f")
     'wss://h.example/feed?token=***&x=***'
+    >>> redact_url("wss://h.example/feed?s3cret")
+    'wss://h.example/feed?***'
     """
     try:
         parts = urlsplit(url)
+        _ = parts.port  # ValueError unless the netloc ends in a host and an optional number
         host = parts.netloc.rpartition("@")[2]
-        query = parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return "<invalid url>"
-    masked = urlencode([(name, "***") for name, _ in query], safe="*")
+    masked = "&".join(_mask_query_part(part) for part in parts.query.split("&") if part)
     return urlunsplit((parts.scheme, host, parts.path, masked, ""))
+
+
+def _mask_query_part(part: str) -> str:
+    name, equals, _ = part.partition("=")
+    return f"{name}=***" if equals and name else "***"
