@@ -96,7 +96,6 @@ __all__ = [
     "dependencies",
     "encode_next_token",
     "lambda_handler",
-    "lease_state",
     "lease_view",
     "parse_json",
     "read_request",
@@ -205,20 +204,13 @@ class ApiError(Exception):
 
 
 # ---------------------------------------------------------------------- views (pure)
-def lease_state(record: ConnectionRecord, now: int) -> str:
-    """``free`` (never held or released), ``expired`` (holder stopped renewing) or ``held``."""
-    if lease_rules.is_free(record):
-        return "free"
-    return "expired" if lease_rules.is_expired(record, now) else "held"
-
-
 def lease_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
-    state = lease_state(record, now)
+    """The ``lease`` object of a connection view (:func:`wsfleet.lease.lease_state`)."""
     return {
-        "state": state,
+        "state": lease_rules.lease_state(record, now).value,
         "owner": record.lease_owner or None,
         "epoch": record.lease_epoch,
-        "expires_in_ms": None if state == "free" else max(0, record.lease_expires_at_ms - now),
+        "expires_in_ms": lease_rules.lease_expires_in_ms(record, now),
     }
 
 
@@ -432,7 +424,7 @@ def _start(connection_id: str, ws_url: str, *, resume: bool) -> Response:
             "connection_id": connection_id,
             "outcome": outcome,
             "ws_url": redact_url(record.ws_url),
-            "lease_state": lease_state(record, now),
+            "lease_state": lease_rules.lease_state(record, now).value,
             "hint": needs_hint,
         },
     )

@@ -209,19 +209,14 @@ class ConnectionRow:
 
     @classmethod
     def from_record(cls, record: ConnectionRecord, now_ms: int) -> ConnectionRow:
-        """From a connection record, with the same lease rules the router applies."""
-        if lease_rules.is_free(record):
-            state, left = "free", None
-        else:
-            state = "expired" if lease_rules.is_expired(record, now_ms) else "held"
-            left = max(0, record.lease_expires_at_ms - now_ms)
+        """From a connection record, with the lease rules the router applies."""
         return cls(
             connection_id=record.connection_id,
             desired_state=str(record.desired_state),
             owner=record.lease_owner or None,
             epoch=record.lease_epoch,
-            lease_state=state,
-            lease_left_ms=left,
+            lease_state=lease_rules.lease_state(record, now_ms).value,
+            lease_left_ms=lease_rules.lease_expires_in_ms(record, now_ms),
             last_seq=record.last_seq,
             stop_reason=record.stop_reason,
             last_error=record.last_error,

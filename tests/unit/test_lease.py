@@ -9,6 +9,7 @@ from wsfleet.lease import (
     MAX_HINT_DELAY_SECONDS,
     BreakerVerdict,
     Lease,
+    LeaseState,
     RefusalReason,
     acquire_wait_ms,
     breaker_verdict,
@@ -22,6 +23,8 @@ from wsfleet.lease import (
     is_own_acquire,
     is_stale_checkpoint,
     is_worker_alive,
+    lease_expires_in_ms,
+    lease_state,
     refusal_reason,
     self_fence_at_ms,
     should_self_fence,
@@ -61,6 +64,22 @@ class TestFreeAndExpired:
         edge = record(lease_owner="w1", lease_expires_at_ms=NOW)
         assert not is_expired(edge, NOW)
         assert is_expired(edge, NOW + 1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "now", "state", "left"),
+    [
+        ({}, NOW, LeaseState.FREE, None),
+        ({"lease_epoch": 7, "lease_expires_at_ms": 0}, NOW, LeaseState.FREE, None),  # released
+        ({"lease_owner": "w1", "lease_expires_at_ms": NOW + 5_000}, NOW, LeaseState.HELD, 5_000),
+        ({"lease_owner": "w1", "lease_expires_at_ms": NOW}, NOW, LeaseState.HELD, 0),
+        ({"lease_owner": "w1", "lease_expires_at_ms": NOW}, NOW + 1, LeaseState.EXPIRED, 0),
+    ],
+)
+def test_lease_state_and_time_left(changes, now, state, left):
+    # GIVEN a record WHEN viewed at `now` THEN the API's and the CLI's lease state follow
+    assert lease_state(record(**changes), now) is state
+    assert lease_expires_in_ms(record(**changes), now) == left
 
 
 class TestAcquirable:

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_HINT_DELAY_SECONDS",
     "BreakerVerdict",
     "Lease",
+    "LeaseState",
     "RefusalReason",
     "acquire_wait_ms",
     "breaker_verdict",
@@ -47,6 +48,8 @@ __all__ = [
     "is_own_acquire",
     "is_stale_checkpoint",
     "is_worker_alive",
+    "lease_expires_in_ms",
+    "lease_state",
     "refusal_reason",
     "self_fence_at_ms",
     "should_self_fence",
@@ -104,6 +107,28 @@ def is_acquirable(record: ConnectionRecord, now_ms: int) -> bool:
 def is_orphan(record: ConnectionRecord, now_ms: int) -> bool:
     """Should be streaming, but no live lease: the reconciler's target."""
     return is_acquirable(record, now_ms)
+
+
+class LeaseState(StrEnum):
+    """How a connection's lease looks at ``now``, as the API and the CLI show it."""
+
+    FREE = "free"  # never held, or released
+    HELD = "held"  # a holder is renewing it
+    EXPIRED = "expired"  # the holder stopped renewing
+
+
+def lease_state(record: ConnectionRecord, now_ms: int) -> LeaseState:
+    """``free`` (never held or released), ``expired`` (holder stopped renewing) or ``held``."""
+    if is_free(record):
+        return LeaseState.FREE
+    return LeaseState.EXPIRED if is_expired(record, now_ms) else LeaseState.HELD
+
+
+def lease_expires_in_ms(record: ConnectionRecord, now_ms: int) -> int | None:
+    """Milliseconds until the lease lapses (0 once it has); ``None`` for a free lease."""
+    if is_free(record):
+        return None
+    return max(0, record.lease_expires_at_ms - now_ms)
 
 
 def will_expire_before(record: ConnectionRecord, deadline_ms: int) -> bool:
