@@ -67,14 +67,14 @@ from pydantic_core import PydanticCustomError
 
 from wsfleet import lease as lease_rules
 from wsfleet.aws import dynamodb_client, sqs_client
-from wsfleet.bodies import json_nesting_depth
+from wsfleet.bodies import connection_pk_field, json_nesting_depth
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import ConfigurationError, ConnectionNotFound, StoreError
 from wsfleet.hints import Hint, HintSender
 from wsfleet.record import (
-    CONNECTION_PREFIX,
     ConnectionRecord,
     DesiredState,
+    connection_id_from_pk,
     connection_pk,
     is_valid_connection_id,
 )
@@ -329,14 +329,12 @@ def decode_next_token(token: str, state: DesiredState) -> dict[str, Any]:
         raise malformed from None
     if not isinstance(key, dict) or set(key) != {"pk", "desired_state", "lease_expires_at_ms"}:
         raise malformed
-    pk, key_state, expiry = key["pk"], key["desired_state"], key["lease_expires_at_ms"]
-    if (
-        not isinstance(pk, str)
-        or not pk.startswith(CONNECTION_PREFIX)
-        or not is_valid_connection_id(pk[len(CONNECTION_PREFIX):])
-        or type(expiry) is not int
-        or expiry < 0
-    ):
+    key_state, expiry = key["desired_state"], key["lease_expires_at_ms"]
+    try:
+        connection_pk_field(key, what="next_token")
+    except ValueError:
+        raise malformed from None
+    if type(expiry) is not int or expiry < 0:
         raise malformed
     if key_state != state.value:
         raise ApiError(
@@ -532,7 +530,7 @@ def _on_invalid_url(exc: InvalidUpstreamUrl) -> Response:
 
 @app.exception_handler(ConnectionNotFound)
 def _on_not_found(exc: ConnectionNotFound) -> Response:
-    connection_id = exc.pk[len(CONNECTION_PREFIX):]
+    connection_id = connection_id_from_pk(exc.pk)
     return _error(HTTPStatus.NOT_FOUND, f"connection {connection_id} not found", "connection_id")
 
 

@@ -35,6 +35,7 @@ from wsfleet.control import (
     control_queue_name,
     control_queue_policy,
 )
+from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
 from .offload import Offloader
@@ -135,7 +136,10 @@ class ControlChannel:
             self._metrics.count("ControlMessageFailures")
             self._logger.error(
                 "STOP command failed",
-                extra={"connection_id": command.pk[5:], "error": describe_error(exc)},
+                extra={
+                    "connection_id": connection_id_from_pk(command.pk),
+                    "error": describe_error(exc),
+                },
                 exc_info=exc,
             )
             return
@@ -143,7 +147,7 @@ class ControlChannel:
         self._logger.info(
             "STOP command received",
             extra={
-                "connection_id": command.pk.removeprefix("CONN#"),
+                "connection_id": connection_id_from_pk(command.pk),
                 "epoch": command.epoch,
                 "applied": applied,
             },

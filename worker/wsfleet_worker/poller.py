@@ -36,6 +36,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from wsfleet.hints import Hint
+from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
 from .offload import Offloader
@@ -187,7 +188,10 @@ class HintPoller:
                 self._metrics.count("HintFailures")
                 self._logger.error(
                     "hint failed; left for redelivery (then the dead-letter queue)",
-                    extra={"connection_id": hint.pk[5:], "error": type(outcome).__name__},
+                    extra={
+                        "connection_id": connection_id_from_pk(hint.pk),
+                        "error": type(outcome).__name__,
+                    },
                     exc_info=outcome,
                 )
             elif outcome is HintOutcome.DONE:

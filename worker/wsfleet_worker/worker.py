@@ -50,7 +50,7 @@ from wsfleet.exceptions import (
 from wsfleet.hints import Hint, HintSender
 from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, Lease, acquire_wait_ms
 from wsfleet.messages import MessageStore
-from wsfleet.record import ConnectionRecord, WorkerRecord
+from wsfleet.record import ConnectionRecord, WorkerRecord, connection_id_from_pk
 from wsfleet.store import LeaseStore
 
 from . import health
@@ -344,7 +344,7 @@ class Worker:
             self.logger.debug(
                 "hint dropped",
                 extra={
-                    "connection_id": pk[5:],
+                    "connection_id": connection_id_from_pk(pk),
                     "reason": type(exc).__name__,
                     "holder": current.lease_owner if current else None,
                     "expires_at_ms": current.lease_expires_at_ms if current else None,
@@ -354,7 +354,7 @@ class Worker:
         except WsfleetError as exc:
             self.logger.warning(
                 "acquire failed; hint left for redelivery",
-                extra={"connection_id": pk[5:], "error": describe_error(exc)},
+                extra={"connection_id": connection_id_from_pk(pk), "error": describe_error(exc)},
             )
             return HintOutcome.RETRY_LATER
         finally:
@@ -440,7 +440,10 @@ class Worker:
         except WsfleetError as exc:
             self.logger.warning(
                 "cannot confirm STOP; left to the lease renewal",
-                extra={"connection_id": command.pk[5:], "error": describe_error(exc)},
+                extra={
+                    "connection_id": connection_id_from_pk(command.pk),
+                    "error": describe_error(exc),
+                },
             )
             return False
         if not stop_confirmed(command, record):
@@ -448,7 +451,7 @@ class Worker:
             self.logger.warning(
                 "STOP not confirmed by the record; stream kept",
                 extra={
-                    "connection_id": command.pk[5:],
+                    "connection_id": connection_id_from_pk(command.pk),
                     "epoch": command.epoch,
                     "desired_state": record.desired_state if record else None,
                     "record_epoch": record.lease_epoch if record else None,

@@ -110,7 +110,7 @@ def connection_pk_field(payload: dict[str, Any], *, what: str) -> str:
     if (
         not isinstance(pk, str)
         or not pk.startswith(CONNECTION_PREFIX)
-        or not is_valid_connection_id(pk[len(CONNECTION_PREFIX):])
+        or not is_valid_connection_id(pk.removeprefix(CONNECTION_PREFIX))
     ):
         raise ValueError(f"{what} has no valid connection pk")
     return pk
