@@ -176,15 +176,10 @@ class ControlQueueJanitor:
 
     def list_queue_urls(self) -> list[str]:
         """Every queue URL with the control prefix (ListQueues, all pages)."""
-        urls: list[str] = []
-        kwargs: dict[str, Any] = {"QueueNamePrefix": self.prefix, "MaxResults": 1000}
-        while True:
-            response = self._sqs.list_queues(**kwargs)
-            urls.extend(response.get("QueueUrls", []))
-            token = response.get("NextToken")
-            if not token:
-                return urls
-            kwargs["NextToken"] = token
+        pages = self._sqs.get_paginator("list_queues").paginate(
+            QueueNamePrefix=self.prefix, PaginationConfig={"PageSize": 1000}
+        )
+        return [url for page in pages for url in page.get("QueueUrls", [])]
 
     def _lookup_worker_id(self, url: str) -> str | None:
         """The worker id tag; the name-derived id for an untagged queue. Raises on errors."""

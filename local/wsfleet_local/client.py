@@ -257,9 +257,7 @@ def scan_table(client: Any, table: str) -> tuple[list[dict[str, Any]], list[dict
     deserializer = TypeDeserializer()
     connections: list[dict[str, Any]] = []
     workers: list[dict[str, Any]] = []
-    kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
-    while True:
-        page = client.scan(**kwargs)
+    for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
         for raw in page.get("Items", []):
             item = {key: deserializer.deserialize(value) for key, value in raw.items()}
             pk = str(item.get("pk", ""))
@@ -267,6 +265,4 @@ def scan_table(client: Any, table: str) -> tuple[list[dict[str, Any]], list[dict
                 connections.append(item)
             elif pk.startswith(WORKER_PREFIX):
                 workers.append(item)
-        if "LastEvaluatedKey" not in page:
-            return connections, workers
-        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    return connections, workers

@@ -386,29 +386,20 @@ def _read_messages(monitor: _Monitor, stream_id: str) -> list[dict[str, Any]]:
     from boto3.dynamodb.types import TypeDeserializer
 
     deserializer = TypeDeserializer()
-    items: list[dict[str, Any]] = []
-    kwargs: dict[str, Any] = {
-        "TableName": monitor.fleet.resources.messages_table,
-        "KeyConditionExpression": "pk = :pk",
-        "ExpressionAttributeValues": {":pk": {"S": connection_pk(stream_id)}},
+    pages = monitor.ddb.get_paginator("query").paginate(
+        TableName=monitor.fleet.resources.messages_table,
+        KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": connection_pk(stream_id)}},
         # only what the audit reads: moto's cost grows with every attribute it serialises
-        "ProjectionExpression": "#seq, #data, #epoch",
-        "ExpressionAttributeNames": {
-            "#seq": "seq",
-            "#data": "message_data",
-            "#epoch": "lease_epoch",
-        },
-        "ConsistentRead": True,
-    }
-    while True:
-        page = monitor.ddb.query(**kwargs)
-        items.extend(
-            {key: deserializer.deserialize(value) for key, value in raw.items()}
-            for raw in page.get("Items", [])
-        )
-        if "LastEvaluatedKey" not in page:
-            return items
-        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        ProjectionExpression="#seq, #data, #epoch",
+        ExpressionAttributeNames={"#seq": "seq", "#data": "message_data", "#epoch": "lease_epoch"},
+        ConsistentRead=True,
+    )
+    return [
+        {key: deserializer.deserialize(value) for key, value in raw.items()}
+        for page in pages
+        for raw in page.get("Items", [])
+    ]
 
 
 def run_demo(options: DemoOptions, console: Console) -> DemoReport:

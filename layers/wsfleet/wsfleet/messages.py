@@ -413,24 +413,16 @@ class MessageStore:
         Numbers come back as ``int``. Meant for tests, the demo and benchmarks: a live
         connection's partition can be large.
         """
-        items: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {}
-        while True:
-            try:
-                response = self._client.query(
-                    TableName=self.table_name,
-                    KeyConditionExpression="pk = :pk",
-                    ExpressionAttributeValues={":pk": {"S": pk}},
-                    ConsistentRead=consistent,
-                    **kwargs,
-                )
-            except (ClientError, BotoCoreError) as exc:
-                raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
-            items.extend(_plain(raw) for raw in response.get("Items", []))
-            last = response.get("LastEvaluatedKey")
-            if not last:
-                return items
-            kwargs["ExclusiveStartKey"] = last
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table_name,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": pk}},
+            ConsistentRead=consistent,
+        )
+        try:
+            return [_plain(raw) for page in pages for raw in page.get("Items", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
 
 
 def _is_validation(exc: ClientError) -> bool:

@@ -160,6 +160,17 @@ class LeaseStore:
             raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
         return response
 
+    def _pages(self, operation: str, *, page_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Every page of ``operation`` (a boto3 paginator, ``page_size`` items per call),
+        fetched lazily: a caller that stops early issues no further calls."""
+        pages = self._client.get_paginator(operation).paginate(
+            TableName=self.table_name, PaginationConfig={"PageSize": page_size}, **kwargs
+        )
+        try:
+            yield from pages
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
+
     def _conditional_update(self, pk: str, **kwargs: Any) -> dict[str, Any]:
         """UpdateItem returning ALL_NEW; a refusal raises ClientError with ``Item`` = ALL_OLD."""
         response = self._call(
@@ -601,24 +612,16 @@ class LeaseStore:
         With ``before_ms = now`` these are orphans; with ``now + pass interval`` the reconciler
         also sees leases that will lapse before its next pass (early hints).
         """
-        start_key: dict[str, Any] | None = None
-        while True:
-            kwargs: dict[str, Any] = {"ExclusiveStartKey": start_key} if start_key else {}
-            response = self._call(
-                "query",
-                IndexName=GSI_NAME,
-                KeyConditionExpression="desired_state = :started AND lease_expires_at_ms < :before",
-                ExpressionAttributeValues=_values(
-                    started=DesiredState.STARTED.value, before=before_ms
-                ),
-                Limit=page_size,
-                **kwargs,
-            )
-            for raw in response.get("Items", []):
+        pages = self._pages(
+            "query",
+            page_size=page_size,
+            IndexName=GSI_NAME,
+            KeyConditionExpression="desired_state = :started AND lease_expires_at_ms < :before",
+            ExpressionAttributeValues=_values(started=DesiredState.STARTED.value, before=before_ms),
+        )
+        for page in pages:
+            for raw in page.get("Items", []):
                 yield ConnectionRecord.from_item(_load(raw) or {})
-            start_key = response.get("LastEvaluatedKey")
-            if not start_key:
-                return
 
     def claim_hint(self, record: ConnectionRecord, *, rehint_after_ms: int) -> bool:
         """Mark that a hint is going out for this lease; False if one already did.
