@@ -29,6 +29,20 @@ Invariants (each violation names the stream and the evidence):
     kernel keeps its socket open) and until shortly after it resumed; never longer.
 ``gap``
     No resume asked for frames the upstream no longer had.
+
+Poison-message track (:func:`check_poison`):
+
+``survived``
+    No worker process ended that the runner did not SIGKILL or SIGTERM (a pause is not an
+    end): whatever a queue delivered, nothing in it may kill a worker.
+``drained``
+    Every poisoned queue a live worker consumes is empty at the end (no message visible or in
+    flight), and no poison body sits in the hint dead-letter queue: unusable bodies are
+    deleted, not redelivered until SQS gives up on them.
+``forged_stop``
+    A forged, well-formed STOP (the stream's current epoch, the owner's own queue, but a
+    STARTED record) is never applied, and at least one was seen refused (else the check
+    proved nothing).
 """
 
 from __future__ import annotations
@@ -39,7 +53,16 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-__all__ = ["Pause", "Sample", "Verdict", "Violation", "check_history"]
+__all__ = [
+    "ForgedStop",
+    "Pause",
+    "Sample",
+    "Verdict",
+    "Violation",
+    "WorkerExit",
+    "check_history",
+    "check_poison",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,24 @@ class Pause:
     worker_id: str
     stopped_at: float
     resumed_at: float
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How one worker process ended (``returncode`` None: still running at the end)."""
+
+    worker_id: str
+    returncode: int | None
+    signals_sent: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ForgedStop:
+    """A forged STOP of ``stream_id`` under ``epoch`` sent to ``worker_id``'s control queue."""
+
+    stream_id: str
+    worker_id: str
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -286,3 +327,53 @@ def check_history(
         }
     )
     return verdict
+
+
+#: Signals with which the runner ends a worker on purpose (SIGKILL 9, SIGTERM 15).
+_DELIBERATE_ENDS = frozenset({9, 15})
+
+
+def check_poison(
+    verdict: Verdict,
+    *,
+    exits: Sequence[WorkerExit],
+    queue_depths: Mapping[str, int],
+    dead_lettered: int,
+    forged: Sequence[ForgedStop],
+    stop_outcomes: Mapping[str, Sequence[bool]],
+) -> None:
+    """The poison-message invariants of the module docstring, added to ``verdict``.
+
+    ``queue_depths``: messages left (visible + in flight) per poisoned queue still consumed at
+    the end; ``dead_lettered``: poison bodies found in the hint DLQ; ``stop_outcomes``: per
+    stream, the ``applied`` flag of every STOP command the workers logged.
+    """
+    for end in exits:
+        if end.returncode is not None and not _DELIBERATE_ENDS & set(end.signals_sent):
+            verdict.add("survived", end.worker_id,
+                        f"exited with {end.returncode} though never killed or "
+                        "drained")  # fmt: skip
+    for queue, depth in sorted(queue_depths.items()):
+        if depth:
+            verdict.add("drained", queue, f"{depth} message(s) still in the queue")
+    if dead_lettered:
+        verdict.add("drained", "hint-dlq", f"{dead_lettered} poison body(ies) dead-lettered")
+    refused = 0
+    for stop in forged:
+        outcomes = stop_outcomes.get(stop.stream_id, ())
+        if any(outcomes):
+            verdict.add("forged_stop", stop.stream_id,
+                        f"a STOP was applied (forged under epoch {stop.epoch} to "
+                        f"{stop.worker_id})")  # fmt: skip
+        elif outcomes:
+            refused += 1
+    if forged and not refused:
+        verdict.add("forged_stop", "*", f"none of {len(forged)} forged STOP(s) was seen refused")
+    verdict.figures.update(
+        {
+            "worker_processes": len(exits),
+            "poisoned_queues_checked": len(queue_depths),
+            "forged_stops": len(forged),
+            "forged_stops_refused": refused,
+        }
+    )

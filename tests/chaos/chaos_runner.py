@@ -34,8 +34,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from chaos_history import Pause, Sample, Verdict, check_history
-from chaos_schedule import FAULT_MENUS, Action, make_schedule
+from chaos_history import (
+    ForgedStop,
+    Pause,
+    Sample,
+    Verdict,
+    WorkerExit,
+    check_history,
+    check_poison,
+)
+from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
 
 __all__ = ["DEFAULT_SEED", "ChaosConfig", "ChaosReport", "run_chaos"]
 
@@ -162,12 +170,25 @@ class _Sampler(threading.Thread):
 class _Chaos:
     """Plays a schedule against a running FaultyFleet (single-threaded, like LocalFleet)."""
 
-    def __init__(self, faulty: Any, config: ChaosConfig, report: ChaosReport) -> None:
+    def __init__(
+        self, faulty: Any, config: ChaosConfig, report: ChaosReport, client: Any = None
+    ) -> None:
         self.faulty = faulty
         self.fleet = faulty.fleet
         self.config = config
         self.report = report
+        self.client = client
         self.rng = random.Random(config.seed + 1)
+        # The poison track draws from its own RNG so it leaves the STOP/START choices alone.
+        self.poison_rng = random.Random(config.seed + 2)
+        self.all_slots = list(self.fleet.workers)  # every worker incarnation, for `survived`
+        self.poisoned_queues: dict[str, str] = {}  # control queue url -> its worker id
+        self.forged: list[ForgedStop] = []
+        # Forged-STOP targets are never STOPped by the schedule, so any STOP a worker applies
+        # to one of them was the forged one.
+        self.protected: set[str] = set()
+        self.poison_refused: dict[str, int] = {}  # body label -> times SQS refused it
+        self.poison_sent = 0
         self.ids = [f"chaos-{i:03d}" for i in range(config.streams)]
         self.desired = dict.fromkeys(self.ids, "STARTED")
         self.paused: dict[int, tuple[str, float]] = {}  # slot -> (worker id, stopped at)
@@ -224,6 +245,7 @@ class _Chaos:
                     return 0.5
                 self.revive_waits.pop(action.slot, None)
                 new = fleet.restart_worker(action.slot, wait_ready=False)
+                self.all_slots.append(new)
                 self.log(f"replaced {slot.worker_id} by {new.worker_id}")
             case "pause":
                 if not _running(slot):
@@ -242,7 +264,9 @@ class _Chaos:
                 self.log(f"SIGTERM {slot.worker_id} (rolling restart)")
                 return None
             case "stop" | "start":
-                started = sorted(i for i, s in self.desired.items() if s == "STARTED")
+                started = sorted(
+                    i for i, s in self.desired.items() if s == "STARTED" and i not in self.protected
+                )
                 stopped = sorted(i for i, s in self.desired.items() if s == "STOPPED")
                 # a re-START needs a stopped stream: with none yet, STOP one instead
                 if action.kind == "start" and stopped:
@@ -262,6 +286,8 @@ class _Chaos:
                 self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in rules])
                 self.fault_window_end = action.at + action.duration
                 self.log(f"faults on: {name} for {action.duration:.1f} s")
+            case "poison":
+                self._poison()
             case "clear":
                 if action.at + 1e-6 >= self.fault_window_end:
                     self.faulty.faults.clear_rules()
@@ -269,6 +295,60 @@ class _Chaos:
             case _:
                 raise ValueError(f"unknown action {action.kind}")
         return None
+
+    def _send(self, sqs: Any, url: str, label: str, body: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            sqs.send_message(QueueUrl=url, MessageBody=body)
+            self.poison_sent += 1
+        except ClientError as exc:  # SQS refused it at the door (size, characters): recorded
+            self.poison_refused[label] = self.poison_refused.get(label, 0) + 1
+            code = exc.response.get("Error", {}).get("Code")
+            if self.poison_refused[label] == 1:
+                self.log(f"poison {label!r} refused by SQS ({code})")
+
+    def _poison(self) -> None:
+        """Poison bodies to the hint queue and every running worker's control queue, and a
+        forged STOP (the stream's current epoch, so only the record can tell) to each."""
+        from wsfleet.control import StopCommand, control_queue_name
+        from wsfleet.record import connection_pk
+
+        sqs = _direct_client("sqs", self.fleet.endpoint_url)
+        hint_url = self.fleet.resources.queues["HintQueue"]
+        for label, body in POISON_BODIES:
+            self._send(sqs, hint_url, label, body)
+        records = _records(self.client, self.fleet.resources.connections_table)
+        targets = []
+        for index, slot in enumerate(self.fleet.workers):
+            if not _running(slot) or index in self.paused:
+                continue
+            name = control_queue_name(self.fleet.control_queue_prefix, slot.worker_id)
+            try:
+                url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            except sqs.exceptions.QueueDoesNotExist:  # a worker still starting: next time
+                continue
+            self.poisoned_queues[url] = slot.worker_id
+            for label, body in POISON_BODIES:
+                self._send(sqs, url, label, body)
+            held = sorted(
+                i for i, r in records.items()
+                if r.lease_owner == slot.worker_id and self.desired.get(i) == "STARTED"
+                and i not in self.protected
+            )  # fmt: skip
+            if held:
+                victim = self.poison_rng.choice(held)
+                epoch = records[victim].lease_epoch
+                self.protected.add(victim)
+                self.forged.append(ForgedStop(victim, slot.worker_id, epoch))
+                sqs.send_message(
+                    QueueUrl=url, MessageBody=StopCommand(connection_pk(victim), epoch).body()
+                )
+                targets.append(f"{victim}@{epoch}")
+        self.log(
+            f"poison: {len(POISON_BODIES)} bodies to the hint queue and "
+            f"{len(self.poisoned_queues)} control queue(s); forged STOP of {', '.join(targets)}"
+        )
 
     def _resume(self, index: int) -> None:
         entry = self.paused.pop(index, None)
@@ -287,6 +367,7 @@ class _Chaos:
         for index, slot in enumerate(self.fleet.workers):
             if not slot.alive():
                 new = self.fleet.restart_worker(index, wait_ready=False)
+                self.all_slots.append(new)
                 self.log(f"heal: replaced {slot.worker_id} by {new.worker_id}")
 
 
@@ -383,6 +464,71 @@ def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
     return lines
 
 
+def _queue_depth(sqs: Any, url: str) -> int:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return sum(int(v) for v in attributes.values())
+
+
+def _wait_drained(chaos: _Chaos, timeout: float = 30.0) -> dict[str, int]:
+    """Depth of every poisoned queue still consumed (the hint queue, the control queues of live
+    workers) once all are empty, or when ``timeout`` runs out (bounded, like convergence).
+    A dead worker's control queue has no consumer: its messages stay, and prove nothing."""
+    if not chaos.poisoned_queues and not chaos.poison_sent:
+        return {}
+    sqs = _direct_client("sqs", chaos.fleet.endpoint_url)
+    live = _live_worker_ids(chaos.fleet)
+    queues = {"HintQueue": chaos.fleet.resources.queues["HintQueue"]}
+    queues.update({f"control:{w}": url for url, w in chaos.poisoned_queues.items() if w in live})
+    deadline = time.monotonic() + timeout
+    while True:
+        depths = {name: _queue_depth(sqs, url) for name, url in queues.items()}
+        if not any(depths.values()) or time.monotonic() > deadline:
+            return depths
+        time.sleep(0.5)
+
+
+def _dead_lettered_poison(chaos: _Chaos) -> int:
+    """Poison bodies in the hint DLQ (read at the very end; nothing consumes that queue)."""
+    url = chaos.fleet.resources.queues.get("HintDeadLetterQueue")
+    if not url or not chaos.poison_sent:
+        return 0
+    sqs = _direct_client("sqs", chaos.fleet.endpoint_url)
+    poison = {body for _, body in POISON_BODIES}
+    found = 0
+    for _ in range(20):  # bounded: a DLQ deeper than 200 messages is its own failure
+        messages = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60
+        ).get("Messages", [])
+        if not messages:
+            break
+        found += sum(1 for m in messages if m.get("Body") in poison)
+    return found
+
+
+def _stop_outcomes(slots: list[Any]) -> dict[str, list[bool]]:
+    """Per stream, the ``applied`` flag of every "STOP command received" the workers logged."""
+    outcomes: dict[str, list[bool]] = {}
+    for slot in slots:
+        path = slot.process.log_path
+        if path is None or not Path(path).exists():
+            continue
+        with open(path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                if "STOP command received" not in line or "{" not in line:
+                    continue
+                try:
+                    entry = json.loads(line[line.index("{") :])
+                except ValueError:
+                    continue
+                stream = entry.get("connection_id")
+                if isinstance(stream, str) and "applied" in entry:
+                    outcomes.setdefault(stream, []).append(bool(entry["applied"]))
+    return outcomes
+
+
 def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One full scenario; never raises for a violated invariant (see the report)."""
     from wsfleet.messages import MessageStore
@@ -421,7 +567,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         faulty.start()
         fleet = faulty.fleet
         client = _direct_client("dynamodb", fleet.endpoint_url)
-        chaos = _Chaos(faulty, config, report)
+        chaos = _Chaos(faulty, config, report, client)
         for stream_id in chaos.ids:
             chaos.api.start(stream_id, fleet.simulator.url_for(stream_id))
         _wait(lambda: _is_converged(chaos, client), 60 + config.streams, "initial streaming")
@@ -430,6 +576,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         chaos.log(f"{config.streams} streams streaming on {config.workers} workers; chaos begins")
         chaos.run_schedule(schedule)
         chaos.heal()
+        # Poison once more while healed: these workers live to the end, so their queues must
+        # be seen draining (the ones poisoned under chaos may have been killed since).
+        chaos._poison()
         healed = time.monotonic()
         try:
             _wait(lambda: _is_converged(chaos, client), config.converge_timeout_seconds,
@@ -440,6 +589,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             for line in _diagnose(chaos, client):
                 chaos.log(f"  diagnosis: {line}")
         time.sleep(2 * config.heartbeat_seconds + 0.5)  # checkpoints catch up
+        depths = _wait_drained(chaos)
         sampler.stop()
         end_time = time.time()
         sessions = fleet.simulator.sessions()
@@ -458,6 +608,19 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             resume_grace_seconds=config.heartbeat_seconds + 2.0,
             end_time=end_time,
         )
+        check_poison(
+            report.verdict,
+            exits=[
+                WorkerExit(s.worker_id, s.process.popen.poll(), tuple(s.process.signals_sent))
+                for s in chaos.all_slots
+            ],
+            queue_depths=depths,
+            dead_lettered=_dead_lettered_poison(chaos),
+            forged=chaos.forged,
+            stop_outcomes=_stop_outcomes(chaos.all_slots),
+        )
+        report.verdict.figures["poison_sent"] = chaos.poison_sent
+        report.verdict.figures["poison_refused_by_sqs"] = chaos.poison_refused
         stats = faulty.faults.stats()
         report.proxy = {
             "requests": stats.total(),

@@ -9,7 +9,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from chaos_history import Pause, Sample, check_history
+from chaos_history import (
+    ForgedStop,
+    Pause,
+    Sample,
+    Verdict,
+    WorkerExit,
+    check_history,
+    check_poison,
+)
 from chaos_schedule import make_schedule
 
 from wsfleet.record import DesiredState
@@ -131,3 +139,47 @@ def test_schedules_are_reproducible_and_keep_one_worker_untouched():
             disrupted[action.slot] = action.at + 10
         if action.kind in ("revive", "resume"):
             disrupted[action.slot] = action.at
+
+
+# -- poison-message track ----------------------------------------------------------------------
+
+
+def poison(**overrides) -> Verdict:
+    base = dict(
+        exits=[WorkerExit("w1", None, ()), WorkerExit("w0", -9, (9,)),
+               WorkerExit("w2", 0, (19, 18, 15))],
+        queue_depths={"HintQueue": 0, "control:w1": 0},
+        dead_lettered=0,
+        forged=[ForgedStop("s", "w1", 2)],
+        stop_outcomes={"s": [False], "t": [True]},
+    )  # fmt: skip
+    base.update(overrides)
+    verdict = Verdict()
+    check_poison(verdict, **base)
+    return verdict
+
+
+def test_a_clean_poison_history_passes():
+    verdict = poison()
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["forged_stops_refused"] == 1
+
+
+def test_a_worker_that_died_unprompted_did_not_survive():
+    # paused and resumed (SIGSTOP 19, SIGCONT 18) is not an end the runner chose
+    died = [WorkerExit("w1", None, ()), WorkerExit("w3", 1, (19, 18))]
+    assert invariants(poison(exits=died)) == {"survived"}
+
+
+def test_a_poisoned_queue_left_non_empty_or_dead_lettered_did_not_drain():
+    assert invariants(poison(queue_depths={"HintQueue": 0, "control:w1": 2})) == {"drained"}
+    assert invariants(poison(dead_lettered=1)) == {"drained"}
+
+
+def test_an_applied_forged_stop_is_reported():
+    assert invariants(poison(stop_outcomes={"s": [False, True]})) == {"forged_stop"}
+
+
+def test_forged_stops_nobody_processed_prove_nothing():
+    assert invariants(poison(stop_outcomes={})) == {"forged_stop"}
+    assert poison(forged=[], stop_outcomes={}).ok
