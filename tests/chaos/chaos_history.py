@@ -43,15 +43,34 @@ Poison-message track (:func:`check_poison`):
     A forged, well-formed STOP (the stream's current epoch, the owner's own queue, but a
     STARTED record) is never applied, and at least one was seen refused (else the check
     proved nothing).
+
+Hostile-upstream track (:func:`check_hostile`):
+
+``hostile_lost``
+    Every hostile frame (bad seqs, a maximum-size non-ASCII frame) the upstream sent to a
+    session that lived to the end is stored: its data under a local key, or a marker with
+    its digest. (A session whose worker was killed may lose frames without a seq: they sit
+    above no checkpoint and cannot be replayed.) At least one must have been checked.
+``refused``
+    A stream redirected to a loopback host outside the allowed list ends STOPPED with
+    ``stop_reason`` ``upstream_refused``; the upstream served the redirect, and the redirect
+    target never received a connection.
+``breaker``
+    A stream whose every session opens with a frame over the worker's limit ends FAILED after
+    a bounded number of sessions: the breaker's failures plus one per worker disruption (each
+    may cost a session the breaker does not count).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from wsfleet_local.simulator import hostile_frame_data
 
 __all__ = [
     "ForgedStop",
@@ -61,6 +80,7 @@ __all__ = [
     "Violation",
     "WorkerExit",
     "check_history",
+    "check_hostile",
     "check_poison",
 ]
 
@@ -375,5 +395,80 @@ def check_poison(
             "poisoned_queues_checked": len(queue_depths),
             "forged_stops": len(forged),
             "forged_stops_refused": refused,
+        }
+    )
+
+
+def _hostile_labels(session: Any) -> list[tuple[str, int, int]]:
+    """(kind, n, size) of every hostile frame a session was sent ("hostile:<kind>:<n>:<size>")."""
+    labels = []
+    for fault in session.faults:
+        parts = str(fault).split(":")
+        if len(parts) == 4 and parts[0] == "hostile":
+            labels.append((parts[1], int(parts[2]), int(parts[3])))
+    return labels
+
+
+def check_hostile(
+    verdict: Verdict,
+    *,
+    frames_stream: str,
+    sessions: Sequence[Any],
+    items: Sequence[Mapping[str, Any]],
+    redirect_stream: str,
+    redirect_record: Any,
+    redirects_served: int,
+    trap_connections: int,
+    breaker_stream: str,
+    breaker_record: Any,
+    breaker_sessions: int,
+    max_failures: int,
+    disruptions: int,
+) -> None:
+    """The hostile-upstream invariants of the module docstring, added to ``verdict``."""
+    stored_data = {item.get("message_data") for item in items if item.get("message_data")}
+    stored_digests = {item.get("data_sha256") for item in items if item.get("data_sha256")}
+    sent = checked = 0
+    for session in sessions:
+        for kind, n, size in _hostile_labels(session):
+            sent += 1
+            if session.closed_at is not None:
+                continue
+            checked += 1
+            data = hostile_frame_data(frames_stream, kind, n, size)
+            digest = hashlib.sha256(data.encode()).hexdigest()
+            if data not in stored_data and digest not in stored_digests:
+                verdict.add("hostile_lost", frames_stream,
+                            f"{kind} frame #{n} ({size or len(data)} bytes) sent to session "
+                            f"{session.session_id} is stored nowhere")  # fmt: skip
+    if not checked:
+        verdict.add(
+            "hostile_lost", frames_stream,
+            f"none of {sent} hostile frame(s) reached a session open at the end",
+        )  # fmt: skip
+    reason = getattr(redirect_record, "stop_reason", None)
+    if reason != "upstream_refused":
+        verdict.add("refused", redirect_stream, f"stop_reason {reason!r}, not upstream_refused")
+    if not redirects_served:
+        verdict.add("refused", redirect_stream, "the upstream never served the redirect")
+    if trap_connections:
+        verdict.add(
+            "refused", redirect_stream,
+            f"the refused redirect target got {trap_connections} connection(s)",
+        )  # fmt: skip
+    state = getattr(getattr(breaker_record, "desired_state", None), "value", None)
+    if state != "FAILED":
+        verdict.add("breaker", breaker_stream, f"ended {state}, not FAILED")
+    bound = max_failures + disruptions
+    if breaker_sessions > bound:
+        verdict.add("breaker", breaker_stream,
+                    f"{breaker_sessions} sessions before FAILED, more than {max_failures} "
+                    f"failures + {disruptions} disruptions")  # fmt: skip
+    verdict.figures.update(
+        {
+            "hostile_frames_sent": sent,
+            "hostile_frames_checked": checked,
+            "redirects_served": redirects_served,
+            "breaker_sessions": breaker_sessions,
         }
     )

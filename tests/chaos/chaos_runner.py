@@ -26,6 +26,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -41,6 +42,7 @@ from chaos_history import (
     Verdict,
     WorkerExit,
     check_history,
+    check_hostile,
     check_poison,
 )
 from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
@@ -48,6 +50,16 @@ from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
 __all__ = ["DEFAULT_SEED", "ChaosConfig", "ChaosReport", "run_chaos"]
 
 DEFAULT_SEED = 20240601
+
+#: The hostile-upstream track's streams (outside the schedule's STOP/START draws).
+HOSTILE_FRAMES = "hostile-frames"  # normal frames, plus bad-seq and maximum-size ones
+HOSTILE_FLOOD = "hostile-flood"  # normal frames at ChaosConfig.flood_rate: fully audited
+HOSTILE_REDIRECT = "hostile-redirect"  # 302 to a loopback host the policy refuses
+HOSTILE_BREAKER = "hostile-breaker"  # every session opens with a frame over the limit
+#: Over WORKER_MAX_FRAME_BYTES (393,216): the worker's client closes 1009, a poison failure.
+BREAKER_FRAME_BYTES = 500_000
+#: The refused redirect target: loopback, but not 127.0.0.1 (the local allowed list).
+TRAP_HOST = "127.0.0.2"
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class ChaosConfig:
     #: reconcile pass cut short is only replaced after it (see the report's convergence time).
     converge_timeout_seconds: float = 150.0
     sample_every_seconds: float = 0.2
+    flood_rate: float = 50.0  # frames/s on the hostile-flood stream
+    breaker_max_failures: int = 5
     run_dir: Path | None = None
 
     @classmethod
@@ -165,6 +179,36 @@ class _Sampler(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(10)
+
+
+class _Trap(threading.Thread):
+    """Listens on the refused redirect target and counts connections (there must be none)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="chaos-trap", daemon=True)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((TRAP_HOST, 0))
+        self._sock.listen(16)
+        self._sock.settimeout(0.5)
+        self.port = int(self._sock.getsockname()[1])
+        self.accepted = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+        self._sock.close()
 
 
 class _Chaos:
@@ -267,7 +311,9 @@ class _Chaos:
                 started = sorted(
                     i for i, s in self.desired.items() if s == "STARTED" and i not in self.protected
                 )
-                stopped = sorted(i for i, s in self.desired.items() if s == "STOPPED")
+                stopped = sorted(
+                    i for i, s in self.desired.items() if s == "STOPPED" and i not in self.protected
+                )
                 # a re-START needs a stopped stream: with none yet, STOP one instead
                 if action.kind == "start" and stopped:
                     again = self.rng.choice(stopped)
@@ -288,6 +334,8 @@ class _Chaos:
                 self.log(f"faults on: {name} for {action.duration:.1f} s")
             case "poison":
                 self._poison()
+            case "hostile":
+                self.arm_hostile()
             case "clear":
                 if action.at + 1e-6 >= self.fault_window_end:
                     self.faulty.faults.clear_rules()
@@ -349,6 +397,35 @@ class _Chaos:
             f"poison: {len(POISON_BODIES)} bodies to the hint queue and "
             f"{len(self.poisoned_queues)} control queue(s); forged STOP of {', '.join(targets)}"
         )
+
+    def start_hostile(self, trap_port: int) -> None:
+        """START the hostile-upstream streams, each with the end state it must reach."""
+        sim = self.fleet.simulator
+        sim.open_stream(HOSTILE_FLOOD, rate=self.config.flood_rate)
+        sim.redirect_stream(HOSTILE_REDIRECT, f"ws://{TRAP_HOST}:{trap_port}/trap")
+        sim.poison_stream(HOSTILE_BREAKER, BREAKER_FRAME_BYTES)
+        for stream_id, end in (
+            (HOSTILE_FRAMES, "STARTED"),
+            (HOSTILE_FLOOD, "STARTED"),
+            (HOSTILE_REDIRECT, "STOPPED"),
+            (HOSTILE_BREAKER, "FAILED"),
+        ):
+            self.api.start(stream_id, sim.url_for(stream_id))
+            self.desired[stream_id] = end
+            self.protected.add(stream_id)
+        self.log(
+            f"hostile upstreams: {HOSTILE_FLOOD} at {self.config.flood_rate:g}/s, "
+            f"{HOSTILE_REDIRECT} -> {TRAP_HOST}:{trap_port}, {HOSTILE_BREAKER} opens with "
+            f"{BREAKER_FRAME_BYTES} bytes"
+        )
+
+    def arm_hostile(self, max_size_frames: int = 1) -> None:
+        sim = self.fleet.simulator
+        for kind in ("huge_seq", "digits_seq", "out_of_range_seq"):
+            sim.inject_hostile(HOSTILE_FRAMES, kind)
+        for _ in range(max_size_frames):  # several back to back: a burst of the largest
+            sim.inject_hostile(HOSTILE_FRAMES, "max_size")
+        self.log(f"hostile frames armed on {HOSTILE_FRAMES} ({max_size_frames} max-size)")
 
     def _resume(self, index: int) -> None:
         entry = self.paused.pop(index, None)
@@ -464,6 +541,45 @@ def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
     return lines
 
 
+def _hostile_evidence(
+    chaos: _Chaos,
+    sessions: list[Any],
+    items: dict[str, Any],
+    records: dict[str, Any],
+    schedule: list[Action],
+) -> dict[str, Any]:
+    return dict(
+        frames_stream=HOSTILE_FRAMES,
+        sessions=[s for s in sessions if s.stream_id == HOSTILE_FRAMES],
+        items=items.get(HOSTILE_FRAMES, []),
+        redirect_stream=HOSTILE_REDIRECT,
+        redirect_record=records.get(HOSTILE_REDIRECT),
+        redirects_served=chaos.fleet.simulator.redirects_served(HOSTILE_REDIRECT),
+        breaker_stream=HOSTILE_BREAKER,
+        breaker_record=records.get(HOSTILE_BREAKER),
+        breaker_sessions=sum(1 for s in sessions if s.stream_id == HOSTILE_BREAKER),
+        max_failures=chaos.config.breaker_max_failures,
+        disruptions=sum(1 for a in schedule if a.kind in ("kill", "term", "pause", "restart")),
+    )
+
+
+def _hostile_stored(chaos: _Chaos, client: Any) -> bool:
+    """Whether every hostile frame sent to a still-open session is stored yet."""
+    from wsfleet.messages import MessageStore
+    from wsfleet.record import connection_pk
+
+    scratch = Verdict()
+    sessions = chaos.fleet.simulator.sessions(HOSTILE_FRAMES)
+    items = MessageStore(client, chaos.fleet.resources.messages_table).read_all(
+        connection_pk(HOSTILE_FRAMES)
+    )
+    check_hostile(
+        scratch, **{**_hostile_evidence(chaos, sessions, {HOSTILE_FRAMES: items}, {}, []),
+                    "trap_connections": 0},
+    )  # fmt: skip
+    return not any(v.invariant == "hostile_lost" for v in scratch.violations)
+
+
 def _queue_depth(sqs: Any, url: str) -> int:
     attributes = sqs.get_queue_attributes(
         QueueUrl=url,
@@ -560,9 +676,15 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         timings=timings,
         rate=config.rate,
         run_dir=run_dir,
-        extra_worker_env={"POWERTOOLS_LOG_LEVEL": "INFO", "WORKER_METRICS_FLUSH_SECONDS": "5"},
+        extra_worker_env={
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+            "WORKER_METRICS_FLUSH_SECONDS": "5",
+            # explicit: the breaker check bounds the sessions by it
+            "WORKER_BREAKER_MAX_FAILURES": str(config.breaker_max_failures),
+        },
     )
     sampler: _Sampler | None = None
+    trap: _Trap | None = None
     try:
         faulty.start()
         fleet = faulty.fleet
@@ -571,6 +693,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         for stream_id in chaos.ids:
             chaos.api.start(stream_id, fleet.simulator.url_for(stream_id))
         _wait(lambda: _is_converged(chaos, client), 60 + config.streams, "initial streaming")
+        trap = _Trap()
+        trap.start()
+        chaos.start_hostile(trap.port)
         sampler = _Sampler(client, fleet.resources.connections_table, config.sample_every_seconds)
         sampler.start()
         chaos.log(f"{config.streams} streams streaming on {config.workers} workers; chaos begins")
@@ -588,6 +713,13 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             chaos.log("did not converge in time")
             for line in _diagnose(chaos, client):
                 chaos.log(f"  diagnosis: {line}")
+        # Hostile frames on a quiet fleet too: the session they reach lives to the end, so
+        # every one of them must be found stored (bounded wait, like convergence).
+        chaos.arm_hostile(max_size_frames=3)
+        try:
+            _wait(lambda: _hostile_stored(chaos, client), 30, "hostile frames stored", 0.5)
+        except TimeoutError:
+            chaos.log("hostile frames not all stored in time")
         time.sleep(2 * config.heartbeat_seconds + 0.5)  # checkpoints catch up
         depths = _wait_drained(chaos)
         sampler.stop()
@@ -595,7 +727,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         sessions = fleet.simulator.sessions()
         records = _records(client, fleet.resources.connections_table)
         messages = MessageStore(client, fleet.resources.messages_table)
-        items = {i: messages.read_all(connection_pk(i)) for i in chaos.ids}
+        items = {i: messages.read_all(connection_pk(i)) for i in chaos.desired}
         report.verdict = check_history(
             expected_states=chaos.desired,
             final_records=records,
@@ -619,6 +751,11 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             forged=chaos.forged,
             stop_outcomes=_stop_outcomes(chaos.all_slots),
         )
+        check_hostile(
+            report.verdict,
+            **_hostile_evidence(chaos, sessions, items, records, schedule),
+            trap_connections=trap.accepted,
+        )
         report.verdict.figures["poison_sent"] = chaos.poison_sent
         report.verdict.figures["poison_refused_by_sqs"] = chaos.poison_refused
         stats = faulty.faults.stats()
@@ -632,6 +769,8 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
     finally:
         if sampler is not None and sampler.is_alive():
             sampler.stop()
+        if trap is not None:
+            trap.stop()
         faulty.stop()
         report.wall_seconds = time.monotonic() - began
     return report

@@ -17,6 +17,8 @@ stop          STOP a random STARTED stream through the API
 start         re-START a random STOPPED stream through the API
 faults        inject DynamoDB/SQS faults through the proxy for ``duration`` s; ``clear`` after
               (its own track of non-overlapping windows, every menu in turn)
+hostile       arm one of each hostile frame (bad seqs, a maximum-size non-ASCII frame) on the
+              hostile-frames stream (its own track, drawn after the poison track)
 poison        send every :data:`POISON_BODIES` body to the hint queue and to each running
               worker's control queue, plus a forged well-formed STOP (current epoch) of a
               stream that worker holds (its own track, drawn after the others)
@@ -157,8 +159,10 @@ def make_schedule(
             actions.append(Action(t, kind))
         t += rng.expovariate(1 / mean_gap)
     faults = _fault_windows(rng, duration)
-    # Drawn last, so adding the track left the other tracks of a seed unchanged.
-    return sorted(actions + faults + _poison_track(rng, duration))
+    # Drawn last, so adding these tracks left the other tracks of a seed unchanged.
+    poison = _poison_track(rng, duration)
+    hostile = [Action(rng.uniform(0.2, 0.6) * duration, "hostile")]
+    return sorted(actions + faults + poison + hostile)
 
 
 def _poison_track(rng: random.Random, duration: float, count: int = 2) -> list[Action]:
