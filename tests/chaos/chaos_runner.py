@@ -5,12 +5,18 @@ One run:
 1. start a :class:`~wsfleet_local.faults.FaultyFleet` (moto, simulator, the three Lambdas,
    the Streams poller, N workers whose AWS traffic crosses the fault proxy) with short
    timings, and START the streams through the API;
-2. play the seeded schedule (:mod:`chaos_schedule`) while a sampler thread records the
-   connections table every ~0.2 s;
-3. heal: clear faults, SIGCONT paused workers, replace dead ones; wait until the fleet
-   converges (bounded);
-4. collect the simulator's session log, the records and every stored message, and check the
-   invariants (:mod:`chaos_history`).
+2. START the hostile-upstream streams beside them: ``hostile-frames`` (armed with bad-seq and
+   maximum-size non-ASCII frames during the run and again once healed), ``hostile-flood``
+   (``flood_rate`` frames/s, audited like the others), ``hostile-redirect`` (a 302 to
+   127.0.0.2, where a trap listener counts connections) and ``hostile-breaker`` (every session
+   opens with a frame over the worker's limit: it must end FAILED);
+3. play the seeded schedule (:mod:`chaos_schedule`, including its poison and hostile tracks)
+   while a sampler thread records the connections table every ~0.2 s;
+4. heal: clear faults, SIGCONT paused workers, replace dead ones, poison the live workers'
+   queues once more; wait until the fleet converges (bounded), then arm hostile frames on the
+   quiet fleet and wait (bounded) until they are stored and the poisoned queues drain;
+5. collect the simulator's session log, the records, every stored message and the workers'
+   exits and STOP log lines, and check the invariants (:mod:`chaos_history`).
 
 Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET_CHAOS_SEED``,
 ``WSFLEET_CHAOS_WORKERS``, ``WSFLEET_CHAOS_STREAMS``, ``WSFLEET_CHAOS_SECONDS``,
@@ -368,6 +374,7 @@ class _Chaos:
             self._send(sqs, hint_url, label, body)
         records = _records(self.client, self.fleet.resources.connections_table)
         targets = []
+        poisoned = 0
         for index, slot in enumerate(self.fleet.workers):
             if not _running(slot) or index in self.paused:
                 continue
@@ -377,6 +384,7 @@ class _Chaos:
             except sqs.exceptions.QueueDoesNotExist:  # a worker still starting: next time
                 continue
             self.poisoned_queues[url] = slot.worker_id
+            poisoned += 1
             for label, body in POISON_BODIES:
                 self._send(sqs, url, label, body)
             held = sorted(
@@ -395,7 +403,7 @@ class _Chaos:
                 targets.append(f"{victim}@{epoch}")
         self.log(
             f"poison: {len(POISON_BODIES)} bodies to the hint queue and "
-            f"{len(self.poisoned_queues)} control queue(s); forged STOP of {', '.join(targets)}"
+            f"{poisoned} control queue(s); forged STOP of {', '.join(targets) or 'none'}"
         )
 
     def start_hostile(self, trap_port: int) -> None:
