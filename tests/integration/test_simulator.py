@@ -471,6 +471,7 @@ def test_hostile_frames_and_redirects_through_simulator_client() -> None:
         http_client = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=WAIT)
         http_client.request("GET", "/r", headers=UPGRADE_HEADERS)
         response = http_client.getresponse()
+        response.read()  # to the end: a half-read response keeps the server waiting on stop
         http_client.close()
         assert (response.status, response.getheader("Location")) == (302, "ws://127.0.0.2:9/r")
         assert client.redirects_served("r") == 1
