@@ -52,6 +52,20 @@ Redirects (for the worker's SSRF guard)
     ``302 Location: <url>`` instead of upgrading, like a hostile or misconfigured upstream.
     The handshake is still logged in :meth:`~UpstreamSimulator.redirects_served`.
 
+Hostile frames (for the worker's frame parsing, size limits and crash-loop breaker)
+    :meth:`~UpstreamSimulator.inject_hostile` arms a one-shot :class:`HostileFrame` (a
+    40-digit seq, a 30-digit string seq, seq 2^53, a non-ASCII frame of exactly ``size`` UTF-8
+    bytes without a seq) sent like a fault frame: on a session open now, else the next one;
+    the stream then continues. :meth:`~UpstreamSimulator.poison_stream` makes *every* session
+    of a stream open with a ``size``-byte frame (over the worker's limit: a crash loop). Each
+    is listed in the session's ``faults`` as ``hostile:<kind>:<n>:<size>``, from which
+    :func:`hostile_frame_data` gives back the data a worker should have stored::
+
+        POST /_sim/streams/<id>/hostile?kind=huge_seq&size=N
+        POST /_sim/streams/<id>/poison?size=N            (size 0 turns it off)
+        POST /_sim/streams/<id>/redirect?location=<url>  (no location turns it off)
+        GET  /_sim/streams/<id>/redirects                {"served": n}
+
 Example::
 
     async with UpstreamSimulator(rate=50) as sim:
@@ -94,6 +108,7 @@ from wsfleet.exceptions import WsfleetError
 
 __all__ = [
     "Fault",
+    "HostileFrame",
     "InvalidRequest",
     "SessionRecord",
     "SimulatorClient",
@@ -106,6 +121,8 @@ __all__ = [
     "first_frame_after",
     "frame_data",
     "frame_text",
+    "hostile_frame_data",
+    "hostile_frame_text",
     "main",
     "plan_start",
 ]
@@ -168,6 +185,61 @@ class Fault(enum.StrEnum):
             raise InvalidRequest(
                 f"unknown fault kind {kind!r} (expected one of: {valid})"
             ) from None
+
+
+class HostileFrame(enum.StrEnum):
+    """One-shot hostile frames (see the module docstring); none carries a usable seq."""
+
+    HUGE_SEQ = "huge_seq"  # a 40-digit JSON integer
+    DIGITS_SEQ = "digits_seq"  # a 30-digit string
+    OUT_OF_RANGE_SEQ = "out_of_range_seq"  # 2**53: one past the safe integers
+    MAX_SIZE = "max_size"  # exactly ``size`` UTF-8 bytes of mostly non-ASCII, no seq
+    OPENING = "opening"  # what poison_stream sends first on every session (no seq)
+
+    @classmethod
+    def parse(cls, kind: str | HostileFrame) -> HostileFrame:
+        try:
+            return cls(kind)
+        except ValueError:
+            valid = ", ".join(f.value for f in cls)
+            raise InvalidRequest(
+                f"unknown hostile frame {kind!r} (expected one of: {valid})"
+            ) from None
+
+
+#: Size of a MAX_SIZE frame when none is given: the worker's default WORKER_MAX_FRAME_BYTES.
+DEFAULT_HOSTILE_FRAME_BYTES = 393_216
+_SEQ_OF = {
+    HostileFrame.HUGE_SEQ: 10**40,
+    HostileFrame.DIGITS_SEQ: "9" * 30,
+    HostileFrame.OUT_OF_RANGE_SEQ: 2**53,
+}
+
+
+def hostile_frame_data(stream_id: str, kind: str | HostileFrame, n: int, size: int) -> str:
+    """The ``data`` of hostile frame number ``n``: what a worker must store for it (or a marker
+    of it). Sized frames are padded with two-byte characters to exactly ``size`` bytes."""
+    kind = HostileFrame.parse(kind)
+    tag = f"hostile:{stream_id}:{kind.value}:{n}"
+    if kind not in (HostileFrame.MAX_SIZE, HostileFrame.OPENING):
+        return tag
+    extra = max(0, size - len(json.dumps({"data": tag}, separators=(",", ":")).encode()))
+    return tag + "\u00e9" * (extra // 2) + "x" * (extra % 2)
+
+
+def hostile_frame_text(stream_id: str, kind: str | HostileFrame, n: int, size: int) -> str:
+    """The exact text frame sent (compact, non-ASCII unescaped, so ``size`` is its byte size).
+
+    >>> len(hostile_frame_text("s", "max_size", 1, 1000).encode())
+    1000
+    >>> hostile_frame_text("s", "out_of_range_seq", 2, 0)
+    '{"seq":9007199254740992,"data":"hostile:s:out_of_range_seq:2"}'
+    """
+    kind = HostileFrame.parse(kind)
+    data = hostile_frame_data(stream_id, kind, n, size)
+    payload: dict[str, Any] = {"seq": _SEQ_OF[kind]} if kind in _SEQ_OF else {}
+    payload["data"] = data
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def frame_data(stream_id: str, seq: int) -> str:
@@ -463,6 +535,9 @@ class UpstreamSimulator:
         self._rejects: collections.Counter[str] = collections.Counter()
         self._redirects: dict[str, str] = {}  # stream id -> Location (see redirect_stream)
         self._redirects_served: collections.Counter[str] = collections.Counter()
+        self._hostile: dict[str, collections.deque[tuple[HostileFrame, int]]] = {}
+        self._poisoned: dict[str, int] = {}  # stream id -> size of every session's first frame
+        self._hostile_ids = itertools.count(1)
         self._log: collections.deque[SessionRecord] = collections.deque(maxlen=max_sessions_logged)
         self._session_ids = itertools.count(1)
         self._server: Server | None = None
@@ -690,6 +765,21 @@ class UpstreamSimulator:
             case "POST", ["streams", quoted, "fault"]:
                 self.inject_fault(urllib.parse.unquote(quoted), _query_value(query, "kind") or "")
                 return ok, {"ok": True}
+            case "POST", ["streams", quoted, "hostile"]:
+                self.inject_hostile(
+                    urllib.parse.unquote(quoted),
+                    _query_value(query, "kind") or "",
+                    size=_int_param(query, "size"),
+                )
+                return ok, {"ok": True}
+            case "POST", ["streams", quoted, "poison"]:
+                self.poison_stream(urllib.parse.unquote(quoted), _int_param(query, "size") or 0)
+                return ok, {"ok": True}
+            case "POST", ["streams", quoted, "redirect"]:
+                self.redirect_stream(urllib.parse.unquote(quoted), _query_value(query, "location"))
+                return ok, {"ok": True}
+            case "GET", ["streams", quoted, "redirects"]:
+                return ok, {"served": self.redirects_served(urllib.parse.unquote(quoted))}
             case "POST", ["streams", quoted, "end"]:
                 stream_id = urllib.parse.unquote(quoted)
                 self.end_stream(stream_id)
@@ -706,6 +796,52 @@ class UpstreamSimulator:
                 return http.HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {method} {parts}"}
             case _:
                 return http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"method {method} not allowed"}
+
+    # -- hostile frames ----------------------------------------------------------------------
+
+    def inject_hostile(
+        self, stream_id: str, kind: str | HostileFrame, *, size: int | None = None
+    ) -> None:
+        """Arm a one-shot hostile frame, sent like a fault frame (the stream then continues)."""
+        frame = HostileFrame.parse(kind)
+        if size is not None and size < 0:
+            raise InvalidRequest(f"size must be >= 0, got {size}")
+        if frame is not HostileFrame.MAX_SIZE:
+            size = 0
+        elif size is None:
+            size = DEFAULT_HOSTILE_FRAME_BYTES
+        self._hostile.setdefault(stream_id, collections.deque()).append((frame, size))
+        self._wake(stream_id)
+
+    def poison_stream(self, stream_id: str, size: int) -> None:
+        """Every later session of ``stream_id`` first gets a ``size``-byte frame (0: off)."""
+        if size < 0:
+            raise InvalidRequest(f"size must be >= 0, got {size}")
+        if size:
+            self._poisoned[stream_id] = size
+        else:
+            self._poisoned.pop(stream_id, None)
+
+    async def _send_hostile(self, session: _LiveSession, kind: HostileFrame, size: int) -> None:
+        record = session.record
+        n = next(self._hostile_ids)
+        record.faults = (*record.faults, f"hostile:{kind.value}:{n}:{size}")
+        await session.ws.send(hostile_frame_text(record.stream_id, kind, n, size))
+
+    async def _send_pending_hostile(self, session: _LiveSession, opening: bool) -> bool:
+        """Send the poisoned opening frame (first call) and any armed hostile frames; True if
+        anything was sent."""
+        stream_id = session.record.stream_id
+        sent = False
+        if opening and stream_id in self._poisoned:
+            await self._send_hostile(session, HostileFrame.OPENING, self._poisoned[stream_id])
+            sent = True
+        pending = self._hostile.pop(stream_id, None)
+        while pending:
+            kind, size = pending.popleft()
+            await self._send_hostile(session, kind, size)
+            sent = True
+        return sent
 
     # -- WebSocket sessions ------------------------------------------------------------------
 
@@ -785,7 +921,12 @@ class UpstreamSimulator:
         """Send due frames, apply faults, sleep until the next frame is due; repeat until closed."""
         ws, record = session.ws, session.record
         stream_id = record.stream_id
+        opening = True
         while not session.closed:
+            if await self._send_pending_hostile(session, opening):
+                opening = False
+                continue
+            opening = False
             fault = self._take_fault(stream_id)
             if fault is not None:
                 if await self._apply_fault(session, fault):
@@ -1042,6 +1183,23 @@ class SimulatorClient:
     def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
         """Arm a one-shot fault (see :class:`Fault`)."""
         self._request("POST", f"streams/{self._quote(stream_id)}/fault", kind=str(kind))
+
+    def inject_hostile(self, stream_id: str, kind: str, *, size: int | None = None) -> None:
+        """Arm a one-shot :class:`HostileFrame`."""
+        self._request(
+            "POST", f"streams/{self._quote(stream_id)}/hostile", kind=str(kind), size=size
+        )
+
+    def poison_stream(self, stream_id: str, size: int) -> None:
+        """Every later session opens with a ``size``-byte frame (0: off)."""
+        self._request("POST", f"streams/{self._quote(stream_id)}/poison", size=size)
+
+    def redirect_stream(self, stream_id: str, location: str | None) -> None:
+        """Answer every handshake with ``302 Location: <location>`` (None: off)."""
+        self._request("POST", f"streams/{self._quote(stream_id)}/redirect", location=location)
+
+    def redirects_served(self, stream_id: str) -> int:
+        return int(self._request("GET", f"streams/{self._quote(stream_id)}/redirects")["served"])
 
     def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
         """The session log, optionally for one stream."""

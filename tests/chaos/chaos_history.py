@@ -29,17 +29,60 @@ Invariants (each violation names the stream and the evidence):
     kernel keeps its socket open) and until shortly after it resumed; never longer.
 ``gap``
     No resume asked for frames the upstream no longer had.
+
+Poison-message track (:func:`check_poison`):
+
+``survived``
+    No worker process ended that the runner did not SIGKILL or SIGTERM (a pause is not an
+    end): whatever a queue delivered, nothing in it may kill a worker.
+``drained``
+    Every poisoned queue a live worker consumes is empty at the end (no message visible or in
+    flight), and no poison body sits in the hint dead-letter queue: unusable bodies are
+    deleted, not redelivered until SQS gives up on them.
+``forged_stop``
+    A forged, well-formed STOP (the stream's current epoch, the owner's own queue, but a
+    STARTED record) is never applied, and at least one was seen refused (else the check
+    proved nothing).
+
+Hostile-upstream track (:func:`check_hostile`):
+
+``hostile_lost``
+    Every hostile frame (bad seqs, a maximum-size non-ASCII frame) the upstream sent to a
+    session that lived to the end is stored: its data under a local key, or a marker with
+    its digest. (A session whose worker was killed may lose frames without a seq: they sit
+    above no checkpoint and cannot be replayed.) At least one must have been checked.
+``refused``
+    A stream redirected to a loopback host outside the allowed list ends STOPPED with
+    ``stop_reason`` ``upstream_refused``; the upstream served the redirect, and the redirect
+    target never received a connection.
+``breaker``
+    A stream whose every session opens with a frame over the worker's limit ends FAILED after
+    a bounded number of sessions: the breaker's failures plus one per worker disruption (each
+    may cost a session the breaker does not count).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-__all__ = ["Pause", "Sample", "Verdict", "Violation", "check_history"]
+from wsfleet_local.simulator import hostile_frame_data
+
+__all__ = [
+    "ForgedStop",
+    "Pause",
+    "Sample",
+    "Verdict",
+    "Violation",
+    "WorkerExit",
+    "check_history",
+    "check_hostile",
+    "check_poison",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +105,24 @@ class Pause:
     worker_id: str
     stopped_at: float
     resumed_at: float
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How one worker process ended (``returncode`` None: still running at the end)."""
+
+    worker_id: str
+    returncode: int | None
+    signals_sent: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ForgedStop:
+    """A forged STOP of ``stream_id`` under ``epoch`` sent to ``worker_id``'s control queue."""
+
+    stream_id: str
+    worker_id: str
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -286,3 +347,128 @@ def check_history(
         }
     )
     return verdict
+
+
+#: Signals with which the runner ends a worker on purpose (SIGKILL 9, SIGTERM 15).
+_DELIBERATE_ENDS = frozenset({9, 15})
+
+
+def check_poison(
+    verdict: Verdict,
+    *,
+    exits: Sequence[WorkerExit],
+    queue_depths: Mapping[str, int],
+    dead_lettered: int,
+    forged: Sequence[ForgedStop],
+    stop_outcomes: Mapping[str, Sequence[bool]],
+) -> None:
+    """The poison-message invariants of the module docstring, added to ``verdict``.
+
+    ``queue_depths``: messages left (visible + in flight) per poisoned queue still consumed at
+    the end; ``dead_lettered``: poison bodies found in the hint DLQ; ``stop_outcomes``: per
+    stream, the ``applied`` flag of every STOP command the workers logged.
+    """
+    for end in exits:
+        if end.returncode is not None and not _DELIBERATE_ENDS & set(end.signals_sent):
+            verdict.add("survived", end.worker_id,
+                        f"exited with {end.returncode} though never killed or "
+                        "drained")  # fmt: skip
+    for queue, depth in sorted(queue_depths.items()):
+        if depth:
+            verdict.add("drained", queue, f"{depth} message(s) still in the queue")
+    if dead_lettered:
+        verdict.add("drained", "hint-dlq", f"{dead_lettered} poison body(ies) dead-lettered")
+    refused = 0
+    for stop in forged:
+        outcomes = stop_outcomes.get(stop.stream_id, ())
+        if any(outcomes):
+            verdict.add("forged_stop", stop.stream_id,
+                        f"a STOP was applied (forged under epoch {stop.epoch} to "
+                        f"{stop.worker_id})")  # fmt: skip
+        elif outcomes:
+            refused += 1
+    if forged and not refused:
+        verdict.add("forged_stop", "*", f"none of {len(forged)} forged STOP(s) was seen refused")
+    verdict.figures.update(
+        {
+            "worker_processes": len(exits),
+            "poisoned_queues_checked": len(queue_depths),
+            "forged_stops": len(forged),
+            "forged_stops_refused": refused,
+        }
+    )
+
+
+def _hostile_labels(session: Any) -> list[tuple[str, int, int]]:
+    """(kind, n, size) of every hostile frame a session was sent ("hostile:<kind>:<n>:<size>")."""
+    labels = []
+    for fault in session.faults:
+        parts = str(fault).split(":")
+        if len(parts) == 4 and parts[0] == "hostile":
+            labels.append((parts[1], int(parts[2]), int(parts[3])))
+    return labels
+
+
+def check_hostile(
+    verdict: Verdict,
+    *,
+    frames_stream: str,
+    sessions: Sequence[Any],
+    items: Sequence[Mapping[str, Any]],
+    redirect_stream: str,
+    redirect_record: Any,
+    redirects_served: int,
+    trap_connections: int,
+    breaker_stream: str,
+    breaker_record: Any,
+    breaker_sessions: int,
+    max_failures: int,
+    disruptions: int,
+) -> None:
+    """The hostile-upstream invariants of the module docstring, added to ``verdict``."""
+    stored_data = {item.get("message_data") for item in items if item.get("message_data")}
+    stored_digests = {item.get("data_sha256") for item in items if item.get("data_sha256")}
+    sent = checked = 0
+    for session in sessions:
+        for kind, n, size in _hostile_labels(session):
+            sent += 1
+            if session.closed_at is not None:
+                continue
+            checked += 1
+            data = hostile_frame_data(frames_stream, kind, n, size)
+            digest = hashlib.sha256(data.encode()).hexdigest()
+            if data not in stored_data and digest not in stored_digests:
+                verdict.add("hostile_lost", frames_stream,
+                            f"{kind} frame #{n} ({size or len(data)} bytes) sent to session "
+                            f"{session.session_id} is stored nowhere")  # fmt: skip
+    if not checked:
+        verdict.add(
+            "hostile_lost", frames_stream,
+            f"none of {sent} hostile frame(s) reached a session open at the end",
+        )  # fmt: skip
+    reason = getattr(redirect_record, "stop_reason", None)
+    if reason != "upstream_refused":
+        verdict.add("refused", redirect_stream, f"stop_reason {reason!r}, not upstream_refused")
+    if not redirects_served:
+        verdict.add("refused", redirect_stream, "the upstream never served the redirect")
+    if trap_connections:
+        verdict.add(
+            "refused", redirect_stream,
+            f"the refused redirect target got {trap_connections} connection(s)",
+        )  # fmt: skip
+    state = getattr(getattr(breaker_record, "desired_state", None), "value", None)
+    if state != "FAILED":
+        verdict.add("breaker", breaker_stream, f"ended {state}, not FAILED")
+    bound = max_failures + disruptions
+    if breaker_sessions > bound:
+        verdict.add("breaker", breaker_stream,
+                    f"{breaker_sessions} sessions before FAILED, more than {max_failures} "
+                    f"failures + {disruptions} disruptions")  # fmt: skip
+    verdict.figures.update(
+        {
+            "hostile_frames_sent": sent,
+            "hostile_frames_checked": checked,
+            "redirects_served": redirects_served,
+            "breaker_sessions": breaker_sessions,
+        }
+    )

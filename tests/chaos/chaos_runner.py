@@ -5,12 +5,18 @@ One run:
 1. start a :class:`~wsfleet_local.faults.FaultyFleet` (moto, simulator, the three Lambdas,
    the Streams poller, N workers whose AWS traffic crosses the fault proxy) with short
    timings, and START the streams through the API;
-2. play the seeded schedule (:mod:`chaos_schedule`) while a sampler thread records the
-   connections table every ~0.2 s;
-3. heal: clear faults, SIGCONT paused workers, replace dead ones; wait until the fleet
-   converges (bounded);
-4. collect the simulator's session log, the records and every stored message, and check the
-   invariants (:mod:`chaos_history`).
+2. START the hostile-upstream streams beside them: ``hostile-frames`` (armed with bad-seq and
+   maximum-size non-ASCII frames during the run and again once healed), ``hostile-flood``
+   (``flood_rate`` frames/s, audited like the others), ``hostile-redirect`` (a 302 to
+   127.0.0.2, where a trap listener counts connections) and ``hostile-breaker`` (every session
+   opens with a frame over the worker's limit: it must end FAILED);
+3. play the seeded schedule (:mod:`chaos_schedule`, including its poison and hostile tracks)
+   while a sampler thread records the connections table every ~0.2 s;
+4. heal: clear faults, SIGCONT paused workers, replace dead ones, poison the live workers'
+   queues once more; wait until the fleet converges (bounded), then arm hostile frames on the
+   quiet fleet and wait (bounded) until they are stored and the poisoned queues drain;
+5. collect the simulator's session log, the records, every stored message and the workers'
+   exits and STOP log lines, and check the invariants (:mod:`chaos_history`).
 
 Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET_CHAOS_SEED``,
 ``WSFLEET_CHAOS_WORKERS``, ``WSFLEET_CHAOS_STREAMS``, ``WSFLEET_CHAOS_SECONDS``,
@@ -26,6 +32,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -34,12 +41,31 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from chaos_history import Pause, Sample, Verdict, check_history
-from chaos_schedule import FAULT_MENUS, Action, make_schedule
+from chaos_history import (
+    ForgedStop,
+    Pause,
+    Sample,
+    Verdict,
+    WorkerExit,
+    check_history,
+    check_hostile,
+    check_poison,
+)
+from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
 
 __all__ = ["DEFAULT_SEED", "ChaosConfig", "ChaosReport", "run_chaos"]
 
 DEFAULT_SEED = 20240601
+
+#: The hostile-upstream track's streams (outside the schedule's STOP/START draws).
+HOSTILE_FRAMES = "hostile-frames"  # normal frames, plus bad-seq and maximum-size ones
+HOSTILE_FLOOD = "hostile-flood"  # normal frames at ChaosConfig.flood_rate: fully audited
+HOSTILE_REDIRECT = "hostile-redirect"  # 302 to a loopback host the policy refuses
+HOSTILE_BREAKER = "hostile-breaker"  # every session opens with a frame over the limit
+#: Over WORKER_MAX_FRAME_BYTES (393,216): the worker's client closes 1009, a poison failure.
+BREAKER_FRAME_BYTES = 500_000
+#: The refused redirect target: loopback, but not 127.0.0.1 (the local allowed list).
+TRAP_HOST = "127.0.0.2"
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,8 @@ class ChaosConfig:
     #: reconcile pass cut short is only replaced after it (see the report's convergence time).
     converge_timeout_seconds: float = 150.0
     sample_every_seconds: float = 0.2
+    flood_rate: float = 50.0  # frames/s on the hostile-flood stream
+    breaker_max_failures: int = 5
     run_dir: Path | None = None
 
     @classmethod
@@ -159,15 +187,58 @@ class _Sampler(threading.Thread):
         self.join(10)
 
 
+class _Trap(threading.Thread):
+    """Listens on the refused redirect target and counts connections (there must be none)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="chaos-trap", daemon=True)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((TRAP_HOST, 0))
+        self._sock.listen(16)
+        self._sock.settimeout(0.5)
+        self.port = int(self._sock.getsockname()[1])
+        self.accepted = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+        self._sock.close()
+
+
 class _Chaos:
     """Plays a schedule against a running FaultyFleet (single-threaded, like LocalFleet)."""
 
-    def __init__(self, faulty: Any, config: ChaosConfig, report: ChaosReport) -> None:
+    def __init__(
+        self, faulty: Any, config: ChaosConfig, report: ChaosReport, client: Any = None
+    ) -> None:
         self.faulty = faulty
         self.fleet = faulty.fleet
         self.config = config
         self.report = report
+        self.client = client
         self.rng = random.Random(config.seed + 1)
+        # The poison track draws from its own RNG so it leaves the STOP/START choices alone.
+        self.poison_rng = random.Random(config.seed + 2)
+        self.all_slots = list(self.fleet.workers)  # every worker incarnation, for `survived`
+        self.poisoned_queues: dict[str, str] = {}  # control queue url -> its worker id
+        self.forged: list[ForgedStop] = []
+        # Forged-STOP targets are never STOPped by the schedule, so any STOP a worker applies
+        # to one of them was the forged one.
+        self.protected: set[str] = set()
+        self.poison_refused: dict[str, int] = {}  # body label -> times SQS refused it
+        self.poison_sent = 0
         self.ids = [f"chaos-{i:03d}" for i in range(config.streams)]
         self.desired = dict.fromkeys(self.ids, "STARTED")
         self.paused: dict[int, tuple[str, float]] = {}  # slot -> (worker id, stopped at)
@@ -224,6 +295,7 @@ class _Chaos:
                     return 0.5
                 self.revive_waits.pop(action.slot, None)
                 new = fleet.restart_worker(action.slot, wait_ready=False)
+                self.all_slots.append(new)
                 self.log(f"replaced {slot.worker_id} by {new.worker_id}")
             case "pause":
                 if not _running(slot):
@@ -242,8 +314,12 @@ class _Chaos:
                 self.log(f"SIGTERM {slot.worker_id} (rolling restart)")
                 return None
             case "stop" | "start":
-                started = sorted(i for i, s in self.desired.items() if s == "STARTED")
-                stopped = sorted(i for i, s in self.desired.items() if s == "STOPPED")
+                started = sorted(
+                    i for i, s in self.desired.items() if s == "STARTED" and i not in self.protected
+                )
+                stopped = sorted(
+                    i for i, s in self.desired.items() if s == "STOPPED" and i not in self.protected
+                )
                 # a re-START needs a stopped stream: with none yet, STOP one instead
                 if action.kind == "start" and stopped:
                     again = self.rng.choice(stopped)
@@ -262,6 +338,10 @@ class _Chaos:
                 self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in rules])
                 self.fault_window_end = action.at + action.duration
                 self.log(f"faults on: {name} for {action.duration:.1f} s")
+            case "poison":
+                self._poison()
+            case "hostile":
+                self.arm_hostile()
             case "clear":
                 if action.at + 1e-6 >= self.fault_window_end:
                     self.faulty.faults.clear_rules()
@@ -269,6 +349,91 @@ class _Chaos:
             case _:
                 raise ValueError(f"unknown action {action.kind}")
         return None
+
+    def _send(self, sqs: Any, url: str, label: str, body: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            sqs.send_message(QueueUrl=url, MessageBody=body)
+            self.poison_sent += 1
+        except ClientError as exc:  # SQS refused it at the door (size, characters): recorded
+            self.poison_refused[label] = self.poison_refused.get(label, 0) + 1
+            code = exc.response.get("Error", {}).get("Code")
+            if self.poison_refused[label] == 1:
+                self.log(f"poison {label!r} refused by SQS ({code})")
+
+    def _poison(self) -> None:
+        """Poison bodies to the hint queue and every running worker's control queue, and a
+        forged STOP (the stream's current epoch, so only the record can tell) to each."""
+        from wsfleet.control import StopCommand, control_queue_name
+        from wsfleet.record import connection_pk
+
+        sqs = _direct_client("sqs", self.fleet.endpoint_url)
+        hint_url = self.fleet.resources.queues["HintQueue"]
+        for label, body in POISON_BODIES:
+            self._send(sqs, hint_url, label, body)
+        records = _records(self.client, self.fleet.resources.connections_table)
+        targets = []
+        poisoned = 0
+        for index, slot in enumerate(self.fleet.workers):
+            if not _running(slot) or index in self.paused:
+                continue
+            name = control_queue_name(self.fleet.control_queue_prefix, slot.worker_id)
+            try:
+                url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            except sqs.exceptions.QueueDoesNotExist:  # a worker still starting: next time
+                continue
+            self.poisoned_queues[url] = slot.worker_id
+            poisoned += 1
+            for label, body in POISON_BODIES:
+                self._send(sqs, url, label, body)
+            held = sorted(
+                i for i, r in records.items()
+                if r.lease_owner == slot.worker_id and self.desired.get(i) == "STARTED"
+                and i not in self.protected
+            )  # fmt: skip
+            if held:
+                victim = self.poison_rng.choice(held)
+                epoch = records[victim].lease_epoch
+                self.protected.add(victim)
+                self.forged.append(ForgedStop(victim, slot.worker_id, epoch))
+                sqs.send_message(
+                    QueueUrl=url, MessageBody=StopCommand(connection_pk(victim), epoch).body()
+                )
+                targets.append(f"{victim}@{epoch}")
+        self.log(
+            f"poison: {len(POISON_BODIES)} bodies to the hint queue and "
+            f"{poisoned} control queue(s); forged STOP of {', '.join(targets) or 'none'}"
+        )
+
+    def start_hostile(self, trap_port: int) -> None:
+        """START the hostile-upstream streams, each with the end state it must reach."""
+        sim = self.fleet.simulator
+        sim.open_stream(HOSTILE_FLOOD, rate=self.config.flood_rate)
+        sim.redirect_stream(HOSTILE_REDIRECT, f"ws://{TRAP_HOST}:{trap_port}/trap")
+        sim.poison_stream(HOSTILE_BREAKER, BREAKER_FRAME_BYTES)
+        for stream_id, end in (
+            (HOSTILE_FRAMES, "STARTED"),
+            (HOSTILE_FLOOD, "STARTED"),
+            (HOSTILE_REDIRECT, "STOPPED"),
+            (HOSTILE_BREAKER, "FAILED"),
+        ):
+            self.api.start(stream_id, sim.url_for(stream_id))
+            self.desired[stream_id] = end
+            self.protected.add(stream_id)
+        self.log(
+            f"hostile upstreams: {HOSTILE_FLOOD} at {self.config.flood_rate:g}/s, "
+            f"{HOSTILE_REDIRECT} -> {TRAP_HOST}:{trap_port}, {HOSTILE_BREAKER} opens with "
+            f"{BREAKER_FRAME_BYTES} bytes"
+        )
+
+    def arm_hostile(self, max_size_frames: int = 1) -> None:
+        sim = self.fleet.simulator
+        for kind in ("huge_seq", "digits_seq", "out_of_range_seq"):
+            sim.inject_hostile(HOSTILE_FRAMES, kind)
+        for _ in range(max_size_frames):  # several back to back: a burst of the largest
+            sim.inject_hostile(HOSTILE_FRAMES, "max_size")
+        self.log(f"hostile frames armed on {HOSTILE_FRAMES} ({max_size_frames} max-size)")
 
     def _resume(self, index: int) -> None:
         entry = self.paused.pop(index, None)
@@ -287,6 +452,7 @@ class _Chaos:
         for index, slot in enumerate(self.fleet.workers):
             if not slot.alive():
                 new = self.fleet.restart_worker(index, wait_ready=False)
+                self.all_slots.append(new)
                 self.log(f"heal: replaced {slot.worker_id} by {new.worker_id}")
 
 
@@ -383,6 +549,110 @@ def _diagnose(chaos: _Chaos, client: Any) -> list[str]:
     return lines
 
 
+def _hostile_evidence(
+    chaos: _Chaos,
+    sessions: list[Any],
+    items: dict[str, Any],
+    records: dict[str, Any],
+    schedule: list[Action],
+) -> dict[str, Any]:
+    return dict(
+        frames_stream=HOSTILE_FRAMES,
+        sessions=[s for s in sessions if s.stream_id == HOSTILE_FRAMES],
+        items=items.get(HOSTILE_FRAMES, []),
+        redirect_stream=HOSTILE_REDIRECT,
+        redirect_record=records.get(HOSTILE_REDIRECT),
+        redirects_served=chaos.fleet.simulator.redirects_served(HOSTILE_REDIRECT),
+        breaker_stream=HOSTILE_BREAKER,
+        breaker_record=records.get(HOSTILE_BREAKER),
+        breaker_sessions=sum(1 for s in sessions if s.stream_id == HOSTILE_BREAKER),
+        max_failures=chaos.config.breaker_max_failures,
+        disruptions=sum(1 for a in schedule if a.kind in ("kill", "term", "pause", "restart")),
+    )
+
+
+def _hostile_stored(chaos: _Chaos, client: Any) -> bool:
+    """Whether every hostile frame sent to a still-open session is stored yet."""
+    from wsfleet.messages import MessageStore
+    from wsfleet.record import connection_pk
+
+    scratch = Verdict()
+    sessions = chaos.fleet.simulator.sessions(HOSTILE_FRAMES)
+    items = MessageStore(client, chaos.fleet.resources.messages_table).read_all(
+        connection_pk(HOSTILE_FRAMES)
+    )
+    check_hostile(
+        scratch, **{**_hostile_evidence(chaos, sessions, {HOSTILE_FRAMES: items}, {}, []),
+                    "trap_connections": 0},
+    )  # fmt: skip
+    return not any(v.invariant == "hostile_lost" for v in scratch.violations)
+
+
+def _queue_depth(sqs: Any, url: str) -> int:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return sum(int(v) for v in attributes.values())
+
+
+def _wait_drained(chaos: _Chaos, timeout: float = 30.0) -> dict[str, int]:
+    """Depth of every poisoned queue still consumed (the hint queue, the control queues of live
+    workers) once all are empty, or when ``timeout`` runs out (bounded, like convergence).
+    A dead worker's control queue has no consumer: its messages stay, and prove nothing."""
+    if not chaos.poisoned_queues and not chaos.poison_sent:
+        return {}
+    sqs = _direct_client("sqs", chaos.fleet.endpoint_url)
+    live = _live_worker_ids(chaos.fleet)
+    queues = {"HintQueue": chaos.fleet.resources.queues["HintQueue"]}
+    queues.update({f"control:{w}": url for url, w in chaos.poisoned_queues.items() if w in live})
+    deadline = time.monotonic() + timeout
+    while True:
+        depths = {name: _queue_depth(sqs, url) for name, url in queues.items()}
+        if not any(depths.values()) or time.monotonic() > deadline:
+            return depths
+        time.sleep(0.5)
+
+
+def _dead_lettered_poison(chaos: _Chaos) -> int:
+    """Poison bodies in the hint DLQ (read at the very end; nothing consumes that queue)."""
+    url = chaos.fleet.resources.queues.get("HintDeadLetterQueue")
+    if not url or not chaos.poison_sent:
+        return 0
+    sqs = _direct_client("sqs", chaos.fleet.endpoint_url)
+    poison = {body for _, body in POISON_BODIES}
+    found = 0
+    for _ in range(20):  # bounded: a DLQ deeper than 200 messages is its own failure
+        messages = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60
+        ).get("Messages", [])
+        if not messages:
+            break
+        found += sum(1 for m in messages if m.get("Body") in poison)
+    return found
+
+
+def _stop_outcomes(slots: list[Any]) -> dict[str, list[bool]]:
+    """Per stream, the ``applied`` flag of every "STOP command received" the workers logged."""
+    outcomes: dict[str, list[bool]] = {}
+    for slot in slots:
+        path = slot.process.log_path
+        if path is None or not Path(path).exists():
+            continue
+        with open(path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                if "STOP command received" not in line or "{" not in line:
+                    continue
+                try:
+                    entry = json.loads(line[line.index("{") :])
+                except ValueError:
+                    continue
+                stream = entry.get("connection_id")
+                if isinstance(stream, str) and "applied" in entry:
+                    outcomes.setdefault(stream, []).append(bool(entry["applied"]))
+    return outcomes
+
+
 def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One full scenario; never raises for a violated invariant (see the report)."""
     from wsfleet.messages import MessageStore
@@ -414,22 +684,34 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         timings=timings,
         rate=config.rate,
         run_dir=run_dir,
-        extra_worker_env={"POWERTOOLS_LOG_LEVEL": "INFO", "WORKER_METRICS_FLUSH_SECONDS": "5"},
+        extra_worker_env={
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+            "WORKER_METRICS_FLUSH_SECONDS": "5",
+            # explicit: the breaker check bounds the sessions by it
+            "WORKER_BREAKER_MAX_FAILURES": str(config.breaker_max_failures),
+        },
     )
     sampler: _Sampler | None = None
+    trap: _Trap | None = None
     try:
         faulty.start()
         fleet = faulty.fleet
         client = _direct_client("dynamodb", fleet.endpoint_url)
-        chaos = _Chaos(faulty, config, report)
+        chaos = _Chaos(faulty, config, report, client)
         for stream_id in chaos.ids:
             chaos.api.start(stream_id, fleet.simulator.url_for(stream_id))
         _wait(lambda: _is_converged(chaos, client), 60 + config.streams, "initial streaming")
+        trap = _Trap()
+        trap.start()
+        chaos.start_hostile(trap.port)
         sampler = _Sampler(client, fleet.resources.connections_table, config.sample_every_seconds)
         sampler.start()
         chaos.log(f"{config.streams} streams streaming on {config.workers} workers; chaos begins")
         chaos.run_schedule(schedule)
         chaos.heal()
+        # Poison once more while healed: these workers live to the end, so their queues must
+        # be seen draining (the ones poisoned under chaos may have been killed since).
+        chaos._poison()
         healed = time.monotonic()
         try:
             _wait(lambda: _is_converged(chaos, client), config.converge_timeout_seconds,
@@ -439,13 +721,21 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             chaos.log("did not converge in time")
             for line in _diagnose(chaos, client):
                 chaos.log(f"  diagnosis: {line}")
+        # Hostile frames on a quiet fleet too: the session they reach lives to the end, so
+        # every one of them must be found stored (bounded wait, like convergence).
+        chaos.arm_hostile(max_size_frames=3)
+        try:
+            _wait(lambda: _hostile_stored(chaos, client), 30, "hostile frames stored", 0.5)
+        except TimeoutError:
+            chaos.log("hostile frames not all stored in time")
         time.sleep(2 * config.heartbeat_seconds + 0.5)  # checkpoints catch up
+        depths = _wait_drained(chaos)
         sampler.stop()
         end_time = time.time()
         sessions = fleet.simulator.sessions()
         records = _records(client, fleet.resources.connections_table)
         messages = MessageStore(client, fleet.resources.messages_table)
-        items = {i: messages.read_all(connection_pk(i)) for i in chaos.ids}
+        items = {i: messages.read_all(connection_pk(i)) for i in chaos.desired}
         report.verdict = check_history(
             expected_states=chaos.desired,
             final_records=records,
@@ -458,6 +748,24 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             resume_grace_seconds=config.heartbeat_seconds + 2.0,
             end_time=end_time,
         )
+        check_poison(
+            report.verdict,
+            exits=[
+                WorkerExit(s.worker_id, s.process.popen.poll(), tuple(s.process.signals_sent))
+                for s in chaos.all_slots
+            ],
+            queue_depths=depths,
+            dead_lettered=_dead_lettered_poison(chaos),
+            forged=chaos.forged,
+            stop_outcomes=_stop_outcomes(chaos.all_slots),
+        )
+        check_hostile(
+            report.verdict,
+            **_hostile_evidence(chaos, sessions, items, records, schedule),
+            trap_connections=trap.accepted,
+        )
+        report.verdict.figures["poison_sent"] = chaos.poison_sent
+        report.verdict.figures["poison_refused_by_sqs"] = chaos.poison_refused
         stats = faulty.faults.stats()
         report.proxy = {
             "requests": stats.total(),
@@ -469,6 +777,8 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
     finally:
         if sampler is not None and sampler.is_alive():
             sampler.stop()
+        if trap is not None:
+            trap.stop()
         faulty.stop()
         report.wall_seconds = time.monotonic() - began
     return report

@@ -17,6 +17,11 @@ stop          STOP a random STARTED stream through the API
 start         re-START a random STOPPED stream through the API
 faults        inject DynamoDB/SQS faults through the proxy for ``duration`` s; ``clear`` after
               (its own track of non-overlapping windows, every menu in turn)
+hostile       arm one of each hostile frame (bad seqs, a maximum-size non-ASCII frame) on the
+              hostile-frames stream (its own track, drawn after the poison track)
+poison        send every :data:`POISON_BODIES` body to the hint queue and to each running
+              worker's control queue, plus a forged well-formed STOP (current epoch) of a
+              stream that worker holds (its own track, drawn after the others)
 ============  ==============================================================================
 
 The seed fixes the schedule, the runner's choices and the proxy's fault draws; process timing
@@ -29,7 +34,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FAULT_MENUS", "Action", "make_schedule"]
+__all__ = ["FAULT_MENUS", "POISON_BODIES", "Action", "make_schedule"]
 
 #: Fault sets a ``faults`` action picks from (FaultRule fields). Probabilities are per request.
 FAULT_MENUS: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
@@ -56,6 +61,23 @@ FAULT_MENUS: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
         {"kind": "503", "service": "sqs", "probability": 0.1},
     )),
 )  # fmt: skip
+
+#: Unusable queue bodies (label, body) the ``poison`` action sends. None may cost a worker its
+#: life or stay in a queue: each is counted (InvalidHints / InvalidControlMessages) and deleted.
+#: SQS itself refuses a body over 256 KiB or with characters outside its XML range, so the
+#: "huge" body may be refused at the door (the runner records which were sent).
+POISON_BODIES: tuple[tuple[str, str], ...] = (
+    ("deep nesting", "[" * 5000),
+    ("300 KB garbage", "\u00e9garbage!" * 30_000),
+    ("250 KB garbage", "#" * 250_000),
+    ("mojibake", "caf\u00c3\u00a9 \ufffd\ufffd \u00ff\u00fe\u00bf\u00bd \U0001f4a9 \ud7ff"),
+    ("wrong types", '{"pk": 5, "epoch": "seven", "type": ["STOP"]}'),
+    ("pk list", '{"pk": ["CONN#chaos-000"], "epoch": 1}'),
+    ("bool epoch", '{"type": "STOP", "pk": "CONN#chaos-000", "epoch": true}'),
+    ("huge epoch", '{"type": "STOP", "pk": "CONN#chaos-000", "epoch": 1e400}'),
+    ("not an object", '"CONN#chaos-000"'),
+    ("null", "null"),
+)
 
 #: Relative weights of the primary actions.
 WEIGHTS = {
@@ -136,7 +158,17 @@ def make_schedule(
         else:
             actions.append(Action(t, kind))
         t += rng.expovariate(1 / mean_gap)
-    return sorted(actions + _fault_windows(rng, duration))
+    faults = _fault_windows(rng, duration)
+    # Drawn last, so adding these tracks left the other tracks of a seed unchanged.
+    poison = _poison_track(rng, duration)
+    hostile = [Action(rng.uniform(0.2, 0.6) * duration, "hostile")]
+    return sorted(actions + faults + poison + hostile)
+
+
+def _poison_track(rng: random.Random, duration: float, count: int = 2) -> list[Action]:
+    """``count`` poison deliveries in the first two thirds of the run: late enough that the
+    fleet is busy, early enough that the queues are watched draining under chaos."""
+    return [Action(rng.uniform(0.15, 0.66) * duration, "poison") for _ in range(count)]
 
 
 def _fault_windows(rng: random.Random, duration: float) -> list[Action]:

@@ -6,13 +6,24 @@ defect and expects exactly that invariant to be reported.
 
 from __future__ import annotations
 
+import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from chaos_history import Pause, Sample, check_history
+from chaos_history import (
+    ForgedStop,
+    Pause,
+    Sample,
+    Verdict,
+    WorkerExit,
+    check_history,
+    check_hostile,
+    check_poison,
+)
 from chaos_schedule import make_schedule
 
 from wsfleet.record import DesiredState
+from wsfleet_local.simulator import hostile_frame_data
 
 END = 1000.0
 
@@ -24,6 +35,7 @@ class Rec:
     lease_expires_at_ms: int = int((END + 10) * 1000)
     last_seq: int = 3
     lease_epoch: int = 2
+    stop_reason: str | None = None
 
 
 @dataclass
@@ -33,6 +45,7 @@ class Sess:
     opened_at: float
     closed_at: float | None = None
     gap: int = 0
+    faults: tuple[str, ...] = field(default_factory=tuple)
 
 
 def item(seq: int, epoch: int = 2, received: float = 500.0, data: str | None = None) -> dict:
@@ -131,3 +144,113 @@ def test_schedules_are_reproducible_and_keep_one_worker_untouched():
             disrupted[action.slot] = action.at + 10
         if action.kind in ("revive", "resume"):
             disrupted[action.slot] = action.at
+
+
+# -- poison-message track ----------------------------------------------------------------------
+
+
+def poison(**overrides) -> Verdict:
+    base = dict(
+        exits=[WorkerExit("w1", None, ()), WorkerExit("w0", -9, (9,)),
+               WorkerExit("w2", 0, (19, 18, 15))],
+        queue_depths={"HintQueue": 0, "control:w1": 0},
+        dead_lettered=0,
+        forged=[ForgedStop("s", "w1", 2)],
+        stop_outcomes={"s": [False], "t": [True]},
+    )  # fmt: skip
+    base.update(overrides)
+    verdict = Verdict()
+    check_poison(verdict, **base)
+    return verdict
+
+
+def test_a_clean_poison_history_passes():
+    verdict = poison()
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["forged_stops_refused"] == 1
+
+
+def test_a_worker_that_died_unprompted_did_not_survive():
+    # paused and resumed (SIGSTOP 19, SIGCONT 18) is not an end the runner chose
+    died = [WorkerExit("w1", None, ()), WorkerExit("w3", 1, (19, 18))]
+    assert invariants(poison(exits=died)) == {"survived"}
+
+
+def test_a_poisoned_queue_left_non_empty_or_dead_lettered_did_not_drain():
+    assert invariants(poison(queue_depths={"HintQueue": 0, "control:w1": 2})) == {"drained"}
+    assert invariants(poison(dead_lettered=1)) == {"drained"}
+
+
+def test_an_applied_forged_stop_is_reported():
+    assert invariants(poison(stop_outcomes={"s": [False, True]})) == {"forged_stop"}
+
+
+def test_forged_stops_nobody_processed_prove_nothing():
+    assert invariants(poison(stop_outcomes={})) == {"forged_stop"}
+    assert poison(forged=[], stop_outcomes={}).ok
+
+
+# -- hostile-upstream track --------------------------------------------------------------------
+
+MAX = hostile_frame_data("h", "max_size", 2, 400)
+
+
+def local(data: str) -> dict:
+    return {"sk": "L2-1-1", "message_data": data, "lease_epoch": 2}
+
+
+def marker(data: str) -> dict:
+    return {"sk": "L2-1-2", "data_sha256": hashlib.sha256(data.encode()).hexdigest()}
+
+
+def hostile(**overrides) -> Verdict:
+    base = dict(
+        frames_stream="h",
+        sessions=[Sess("h", 1, 100.0, 150.0, faults=("hostile:huge_seq:9:0",)),  # killed
+                  Sess("h", 2, 151.0, faults=("drop", "hostile:huge_seq:1:0",
+                                              "hostile:max_size:2:400"))],
+        items=[item(1), local("hostile:h:huge_seq:1"), marker(MAX)],
+        redirect_stream="r",
+        redirect_record=Rec(DesiredState.STOPPED, "", stop_reason="upstream_refused"),
+        redirects_served=3,
+        trap_connections=0,
+        breaker_stream="b",
+        breaker_record=Rec(desired_state=DesiredState.FAILED, lease_owner=""),
+        breaker_sessions=7,
+        max_failures=5,
+        disruptions=2,
+    )  # fmt: skip
+    base.update(overrides)
+    verdict = Verdict()
+    check_hostile(verdict, **base)
+    return verdict
+
+
+def test_a_clean_hostile_history_passes():
+    # the frame sent to the killed session (#9) may be lost; the open session's are stored,
+    # one as its data under a local key, the maximum-size one as a marker of its digest
+    verdict = hostile()
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["hostile_frames_checked"] == 2
+
+
+def test_a_hostile_frame_missing_from_a_live_session_is_lost():
+    assert invariants(hostile(items=[item(1), marker(MAX)])) == {"hostile_lost"}
+    assert invariants(hostile(items=[item(1), local("hostile:h:huge_seq:1")])) == {"hostile_lost"}
+
+
+def test_no_hostile_frame_reaching_a_live_session_proves_nothing():
+    killed = [Sess("h", 1, 100.0, 150.0, faults=("hostile:huge_seq:9:0",))]
+    assert invariants(hostile(sessions=killed)) == {"hostile_lost"}
+
+
+def test_a_redirect_not_refused_or_reaching_its_target_is_reported():
+    wrong = Rec(DesiredState.STOPPED, "", stop_reason="user")
+    assert invariants(hostile(redirect_record=wrong)) == {"refused"}
+    assert invariants(hostile(trap_connections=1)) == {"refused"}
+    assert invariants(hostile(redirects_served=0)) == {"refused"}
+
+
+def test_the_breaker_stream_must_end_failed_within_its_bound():
+    assert invariants(hostile(breaker_record=Rec())) == {"breaker"}
+    assert invariants(hostile(breaker_sessions=8)) == {"breaker"}

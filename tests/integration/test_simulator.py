@@ -9,6 +9,7 @@ codes and the session log.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
@@ -34,9 +35,18 @@ from wsfleet_local.simulator import (
     find_overlaps,
     first_frame_after,
     frame_data,
+    hostile_frame_data,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+#: A WebSocket handshake request's headers, for a client that must not follow redirects.
+UPGRADE_HEADERS = {
+    "Upgrade": "websocket",
+    "Connection": "Upgrade",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    "Sec-WebSocket-Version": "13",
+}
 
 FAST = 200.0  # frames/s: quick tests, still slow enough that "live" is distinguishable
 WAIT = 10.0  # upper bound for any single wait; a healthy run never gets near it
@@ -423,6 +433,50 @@ def test_http_control_endpoints_through_simulator_client() -> None:
         with pytest.raises(InvalidRequest):
             client.inject_fault("s", "explode")
         assert client.current_seq("never-seen") == 0
+
+
+def test_hostile_frames_and_redirects_through_simulator_client() -> None:
+    with SimulatorThread(rate=FAST) as sim:
+        client = SimulatorClient(sim.url)
+        # one-shot hostile frames go out first, then the stream continues where it was
+        client.inject_hostile("h", "out_of_range_seq")
+        client.inject_hostile("h", "max_size", size=3000)
+        with sync_connect(client.url_for("h") + "?from_seq=1") as ws:
+            raw = [ws.recv(timeout=WAIT) for _ in range(3)]
+        bad, big, first = (json.loads(r) for r in raw)
+        assert bad["seq"] == 2**53
+        assert len(raw[1].encode()) == 3000 and "seq" not in big
+        assert_frame(first, "h", 1)
+        wait_until_sync(lambda: not client.open_sessions("h"))
+        [record] = client.sessions("h")
+        kinds = [f.split(":") for f in record.faults]
+        assert [(k[1], int(k[3])) for k in kinds] == [("out_of_range_seq", 0), ("max_size", 3000)]
+        # the label is enough to recompute what a worker must store
+        assert big["data"] == hostile_frame_data("h", "max_size", int(kinds[1][2]), 3000)
+
+        # a poisoned stream opens every session with an oversized frame: a 1009 for a client
+        client.poison_stream("p", 5000)
+        for _ in range(2):
+            with (
+                sync_connect(client.url_for("p"), max_size=4096) as ws,
+                pytest.raises(ConnectionClosedError),
+            ):
+                ws.recv(timeout=WAIT)
+        wait_until_sync(lambda: not client.open_sessions("p"))
+        assert [r.close_code for r in client.sessions("p")] == [1009, 1009]
+
+        # redirects over HTTP: every handshake answered 302, counted
+        client.redirect_stream("r", "ws://127.0.0.2:9/r")
+        # a plain HTTP client, which does not follow the redirect (websockets would)
+        http_client = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=WAIT)
+        http_client.request("GET", "/r", headers=UPGRADE_HEADERS)
+        response = http_client.getresponse()
+        response.read()  # to the end: a half-read response keeps the server waiting on stop
+        http_client.close()
+        assert (response.status, response.getheader("Location")) == (302, "ws://127.0.0.2:9/r")
+        assert client.redirects_served("r") == 1
+        with pytest.raises(InvalidRequest):
+            client.inject_hostile("h", "explode")
 
 
 def test_module_entry_point_prints_its_url_and_exits_0_on_sigterm() -> None:
