@@ -63,6 +63,14 @@ __all__ = [
 _T = TypeVar("_T")
 
 #: Worker settings for tests: short lease and heartbeat, quick polls, frequent metrics.
+#: A heartbeat slow enough that no renewal lands during a STOP test and explains its outcome
+#: either way (test_worker_stop.py, test_worker_hostile_queues.py).
+SLOW_HEARTBEAT_ENV: dict[str, str] = {
+    "LEASE_SECONDS": "30",
+    "HEARTBEAT_EVERY": "10",
+    "LEASE_SAFETY_MARGIN_SECONDS": "2",
+}
+
 FAST_WORKER_ENV: dict[str, str] = {
     "LEASE_SECONDS": "2",
     "HEARTBEAT_EVERY": "0.5",

@@ -27,11 +27,7 @@ sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
 
 # A long heartbeat: the forged STOP must not be overtaken by a renewal that would explain the
 # outcome either way (see test_worker_stop.py).
-SLOW_HEARTBEAT = {
-    "LEASE_SECONDS": "30",
-    "HEARTBEAT_EVERY": "10",
-    "LEASE_SAFETY_MARGIN_SECONDS": "2",
-}
+SLOW_HEARTBEAT = fleet_helpers.SLOW_HEARTBEAT_ENV
 
 POISON = [
     "[" * 5000,  # RecursionError inside json on main

@@ -27,11 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 # here is what makes pytest find them in this module.
 sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
 
-SLOW_HEARTBEAT = {
-    "LEASE_SECONDS": "30",
-    "HEARTBEAT_EVERY": "10",
-    "LEASE_SAFETY_MARGIN_SECONDS": "2",
-}
+SLOW_HEARTBEAT = fleet_helpers.SLOW_HEARTBEAT_ENV
 
 
 def streaming(fleet: Fleet, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
