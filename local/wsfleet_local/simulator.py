@@ -178,13 +178,19 @@ class Fault(enum.StrEnum):
     @classmethod
     def parse(cls, kind: str | Fault) -> Fault:
         """``Fault(kind)``, raising :class:`InvalidRequest` with the valid kinds listed."""
-        try:
-            return cls(kind)
-        except ValueError:
-            valid = ", ".join(f.value for f in cls)
-            raise InvalidRequest(
-                f"unknown fault kind {kind!r} (expected one of: {valid})"
-            ) from None
+        return _enum_member(cls, kind, "fault kind")
+
+
+_Member = TypeVar("_Member", bound=enum.StrEnum)
+
+
+def _enum_member(cls: type[_Member], value: str, what: str) -> _Member:
+    """``cls(value)``, or :class:`InvalidRequest` listing the valid values."""
+    try:
+        return cls(value)
+    except ValueError:
+        valid = ", ".join(member.value for member in cls)
+        raise InvalidRequest(f"unknown {what} {value!r} (expected one of: {valid})") from None
 
 
 class HostileFrame(enum.StrEnum):
@@ -198,13 +204,7 @@ class HostileFrame(enum.StrEnum):
 
     @classmethod
     def parse(cls, kind: str | HostileFrame) -> HostileFrame:
-        try:
-            return cls(kind)
-        except ValueError:
-            valid = ", ".join(f.value for f in cls)
-            raise InvalidRequest(
-                f"unknown hostile frame {kind!r} (expected one of: {valid})"
-            ) from None
+        return _enum_member(cls, kind, "hostile frame")
 
 
 #: Size of a MAX_SIZE frame when none is given: the worker's default WORKER_MAX_FRAME_BYTES.
