@@ -37,6 +37,7 @@ class WorkerConfig:
     control_wait_seconds: int = 20
     control_channel: bool = True
     metrics_flush_seconds: float = 60.0
+    sweep_seconds: float = 30.0
     io_threads: int = 16
     write_threads: int = 4
     queue_frames: int = 10_000
@@ -68,6 +69,10 @@ class WorkerConfig:
             raise ConfigurationError(
                 f"{_VARIABLE_OF_FIELD['max_seq_jump']} must be 0 (off) or more, "
                 f"got {self.max_seq_jump}"
+            )
+        if self.sweep_seconds <= 0:
+            raise ConfigurationError(
+                f"{_VARIABLE_OF_FIELD['sweep_seconds']} must be positive, got {self.sweep_seconds}"
             )
         if self.metrics_flush_seconds <= 0:
             raise ConfigurationError(

@@ -8,10 +8,11 @@ One root, so callers can catch "anything wsfleet said" in one place::
     ├── ConnectionNotFound        no connection item with that pk
     ├── InvalidUpstreamUrl        ws_url refused (scheme, host, SSRF guard); also a ValueError
     ├── UpstreamRefused           the worker refused a redirect hop or a resolved address
+    ├── WorkerDead                this worker's lease was killed or deleted: never renew again
     └── LeaseError                a conditional lease write was refused; carries `current`
-        ├── LeaseConflict         acquire: someone else holds a live lease
-        ├── LeaseLost             renew/release/checkpoint: owner or epoch changed (we are fenced)
-        └── ConnectionStopped     desired_state is STOPPED
+        ├── LeaseConflict         acquire: a live worker holds it (``retry_in_ms``: lapses soon)
+        ├── LeaseLost             release/checkpoint: owner or epoch changed (we are fenced)
+        └── ConnectionStopped     desired_state is not STARTED any more
 
 Lease errors carry the record DynamoDB returned with the failed condition
 (``ReturnValuesOnConditionCheckFailure=ALL_OLD``), so the caller learns *why* without a re-read.
@@ -34,6 +35,7 @@ __all__ = [
     "LeaseLost",
     "StoreError",
     "UpstreamRefused",
+    "WorkerDead",
     "WsfleetError",
 ]
 
@@ -80,6 +82,11 @@ class UpstreamRefused(WsfleetError):
     """
 
 
+class WorkerDead(WsfleetError):
+    """This worker's lease is over for good: a peer killed it (it had expired) or its item is
+    gone. Every session is fenced already or must be now; the process starts over."""
+
+
 class LeaseError(WsfleetError):
     """A conditional write on a lease was refused.
 
@@ -92,7 +99,17 @@ class LeaseError(WsfleetError):
 
 
 class LeaseConflict(LeaseError):
-    """Acquire refused: another worker holds a lease that has not expired."""
+    """Acquire refused: the owner's worker lease is live.
+
+    ``retry_in_ms`` is set when that lease lapses within the early-hint wait budget: trying
+    again after that long may take the connection over.
+    """
+
+    def __init__(
+        self, message: str, current: ConnectionRecord | None, *, retry_in_ms: int | None = None
+    ) -> None:
+        super().__init__(message, current)
+        self.retry_in_ms = retry_in_ms
 
 
 class LeaseLost(LeaseError):

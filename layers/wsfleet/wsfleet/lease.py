@@ -1,31 +1,39 @@
-"""Lease rules: pure decisions over a record, a lease and a clock reading.
+"""Lease rules (model v2): pure decisions over records, a worker lease and a clock reading.
 
-Nothing here does I/O or reads a clock; callers pass ``now_ms``. The store turns the same rules
-into DynamoDB condition expressions, and :mod:`tests.unit.test_lease` pins both to one truth
-table.
+Nothing here does I/O, reads a clock or imports boto3/asyncio; callers pass ``now_ms``. The
+store turns the same rules into DynamoDB condition expressions, and :mod:`tests.unit.test_lease`
+pins both to one truth table.
 
-Vocabulary:
+The model:
 
-* A record is **expired** when ``lease_expires_at_ms < now``. A free record (never acquired,
-  or released with expiry 0) is expired by definition, which is why released connections are
-  found by the orphan query at once.
-* A connection is **acquirable** when it is STARTED and expired.
-* A :class:`Lease` is what a holder remembers after acquiring: pk, owner, epoch and expiry.
-  The record is **ours** while owner *and* epoch still match. Checking the epoch, not only the
-  owner, fences a worker that lost a lease and then re-acquired it: its old session still holds
-  the old epoch and can no longer write.
-* A holder **self-fences** when no renewal has succeeded by ``expires_at - margin``: it closes the
-  socket before any peer may legally acquire.
-* An **early hint** names a lease about to lapse. SQS delays are whole seconds, so it is sent
-  to land up to a second *before* the expiry, and the worker that receives it waits out the
-  rest (:func:`acquire_wait_ms`): the takeover starts at the expiry, not up to a second after.
+* A **worker lease** (the worker item's ``expires_at_ms``) is the only thing renewed on a
+  heartbeat: one write per worker per heartbeat, whatever it holds.
+* A **connection** names its owner (``lease_owner``) and an **epoch**; it is alive while its
+  owner's worker lease is. Connection items are written only when ownership or the checkpoint
+  changes, never to stay alive.
+* The epoch is the fence: every holder write is conditional on owner *and* epoch, so a
+  session that lost its connection can never write to it again, even after the same worker
+  re-acquired it.
+* **Takeover** of a connection whose owner's lease expired takes two plain conditional writes,
+  no transaction: first the **kill** (``dead_at_ms`` on the owner's worker item, conditional on
+  its lease having expired and not yet being dead); a worker's heartbeat is conditional on not
+  being dead, so the killed worker can never renew again. Then the connection is taken with an
+  update conditional on the owner and epoch seen. A hundred peers taking over one dead
+  worker's connections contend on nothing but those connections: the first kill wins, the
+  others read ``dead`` and go ahead.
+* A worker **self-fences** when no renewal has succeeded by ``expires_at - margin``: it closes
+  every socket before any peer may kill it, and its incarnation is over (it never renews again:
+  its connections would otherwise stay owned by a live worker without a session).
+* An **early hint** names a worker whose lease is about to lapse. SQS delays are whole
+  seconds, so it is sent to land up to a second *before* the expiry, and the worker that
+  receives it waits out the rest (:func:`takeover_verdict`): the takeover starts at the
+  expiry, not up to a second after.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import StrEnum
-from typing import TypeGuard
+from dataclasses import dataclass
+from enum import Enum, StrEnum
 
 from .record import ConnectionRecord, DesiredState, WorkerRecord
 
@@ -36,53 +44,47 @@ __all__ = [
     "Lease",
     "LeaseState",
     "RefusalReason",
-    "acquire_wait_ms",
+    "TakeoverVerdict",
+    "TimerAction",
+    "WorkerLeaseTimer",
     "breaker_verdict",
+    "checkpoint_due",
     "hint_delay_seconds",
     "is_acquirable",
-    "is_expired",
     "is_fenced",
     "is_free",
-    "is_orphan",
     "is_ours",
-    "is_own_acquire",
     "is_stale_checkpoint",
     "is_worker_alive",
     "lease_expires_in_ms",
     "lease_state",
     "refusal_reason",
-    "self_fence_at_ms",
-    "should_self_fence",
-    "will_expire_before",
+    "takeover_verdict",
 ]
 
 #: SQS caps DelaySeconds at 15 minutes.
 MAX_HINT_DELAY_SECONDS = 900
-#: The longest a worker waits for a hinted lease to lapse before it acquires: the second an
-#: early hint may land ahead of the expiry, plus room for clock skew and delivery jitter.
+#: The longest a worker waits for a hinted owner's lease to lapse before it takes over: the
+#: second an early hint may land ahead of the expiry, plus room for clock skew and jitter.
 EARLY_HINT_MAX_WAIT_MS = 2_000
 
 
 @dataclass(frozen=True)
 class Lease:
-    """What a holder knows about the lease it won. Immutable; renewals return a new one."""
+    """What a holder knows about a connection it won: its key, the owner id and the epoch."""
 
     pk: str
     owner: str
     epoch: int
-    expires_at_ms: int
 
     @classmethod
     def of(cls, record: ConnectionRecord) -> Lease:
-        """The lease described by a record the caller just acquired or renewed."""
-        return cls(record.pk, record.lease_owner, record.lease_epoch, record.lease_expires_at_ms)
-
-    def extended_to(self, expires_at_ms: int) -> Lease:
-        return replace(self, expires_at_ms=expires_at_ms)
+        """The lease described by a record the caller just acquired."""
+        return cls(record.pk, record.lease_owner, record.lease_epoch)
 
 
 class RefusalReason(StrEnum):
-    """Why a holder's conditional write (renew, checkpoint, release) was refused."""
+    """Why a holder's conditional write (checkpoint, release) was refused."""
 
     STOPPED = "stopped"  # still ours, but the API asked for the connection to stop
     LOST = "lost"  # owner or epoch changed: someone else may be streaming now
@@ -90,50 +92,46 @@ class RefusalReason(StrEnum):
 
 
 def is_free(record: ConnectionRecord) -> bool:
-    """Nobody has held the lease since it was created or released."""
-    return record.lease_owner == "" or record.lease_expires_at_ms == 0
+    """Nobody holds it: never acquired, or released."""
+    return record.lease_owner == ""
 
 
-def is_expired(record: ConnectionRecord, now_ms: int) -> bool:
-    """The lease no longer protects its holder (free leases count as expired)."""
-    return record.lease_expires_at_ms < now_ms
+def is_acquirable(record: ConnectionRecord) -> bool:
+    """STARTED and free: one conditional write takes it."""
+    return record.desired_state is DesiredState.STARTED and is_free(record)
 
 
-def is_acquirable(record: ConnectionRecord, now_ms: int) -> bool:
-    """A worker may take this connection now: it should run and nobody holds a live lease."""
-    return record.desired_state is DesiredState.STARTED and is_expired(record, now_ms)
-
-
-def is_orphan(record: ConnectionRecord, now_ms: int) -> bool:
-    """Should be streaming, but no live lease: the reconciler's target."""
-    return is_acquirable(record, now_ms)
+def is_worker_alive(worker: WorkerRecord | None, now_ms: int) -> bool:
+    """A worker lease protects its connections until it expires or the worker is killed."""
+    return worker is not None and not worker.dead and worker.expires_at_ms >= now_ms
 
 
 class LeaseState(StrEnum):
-    """How a connection's lease looks at ``now``, as the API and the CLI show it."""
+    """How a connection's ownership looks at ``now``, as the API and the CLI show it."""
 
     FREE = "free"  # never held, or released
-    HELD = "held"  # a holder is renewing it
-    EXPIRED = "expired"  # the holder stopped renewing
+    HELD = "held"  # its owner's worker lease is live
+    EXPIRED = "expired"  # its owner stopped renewing (or was killed): a peer may take it
 
 
-def lease_state(record: ConnectionRecord, now_ms: int) -> LeaseState:
-    """``free`` (never held or released), ``expired`` (holder stopped renewing) or ``held``."""
+def lease_state(
+    record: ConnectionRecord, owner: WorkerRecord | None, now_ms: int
+) -> LeaseState:
+    """``free``, ``held`` (owner alive) or ``expired``; ``owner`` is the owner's worker item."""
     if is_free(record):
         return LeaseState.FREE
-    return LeaseState.EXPIRED if is_expired(record, now_ms) else LeaseState.HELD
+    return LeaseState.HELD if is_worker_alive(owner, now_ms) else LeaseState.EXPIRED
 
 
-def lease_expires_in_ms(record: ConnectionRecord, now_ms: int) -> int | None:
-    """Milliseconds until the lease lapses (0 once it has); ``None`` for a free lease."""
+def lease_expires_in_ms(
+    record: ConnectionRecord, owner: WorkerRecord | None, now_ms: int
+) -> int | None:
+    """Milliseconds until the owner's lease lapses (0 once it has); ``None`` while free."""
     if is_free(record):
         return None
-    return max(0, record.lease_expires_at_ms - now_ms)
-
-
-def will_expire_before(record: ConnectionRecord, deadline_ms: int) -> bool:
-    """STARTED and its lease ends before ``deadline_ms`` (early-hint window of a pass)."""
-    return record.desired_state is DesiredState.STARTED and record.lease_expires_at_ms < deadline_ms
+    if owner is None or owner.dead:
+        return 0
+    return max(0, owner.expires_at_ms - now_ms)
 
 
 def is_ours(record: ConnectionRecord, lease: Lease) -> bool:
@@ -157,74 +155,172 @@ def refusal_reason(current: ConnectionRecord | None, lease: Lease) -> RefusalRea
         return RefusalReason.GONE
     if not is_ours(current, lease):
         return RefusalReason.LOST
-    if current.desired_state is DesiredState.STOPPED:
+    if current.desired_state is not DesiredState.STARTED:
         return RefusalReason.STOPPED
     # Ours and STARTED, yet refused: only possible if a stricter condition failed (e.g. the
     # item changed between our read and write). Treat as lost: the safe direction.
     return RefusalReason.LOST
 
 
-def self_fence_at_ms(lease: Lease, margin_ms: int) -> int:
-    """The moment a holder without a fresh renewal must have closed its socket."""
-    return lease.expires_at_ms - margin_ms
+# ============================================================================ takeover
 
 
-def should_self_fence(lease: Lease, now_ms: int, margin_ms: int) -> bool:
-    return now_ms >= self_fence_at_ms(lease, margin_ms)
+class TakeoverVerdict(Enum):
+    """What a worker may do about a connection owned by someone else (see takeover_verdict)."""
+
+    TAKE = "take"  # the owner is dead (killed, retired, or its item is gone): take it
+    KILL = "kill"  # the owner's lease expired: kill the worker first, then take it
+    WAIT = "wait"  # the owner's lease lapses within the wait budget (an early hint)
+    CONFLICT = "conflict"  # the owner is alive: leave it
 
 
-def hint_delay_seconds(record: ConnectionRecord, now_ms: int) -> int:
-    """Delay for an early hint: delivered in the last second before the lease expires.
+def takeover_verdict(
+    owner: WorkerRecord | None, now_ms: int, max_wait_ms: int
+) -> tuple[TakeoverVerdict, int]:
+    """Decide a takeover from the owner's worker item; returns the verdict and, for WAIT, how
+    long to wait (the lease ends just before ``expires_at_ms + 1``).
 
-    Rounded down: the receiving worker waits out the rest (:func:`acquire_wait_ms`). Rounded
+    A missing item means the worker is long gone: items are deleted only after their worker
+    died and owns nothing any more (or by an operator), and a worker that finds its item gone
+    never renews again.
+
+    >>> w = WorkerRecord(worker_id="w", control_queue_url="", started_at_ms=0,
+    ...                  heartbeat_at_ms=0, expires_at_ms=10_000)
+    >>> takeover_verdict(w, 9_000, 2_000), takeover_verdict(w, 10_001, 2_000)
+    ((<TakeoverVerdict.WAIT: 'wait'>, 1001), (<TakeoverVerdict.KILL: 'kill'>, 0))
+    """
+    if owner is None or owner.dead:
+        return TakeoverVerdict.TAKE, 0
+    if owner.expires_at_ms < now_ms:
+        return TakeoverVerdict.KILL, 0
+    wait_ms = owner.expires_at_ms - now_ms + 1
+    if wait_ms <= max_wait_ms:
+        return TakeoverVerdict.WAIT, wait_ms
+    return TakeoverVerdict.CONFLICT, 0
+
+
+def hint_delay_seconds(expires_at_ms: int, now_ms: int) -> int:
+    """Delay for an early hint: delivered in the last second before a lease expires.
+
+    Rounded down: the receiving worker waits out the rest (:func:`takeover_verdict`). Rounded
     up, the hint would land up to a whole second after the expiry, all of it added to the
     failover time.
+
+    >>> hint_delay_seconds(12_500, 10_000), hint_delay_seconds(9_000, 10_000)
+    (2, 0)
     """
-    remaining_ms = record.lease_expires_at_ms - now_ms
+    remaining_ms = expires_at_ms - now_ms
     if remaining_ms < 0:
         return 0
     return min(MAX_HINT_DELAY_SECONDS, remaining_ms // 1000)
 
 
-def acquire_wait_ms(
-    current: ConnectionRecord | None, owner: str, now_ms: int, max_wait_ms: int
-) -> int | None:
-    """After a refused acquire: how long to wait before trying once more, or None to give up.
+# ============================================================================ worker lease timing
 
-    Worth waiting for only a STARTED lease held by someone else that lapses within
-    ``max_wait_ms``: the early hint arrived ahead of the expiry. The wait ends just past the
-    expiry (``lease_expires_at_ms < now`` is what the acquire requires); zero if it has
-    passed since the refusal, which is common: a hint landing a few milliseconds early. A
-    holder still alive will have renewed by then, and the second attempt is refused for good.
+
+class TimerAction(Enum):
+    WAIT = "wait"
+    RENEW = "renew"
+    FENCE = "fence"
+
+
+@dataclass(slots=True)
+class WorkerLeaseTimer:
+    """Renewal schedule and self-fence deadline of a worker's own lease (wall-clock epoch ms).
+
+    * A renewal is due ``heartbeat_ms`` after the previous one *started* (the expiry it wrote
+      was computed from that moment), and a failed one is retried after ``retry_ms``.
+    * Self-fence: once ``expires_at_ms - margin_ms`` passes without a successful renewal the
+      worker must close every socket and stop writing, before a peer may kill it. The same
+      deadline gates every message write (:meth:`may_write`).
+
+    >>> t = WorkerLeaseTimer.start(0, lease_ms=20_000, heartbeat_ms=5_000, margin_ms=2_000)
+    >>> t.action(4_999), t.action(5_000), t.action(18_000)
+    (<TimerAction.WAIT: 'wait'>, <TimerAction.RENEW: 'renew'>, <TimerAction.FENCE: 'fence'>)
     """
-    if current is None or current.desired_state is not DesiredState.STARTED:
-        return None
-    if not current.lease_owner or current.lease_owner == owner:
-        return None
-    wait_ms = current.lease_expires_at_ms - now_ms + 1
-    return max(0, wait_ms) if wait_ms <= max_wait_ms else None
+
+    expires_at_ms: int
+    lease_ms: int
+    heartbeat_ms: int
+    margin_ms: int
+    renew_due_ms: int
+    retry_ms: int = 250
+    renewing: bool = False
+
+    @classmethod
+    def start(
+        cls, registered_at_ms: int, *, lease_ms: int, heartbeat_ms: int, margin_ms: int
+    ) -> WorkerLeaseTimer:
+        """A timer for a worker item written at ``registered_at_ms`` (expiry + lease)."""
+        return cls(
+            expires_at_ms=registered_at_ms + lease_ms,
+            lease_ms=lease_ms,
+            heartbeat_ms=heartbeat_ms,
+            margin_ms=margin_ms,
+            renew_due_ms=registered_at_ms + heartbeat_ms,
+            retry_ms=max(50, min(heartbeat_ms // 4, 1000)),
+        )
+
+    @property
+    def fence_at_ms(self) -> int:
+        return self.expires_at_ms - self.margin_ms
+
+    def action(self, now_ms: int) -> TimerAction:
+        if now_ms >= self.fence_at_ms:
+            return TimerAction.FENCE
+        if not self.renewing and now_ms >= self.renew_due_ms:
+            return TimerAction.RENEW
+        return TimerAction.WAIT
+
+    def next_wakeup_ms(self) -> int:
+        """When :meth:`action` may next return something other than WAIT."""
+        if self.renewing:
+            return self.fence_at_ms
+        return min(self.renew_due_ms, self.fence_at_ms)
+
+    def may_write(self, now_ms: int) -> bool:
+        """Writes under this worker's leases are allowed only before the self-fence deadline."""
+        return now_ms < self.fence_at_ms
+
+    def behind_ms(self, now_ms: int) -> int:
+        """How overdue the renewal is (0 while on time): no new connections while it grows."""
+        return max(0, now_ms - self.renew_due_ms) if self.renewing else 0
+
+    def renew_started(self) -> None:
+        """Mark a renewal in flight (it asks for an expiry one lease after its start)."""
+        self.renewing = True
+
+    def renew_succeeded(self, started_ms: int) -> None:
+        """The renewal started at ``started_ms`` landed: the lease runs a lease from then."""
+        self.renewing = False
+        self.expires_at_ms = max(self.expires_at_ms, started_ms + self.lease_ms)
+        self.renew_due_ms = started_ms + self.heartbeat_ms
+
+    def renew_failed(self, now_ms: int) -> None:
+        """A renewal failed for a reason that may pass (throttling, timeout): try again soon."""
+        self.renewing = False
+        self.renew_due_ms = now_ms + self.retry_ms
 
 
-def is_own_acquire(
-    current: ConnectionRecord | None, owner: str, expires_at_ms: int
-) -> TypeGuard[ConnectionRecord]:
-    """A refused acquire that had in fact landed: botocore retried an attempt whose answer was
-    lost (a 5xx or a timeout after the write), and the retry met the lease it had just taken.
+# ============================================================================ checkpoints
 
-    The expiry the call wrote identifies its own write; the item then names us as owner with
-    that exact expiry, and the epoch the write gave it.
+
+def checkpoint_due(
+    *, durable: int, persisted: int, last_written_ms: int, now_ms: int, interval_ms: int
+) -> bool:
+    """Write the checkpoint now? Only when it advanced and ``interval_ms`` has passed since the
+    last write: an idle connection writes nothing, a busy one once per interval.
+
+    The interval is the replay window: after a crash the next owner resumes from the last
+    written checkpoint, so the upstream must be able to replay that far back (the messages
+    table is keyed by seq, so the replay duplicates nothing).
+
+    >>> checkpoint_due(durable=5, persisted=5, last_written_ms=0, now_ms=10**9, interval_ms=1)
+    False
+    >>> checkpoint_due(durable=6, persisted=5, last_written_ms=0, now_ms=600, interval_ms=600)
+    True
     """
-    return (
-        current is not None
-        and current.desired_state is DesiredState.STARTED
-        and current.lease_owner == owner
-        and current.lease_expires_at_ms == expires_at_ms
-    )
-
-
-def is_worker_alive(worker: WorkerRecord | None, now_ms: int) -> bool:
-    """A worker item counts as live until its own heartbeat-renewed expiry passes."""
-    return worker is not None and worker.expires_at_ms >= now_ms
+    return durable > persisted and now_ms - last_written_ms >= interval_ms
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,28 @@
 """The items wsfleet keeps in the connections table.
 
-* A **connection item** (``pk = "CONN#<connection_id>"``) is both the desired state of one
-  upstream stream and its lease: who holds it, until when, under which epoch, and how far the
-  durable checkpoint (``last_seq``) has got.
-* A **worker item** (``pk = "WORKER#<worker_id>"``) registers a live worker and the control
-  queue that STOP notifications for its connections are sent to. It has no ``desired_state``,
-  so it never appears in the orphan GSI.
+* A **connection item** (``pk = "CONN#<connection_id>"``) is the desired state of one
+  upstream stream and its ownership: which worker holds it (``lease_owner``, absent while
+  free), under which epoch (the fence on every write to it), and how far the durable
+  checkpoint (``last_seq``) has got. It carries no expiry: it is alive while its owner's
+  worker lease is (lease model v2, see :mod:`wsfleet.lease`), so holding it costs no writes.
+* A **worker item** (``pk = "WORKER#<worker_id>"``) is that worker's one liveness lease
+  (``expires_at_ms``, renewed every heartbeat; ``dead_at_ms`` once it is over, for good) and
+  the control queue STOP notifications for its connections are sent to.
+
+Index keys are derived here (:func:`index_keys`), so every write that changes desired state or
+ownership sets exactly the keys its result needs. The four indexes and why none is hot:
+
+=============  ========================  ===================================================
+Index          Partition key             Written when
+=============  ========================  ===================================================
+gsi_owner      ``lease_owner``           acquire, release, STOP (one key per worker)
+gsi_unowned    ``unowned_shard`` (16)    a STARTED connection becomes free or is taken
+gsi_state      ``state_shard`` (3 x 16)  START, STOP, FAILED
+gsi_workers    ``worker_index``          a worker registers or its item is deleted
+=============  ========================  ===================================================
+
+None takes a write per heartbeat or per checkpoint: those change only attributes that are
+neither keys nor projected into any index.
 
 Records are immutable values; converting to and from plain DynamoDB items (already
 deserialized to Python types) is all this module does.
@@ -14,6 +31,7 @@ deserialized to Python types) is all this module does.
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
@@ -22,12 +40,16 @@ from typing import Any
 __all__ = [
     "CONNECTION_ID_PATTERN",
     "CONNECTION_PREFIX",
+    "INDEX_SHARDS",
+    "WORKER_INDEX_VALUE",
     "WORKER_PREFIX",
     "ConnectionRecord",
     "DesiredState",
     "WorkerRecord",
     "connection_id_from_pk",
     "connection_pk",
+    "index_keys",
+    "index_shard",
     "is_valid_connection_id",
     "worker_pk",
 ]
@@ -35,6 +57,12 @@ __all__ = [
 CONNECTION_PREFIX = "CONN#"
 WORKER_PREFIX = "WORKER#"
 CONNECTION_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: Write sharding of the low-cardinality indexes (gsi_unowned, gsi_state): a key value takes
+#: at most 1/16 of the transitions, so a START storm or a fleet-wide redeploy stays far below
+#: DynamoDB's 1,000 WCU/s per partition (bench/SCALE.md).
+INDEX_SHARDS = 16
+#: The one ``worker_index`` value: gsi_workers lists worker items (written at register only).
+WORKER_INDEX_VALUE = "WORKER"
 
 
 class DesiredState(StrEnum):
@@ -69,6 +97,37 @@ def worker_pk(worker_id: str) -> str:
     return f"{WORKER_PREFIX}{worker_id}"
 
 
+def index_shard(pk: str) -> int:
+    """A connection's stable shard, 0..INDEX_SHARDS-1 (crc32 of its key: same everywhere).
+
+    >>> index_shard("CONN#abc")
+    3
+    """
+    return zlib.crc32(pk.encode()) % INDEX_SHARDS
+
+
+def index_keys(
+    pk: str, state: DesiredState, *, owned: bool, since_ms: int
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The index attributes a connection in ``state`` (owned or free) must carry: the ones
+    to SET and the ones to REMOVE.
+
+    A STARTED connection without an owner is in gsi_unowned (since ``since_ms``), so the
+    reconciler finds it if the hint that should have found it was lost.
+
+    >>> index_keys("CONN#abc", DesiredState.STARTED, owned=False, since_ms=5)
+    ({'state_shard': 'STARTED#03', 'unowned_shard': '03', 'unowned_since_ms': 5}, ())
+    >>> index_keys("CONN#abc", DesiredState.STOPPED, owned=True, since_ms=5)
+    ({'state_shard': 'STOPPED#03'}, ('unowned_shard', 'unowned_since_ms'))
+    """
+    shard = index_shard(pk)
+    keys: dict[str, Any] = {"state_shard": f"{state.value}#{shard:02d}"}
+    if state is DesiredState.STARTED and not owned:
+        keys.update(unowned_shard=f"{shard:02d}", unowned_since_ms=since_ms)
+        return keys, ()
+    return keys, ("unowned_shard", "unowned_since_ms")
+
+
 def _int(item: Mapping[str, Any], name: str, default: int = 0) -> int:
     value = item.get(name)
     return default if value is None else int(value)
@@ -81,14 +140,13 @@ def _opt_str(item: Mapping[str, Any], name: str) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class ConnectionRecord:
-    """One connection item. ``lease_owner == ""`` and ``lease_expires_at_ms == 0`` mean free."""
+    """One connection item. ``lease_owner == ""`` (absent in DynamoDB) means free."""
 
     pk: str
     desired_state: DesiredState
     ws_url: str
     last_seq: int = 0
     lease_owner: str = ""
-    lease_expires_at_ms: int = 0
     lease_epoch: int = 0
     created_at_ms: int = 0
     updated_at_ms: int = 0
@@ -99,6 +157,8 @@ class ConnectionRecord:
     #: the item (not in a worker) so the count survives hand-overs between workers.
     failure_count: int = 0
     failure_seq: int | None = None
+    #: Free and STARTED since then (the gsi_unowned sort key); None while owned or not STARTED.
+    unowned_since_ms: int | None = None
 
     @property
     def connection_id(self) -> str:
@@ -106,13 +166,14 @@ class ConnectionRecord:
 
     @classmethod
     def new(cls, connection_id: str, ws_url: str, now_ms: int) -> ConnectionRecord:
-        """A freshly STARTED connection with no lease and nothing received yet."""
+        """A freshly STARTED connection with no owner and nothing received yet."""
         return cls(
             pk=connection_pk(connection_id),
             desired_state=DesiredState.STARTED,
             ws_url=ws_url,
             created_at_ms=now_ms,
             updated_at_ms=now_ms,
+            unowned_since_ms=now_ms,
         )
 
     @classmethod
@@ -124,7 +185,6 @@ class ConnectionRecord:
             ws_url=str(item.get("ws_url", "")),
             last_seq=_int(item, "last_seq"),
             lease_owner=str(item.get("lease_owner", "")),
-            lease_expires_at_ms=_int(item, "lease_expires_at_ms"),
             lease_epoch=_int(item, "lease_epoch"),
             created_at_ms=_int(item, "created_at_ms"),
             updated_at_ms=_int(item, "updated_at_ms"),
@@ -133,13 +193,25 @@ class ConnectionRecord:
             resume=bool(item.get("resume", True)),
             failure_count=_int(item, "failure_count"),
             failure_seq=None if item.get("failure_seq") is None else int(item["failure_seq"]),
+            unowned_since_ms=(
+                None if item.get("unowned_since_ms") is None else int(item["unowned_since_ms"])
+            ),
         )
 
     def to_item(self) -> dict[str, Any]:
-        """A plain item for PutItem; ``None`` fields are left out rather than stored as NULL."""
+        """A plain item for PutItem, index keys included; ``None`` fields and an empty owner
+        are left out (an index key may not be empty, and a free item must not be in gsi_owner).
+        """
         item = asdict(self)
         item["desired_state"] = str(self.desired_state)
-        return {k: v for k, v in item.items() if v is not None}
+        keys, _ = index_keys(
+            self.pk,
+            self.desired_state,
+            owned=bool(self.lease_owner),
+            since_ms=self.unowned_since_ms or self.updated_at_ms,
+        )
+        item.update(keys)
+        return {k: v for k, v in item.items() if (v is not None and v != "") or k == "ws_url"}
 
     def with_changes(self, **changes: Any) -> ConnectionRecord:
         return replace(self, **changes)
@@ -147,7 +219,13 @@ class ConnectionRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerRecord:
-    """A live worker and where to reach it. ``expires_at_ms`` is renewed with its heartbeat."""
+    """A worker's liveness lease and where to reach it.
+
+    ``expires_at_ms`` is renewed with its heartbeat; every connection it owns is alive until
+    then. ``dead_at_ms`` is set once, by a peer that found the lease expired (the kill write)
+    or by the worker itself when it retires; no heartbeat is accepted after it, so the
+    incarnation can never come back (see :mod:`wsfleet.lease`).
+    """
 
     worker_id: str
     control_queue_url: str
@@ -155,6 +233,11 @@ class WorkerRecord:
     heartbeat_at_ms: int
     expires_at_ms: int
     connection_count: int = 0
+    capacity: int = 0
+    dead_at_ms: int | None = None
+    #: The reconciler's hint claim: the expiry it last hinted this worker's connections for.
+    hinted_expiry_ms: int | None = None
+    hinted_at_ms: int | None = None
 
     @property
     def pk(self) -> str:
@@ -169,7 +252,18 @@ class WorkerRecord:
             heartbeat_at_ms=_int(item, "heartbeat_at_ms"),
             expires_at_ms=_int(item, "expires_at_ms"),
             connection_count=_int(item, "connection_count"),
+            capacity=_int(item, "capacity"),
+            dead_at_ms=None if item.get("dead_at_ms") is None else int(item["dead_at_ms"]),
+            hinted_expiry_ms=(
+                None if item.get("hinted_expiry_ms") is None else int(item["hinted_expiry_ms"])
+            ),
+            hinted_at_ms=None if item.get("hinted_at_ms") is None else int(item["hinted_at_ms"]),
         )
 
+    @property
+    def dead(self) -> bool:
+        return self.dead_at_ms is not None
+
     def to_item(self) -> dict[str, Any]:
-        return {"pk": self.pk, **asdict(self)}
+        item = {"pk": self.pk, "worker_index": WORKER_INDEX_VALUE, **asdict(self)}
+        return {k: v for k, v in item.items() if v is not None}

@@ -67,12 +67,20 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("HINT_QUEUE_URL", "hint_queue_url", "",
            "SQS queue URL for work hints (required by router, reconciler, worker).", "all"),
     EnvVar("LEASE_SECONDS", "lease_seconds", "20",
-           "Lease duration. Must be at least twice HEARTBEAT_EVERY.", "all"),
+           "Worker lease duration: a crashed worker's connections are taken over this long "
+           "after its last heartbeat. Must be at least twice HEARTBEAT_EVERY.", "all"),
     EnvVar("HEARTBEAT_EVERY", "heartbeat_seconds", "5",
-           "Seconds between lease renewals (each also carries the checkpoint).", "all"),
+           "Seconds between renewals of a worker's one lease (one write per worker, whatever "
+           "it holds).", "all"),
     EnvVar("LEASE_SAFETY_MARGIN_SECONDS", "lease_safety_margin_seconds", "2",
-           "Self-fence: a worker closes a socket this long before its unrenewed lease expires.",
-           "worker"),
+           "Self-fence: a worker closes every socket this long before its unrenewed lease "
+           "expires.", "worker"),
+    EnvVar("CHECKPOINT_SECONDS", "checkpoint_seconds", "600",
+           "A connection's checkpoint is written at most this often, and only when it "
+           "advanced (plus at release, STOP and session end). It is the replay window: after a "
+           "crash the next owner resumes from the last written checkpoint, so the upstream "
+           "must replay at least this far back. Costs 3600/N writes per active "
+           "connection-hour.", "worker"),
     EnvVar("MAX_CONNECTIONS", "max_connections", "100",
            "Connections one worker process holds at most.", "worker"),
     EnvVar("WORKER_ID", "worker_id", "<hostname>-<pid>-<random>",
@@ -119,8 +127,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("WORKER_CONTROL_WAIT_SECONDS", "control_wait_seconds", "20",
            "Control-queue long-poll wait, 0-20 (the SQS limit).", "worker", scope="worker"),
     EnvVar("WORKER_CONTROL_CHANNEL", "control_channel", "true",
-           "Create and consume a control queue; false: a STOP is only noticed by the next "
-           "renewal.", "worker", scope="worker"),
+           "Create and consume a control queue; false: a STOP is only noticed by the worker's "
+           "sweep (WORKER_SWEEP_SECONDS).", "worker", scope="worker"),
+    EnvVar("WORKER_SWEEP_SECONDS", "sweep_seconds", "30",
+           "The worker reads its own connections from gsi_owner this often: a STOP whose "
+           "control message was lost ends within this long, and a connection it owns without "
+           "a session is released. About 45/N read units per connection-hour.",
+           "worker", scope="worker"),
     EnvVar("WORKER_METRICS_FLUSH_SECONDS", "metrics_flush_seconds", "60",
            "EMF metrics are printed this often.", "worker", scope="worker"),
     EnvVar("WORKER_IO_THREADS", "io_threads", "16",
@@ -178,6 +191,7 @@ class Settings:
     message_flush_ms: int = 100
     message_retention_days: float = 30.0
     stopped_retention_days: float = 7.0
+    checkpoint_seconds: float = 600.0
     health_file: str = "/tmp/wsfleet-worker.health"
     service_name: str = "wsfleet-worker"
     reconcile_pass_seconds: float = 10.0
@@ -197,6 +211,8 @@ class Settings:
             raise ConfigurationError(
                 "LEASE_SAFETY_MARGIN_SECONDS must be >= 0 and below LEASE_SECONDS - HEARTBEAT_EVERY"
             )
+        if self.checkpoint_seconds <= 0:
+            raise ConfigurationError("CHECKPOINT_SECONDS must be positive")
         if self.max_connections < 1:
             raise ConfigurationError("MAX_CONNECTIONS must be at least 1")
         if not 1 <= self.reconcile_page_size <= 10_000:
@@ -205,6 +221,10 @@ class Settings:
     @property
     def lease_ms(self) -> int:
         return int(self.lease_seconds * 1000)
+
+    @property
+    def checkpoint_ms(self) -> int:
+        return int(self.checkpoint_seconds * 1000)
 
     @property
     def safety_margin_ms(self) -> int:

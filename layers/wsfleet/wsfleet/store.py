@@ -1,26 +1,37 @@
-"""LeaseStore: the only place that speaks DynamoDB for the connections table.
+"""Lease stores: the interface the worker, the Lambdas and the tests use, and its DynamoDB
+implementation (the only place that speaks DynamoDB for the connections table).
 
-Every lease rule in :mod:`wsfleet.lease` has its conditional-write twin here. Writes that can be
-refused ask for ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` so a refusal arrives with the
-item that caused it and is turned into a domain error from :mod:`wsfleet.exceptions` carrying
-that record; no second read is needed to tell "STOPPED" from "lost to another owner".
+:class:`LeaseStore` holds the logic that is the same whatever the backend (the takeover
+sequence of :meth:`LeaseStore.acquire`, settling refusals into domain errors) and declares
+the primitive reads and conditional writes a backend provides, as Powertools' idempotency
+utility splits ``BasePersistenceLayer`` from ``DynamoDBPersistenceLayer``.
+:class:`DynamoDBLeaseStore` implements them with one request each;
+:class:`wsfleet.memstore.InMemoryLeaseStore` implements them over a dict for the unit tests of
+the session and the worker.
+
+Writes that can be refused ask for ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` so a
+refusal arrives with the item that caused it (a backend that ignores it, such as dynalite,
+costs one consistent read instead).
 
 The store is synchronous (boto3). The worker calls it from a bounded thread pool so the event
-loop never blocks; Lambdas call it directly. It takes its client, so tests hand it one that
-talks to the embedded moto server.
+loop never blocks; Lambdas call it directly.
 
 Example::
 
-    store = LeaseStore(dynamodb_client(), "wsfleet-connections", lease_ms=20_000)
-    record = store.acquire("CONN#abc", owner="worker-1")
+    store = LeaseStore.from_settings(settings)
+    store.register_worker(worker)                 # the worker's one liveness lease
+    record = store.acquire("CONN#abc", owner=worker.worker_id)
     lease = Lease.of(record)
-    lease = store.renew(lease, last_seq=42)      # heartbeat + checkpoint in one write
-    store.release(lease)                         # graceful hand-off: expiry 0
+    store.checkpoint(lease, 42)                   # only when the checkpoint is due
+    store.renew_worker(worker.worker_id, ...)     # every heartbeat, one write per worker
+    store.release(lease, last_seq=57)             # graceful hand-off
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -36,24 +47,51 @@ from .exceptions import (
     LeaseConflict,
     LeaseLost,
     StoreError,
+    WorkerDead,
 )
 from .lease import (
+    EARLY_HINT_MAX_WAIT_MS,
     Lease,
     RefusalReason,
-    is_ours,
-    is_own_acquire,
+    TakeoverVerdict,
     is_stale_checkpoint,
     refusal_reason,
+    takeover_verdict,
 )
-from .record import ConnectionRecord, DesiredState, WorkerRecord, worker_pk
+from .record import (
+    INDEX_SHARDS,
+    WORKER_INDEX_VALUE,
+    ConnectionRecord,
+    DesiredState,
+    WorkerRecord,
+    index_keys,
+    worker_pk,
+)
 
-__all__ = ["GSI_NAME", "ConnectionPage", "LeaseStore", "StartResult", "StopResult"]
+__all__ = [
+    "OWNER_INDEX",
+    "STATE_INDEX",
+    "UNOWNED_INDEX",
+    "WORKERS_INDEX",
+    "ConnectionPage",
+    "DynamoDBLeaseStore",
+    "IndexEntry",
+    "LeaseStore",
+    "StartResult",
+    "StopResult",
+]
 
-GSI_NAME = "gsi_desired_state_lease"
+OWNER_INDEX = "gsi_owner"
+UNOWNED_INDEX = "gsi_unowned"
+STATE_INDEX = "gsi_state"
+WORKERS_INDEX = "gsi_workers"
 _MAX_ERROR_CHARS = 1024
 _BATCH_GET_LIMIT = 100
-#: Checkpoints only move forward (see LeaseStore._holder_write).
+#: Checkpoints only move forward (see DynamoDBLeaseStore._holder_write).
 _MONOTONIC_SEQ = "(attribute_not_exists(last_seq) OR last_seq <= :seq)"
+_INDEX_ATTRIBUTES = ("unowned_shard", "unowned_since_ms")
+_HINT_CLAIM = ("hinted_since_ms", "hinted_at_ms")
+
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -71,15 +109,6 @@ def _load(item: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def _values(**values: Any) -> dict[str, Any]:
     return {f":{k}": _serializer.serialize(v) for k, v in values.items()}
-
-
-def _may_have_landed(exc: StoreError) -> bool:
-    """The failed write may have been applied anyway (a timeout, a 5xx): only a read tells."""
-    return exc.__cause__ is not None and is_ambiguous(exc.__cause__)
-
-
-def _is_condition_failure(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
 
 
 @dataclass(frozen=True)
@@ -107,14 +136,275 @@ class ConnectionPage:
     next_key: dict[str, Any] | None
 
 
-class LeaseStore:
-    """Conditional reads and writes of connection and worker items.
+@dataclass(frozen=True)
+class IndexEntry:
+    """A connection as an index shows it (eventually consistent): key, epoch, state and, in
+    gsi_unowned, since when it has been free."""
+
+    pk: str
+    epoch: int
+    desired_state: DesiredState | None = None
+    unowned_since_ms: int | None = None
+
+
+class LeaseStore(ABC):
+    """Connection and worker items: what a backend provides and the logic built on it.
+
+    :param lease_ms: how far ahead a worker's heartbeat pushes its lease.
+    :param stopped_retention_ms: TTL given to STOPPED items (``expires_at``); 0 keeps them.
+    :param clock: wall clock in epoch ms, injectable for tests.
+    """
+
+    def __init__(
+        self, *, lease_ms: int = 20_000, stopped_retention_ms: int = 0, clock: Clock = now_ms
+    ) -> None:
+        self.lease_ms = lease_ms
+        self.stopped_retention_ms = stopped_retention_ms
+        self._clock = clock
+
+    @classmethod
+    def from_settings(cls, settings: Any, client: Any = None) -> LeaseStore:
+        """The DynamoDB store for :class:`wsfleet.settings.Settings` (a client is made if none
+        is given)."""
+        if client is None:
+            from .aws import dynamodb_client
+
+            client = dynamodb_client()
+        return DynamoDBLeaseStore(
+            client,
+            settings.connections_table,
+            lease_ms=settings.lease_ms,
+            stopped_retention_ms=int(settings.stopped_retention_days * 86_400_000),
+        )
+
+    def _stopped_ttl(self, now: int) -> int | None:
+        if self.stopped_retention_ms <= 0:
+            return None
+        return (now + self.stopped_retention_ms) // 1000
+
+    # ------------------------------------------------------------------ acquire (shared logic)
+    def acquire(
+        self, pk: str, owner: str, *, max_wait_ms: int = EARLY_HINT_MAX_WAIT_MS
+    ) -> ConnectionRecord:
+        """Take the connection if it is STARTED and free, or owned by a dead worker.
+
+        Bumps ``lease_epoch``, so every later write of a previous holder is fenced. Takeover
+        of an owned connection reads the owner's worker item (:func:`takeover_verdict`):
+
+        * dead or gone: take it (conditional on the owner and epoch seen);
+        * expired: kill that worker first (:meth:`kill_worker`), then take it;
+        * lapsing within ``max_wait_ms``: LeaseConflict with ``retry_in_ms`` (early hint);
+        * alive: LeaseConflict.
+
+        A connection that already names ``owner`` is our own earlier attempt that landed
+        (botocore retried a request whose answer was lost), or one whose session ended without
+        its release: it is re-taken under a new epoch, so whatever that attempt or session
+        still has in flight is fenced. Raises ConnectionStopped, ConnectionNotFound.
+        """
+        try:
+            return self._take_write(pk, owner, "", 0)
+        except _Refused as refused:
+            current = _startable(pk, refused.current)
+        if current.lease_owner and current.lease_owner != owner:
+            worker = self.get_worker(current.lease_owner, consistent=True)
+            verdict, wait_ms = takeover_verdict(worker, self._clock(), max_wait_ms)
+            if verdict is TakeoverVerdict.KILL and not self.kill_worker(current.lease_owner):
+                verdict = TakeoverVerdict.CONFLICT  # it renewed just in time
+            if verdict in (TakeoverVerdict.WAIT, TakeoverVerdict.CONFLICT):
+                raise LeaseConflict(
+                    f"{pk} is held by {current.lease_owner!r}",
+                    current,
+                    retry_in_ms=wait_ms if verdict is TakeoverVerdict.WAIT else None,
+                )
+        try:
+            return self._take_write(pk, owner, current.lease_owner, current.lease_epoch)
+        except _Refused as refused:
+            latest = _startable(pk, refused.current)
+        raise LeaseConflict(f"{pk} was taken by {latest.lease_owner!r} meanwhile", latest)
+
+    # ------------------------------------------------------------------ primitives
+    @abstractmethod
+    def _take_write(
+        self, pk: str, owner: str, expected_owner: str, expected_epoch: int
+    ) -> ConnectionRecord:
+        """Set ``owner`` and bump the epoch, conditional on STARTED and on the current owner
+        being ``expected_owner`` ("" = free) with ``expected_epoch`` (ignored when free).
+        Raises :class:`_Refused` carrying the current item."""
+
+    @abstractmethod
+    def get(self, pk: str, *, consistent: bool = True) -> ConnectionRecord | None:
+        """The connection item for ``pk``, or None."""
+
+    @abstractmethod
+    def batch_get(
+        self, pks: Iterable[str], *, consistent: bool = False
+    ) -> dict[str, ConnectionRecord]:
+        """Many connection items (missing ones are absent from the result)."""
+
+    @abstractmethod
+    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> StartResult:
+        """Create a STARTED connection, or leave a live one exactly as it is.
+
+        * New id: the item is created free (``created=True``).
+        * Already STARTED: nothing is written. Re-sending START must never move a healthy
+          stream to another worker.
+        * STOPPED or FAILED: flipped back to STARTED (``restarted=True``). ``last_seq`` is kept
+          when the URL is unchanged, so the stream resumes where it stopped; a new URL starts
+          from 0. The crash-loop breaker's count is reset.
+        """
+
+    @abstractmethod
+    def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
+        """Set desired_state to STOPPED (idempotent; ``stopped`` is False if it already was).
+        Raises ConnectionNotFound for an unknown pk. The owner is left alone: it learns of the
+        STOP from its control channel (or its sweep), closes, and releases."""
+
+    @abstractmethod
+    def list_connections(
+        self, state: DesiredState, *, limit: int = 50, start_key: Mapping[str, Any] | None = None
+    ) -> ConnectionPage:
+        """One page of connections in ``state`` (gsi_state, shard by shard)."""
+
+    @abstractmethod
+    def checkpoint(self, lease: Lease, last_seq: int) -> None:
+        """Record ``last_seq`` as durable (never backwards), fenced by owner and epoch and
+        allowed only while STARTED: ConnectionStopped tells the holder of a STOP it missed,
+        LeaseLost that it is fenced."""
+
+    @abstractmethod
+    def release(
+        self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
+    ) -> ConnectionRecord:
+        """Give the connection up now (owner removed, epoch kept so it keeps counting), with
+        the final checkpoint. ``stopped``: the holder knows it is no longer STARTED (so it does
+        not belong in gsi_unowned). Raises LeaseLost if it was not ours any more."""
+
+    @abstractmethod
+    def mark_stopped(
+        self, lease: Lease, reason: str, *, last_seq: int | None = None
+    ) -> ConnectionRecord:
+        """STOPPED + stop_reason + release in one write fenced by owner and epoch."""
+
+    @abstractmethod
+    def mark_failed(
+        self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
+    ) -> ConnectionRecord:
+        """The breaker tripped: FAILED + reason + release, fenced. FAILED is terminal until a
+        new START and gets no TTL (an operator must be able to find it)."""
+
+    @abstractmethod
+    def record_error(self, lease: Lease, message: str) -> None:
+        """Note the latest upstream trouble on the record (truncated), fenced by owner+epoch."""
+
+    @abstractmethod
+    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
+        """Count a crash-loop failure on the item (survives hand-overs), fenced."""
+
+    # workers
+    @abstractmethod
+    def register_worker(self, worker: WorkerRecord) -> None:
+        """Create this worker's item (its lease); refused (StoreError) if the id exists."""
+
+    @abstractmethod
+    def renew_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
+        """Extend the worker lease. WorkerDead if it was killed, retired or deleted."""
+
+    @abstractmethod
+    def retire_worker(self, worker_id: str) -> None:
+        """A worker that released everything ends its lease now (dead, expired)."""
+
+    @abstractmethod
+    def kill_worker(self, worker_id: str) -> bool:
+        """Make an expired worker lease dead for good; True if it is dead now (by this call or
+        before, or its item is gone), False if it is alive (it renewed meanwhile)."""
+
+    @abstractmethod
+    def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
+        """The worker item, or None."""
+
+    @abstractmethod
+    def get_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRecord]:
+        """Worker items by id (absent ids are missing from the result)."""
+
+    @abstractmethod
+    def list_worker_ids(self) -> list[str]:
+        """Every registered worker id (gsi_workers: written at register only)."""
+
+    @abstractmethod
+    def delete_worker(self, worker_id: str, *, dead_before_ms: int) -> bool:
+        """Delete a worker item whose lease ended before ``dead_before_ms``; False if not."""
+
+    # indexes
+    @abstractmethod
+    def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
+        """The connections ``owner`` holds, as gsi_owner shows them (eventually consistent)."""
+
+    @abstractmethod
+    def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
+        """STARTED connections of ``shard`` free since before ``before_ms`` (gsi_unowned)."""
+
+    @abstractmethod
+    def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
+        """Claim the hinting of a lapsing worker's connections, once per expiry it showed
+        (again after ``rehint_after_ms``); False if someone already did or it renewed."""
+
+    @abstractmethod
+    def claim_hint(self, entry: IndexEntry, *, rehint_after_ms: int) -> bool:
+        """Claim the hint for a free connection, once per free spell (again after
+        ``rehint_after_ms``); False if already claimed or no longer free since then."""
+
+    @abstractmethod
+    def withdraw_hint_claim(self, entry: IndexEntry) -> bool:
+        """Undo :meth:`claim_hint` for a hint that could not be sent."""
+
+
+def _startable(pk: str, current: ConnectionRecord | None) -> ConnectionRecord:
+    """The refused record, if an acquire may still go on: else the error that ends it."""
+    if current is None:
+        raise ConnectionNotFound(pk)
+    if current.desired_state is not DesiredState.STARTED:
+        raise ConnectionStopped(f"{pk} is {current.desired_state.value}", current)
+    return current
+
+
+class _Refused(Exception):
+    """A conditional write was refused; ``current`` is the item as it stood (None: absent)."""
+
+    def __init__(self, current: ConnectionRecord | None) -> None:
+        super().__init__("refused")
+        self.current = current
+
+
+def _raise_refusal(
+    lease: Lease, current: ConnectionRecord | None, cause: BaseException
+) -> NoReturn:
+    reason = refusal_reason(current, lease)
+    if reason is RefusalReason.STOPPED:
+        raise ConnectionStopped(f"{lease.pk} was stopped", current) from cause
+    raise LeaseLost(
+        f"{lease.pk} epoch {lease.epoch} of {lease.owner!r} is no longer held ({reason})", current
+    ) from cause
+
+
+def _may_have_landed(exc: StoreError) -> bool:
+    """The failed write may have been applied anyway (a timeout, a 5xx): only a read tells."""
+    return exc.__cause__ is not None and is_ambiguous(exc.__cause__)
+
+
+def _is_condition_failure(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+def _set_clause(values: Mapping[str, Any]) -> str:
+    """``a = :a, b = :b`` for the attributes in ``values`` (names via ``#a`` placeholders)."""
+    return ", ".join(f"#{name} = :{name}" for name in values)
+
+
+class DynamoDBLeaseStore(LeaseStore):
+    """:class:`LeaseStore` on the connections table: one request per primitive.
 
     :param client: a boto3 DynamoDB client (see :func:`wsfleet.aws.dynamodb_client`).
     :param table_name: the connections table.
-    :param lease_ms: how far ahead acquire and renew push the expiry.
-    :param stopped_retention_ms: TTL given to STOPPED items (``expires_at``); 0 keeps them.
-    :param clock: wall clock in epoch ms, injectable for tests.
     """
 
     def __init__(
@@ -126,25 +416,9 @@ class LeaseStore:
         stopped_retention_ms: int = 0,
         clock: Clock = now_ms,
     ) -> None:
+        super().__init__(lease_ms=lease_ms, stopped_retention_ms=stopped_retention_ms, clock=clock)
         self._client = client
         self.table_name = table_name
-        self.lease_ms = lease_ms
-        self.stopped_retention_ms = stopped_retention_ms
-        self._clock = clock
-
-    @classmethod
-    def from_settings(cls, settings: Any, client: Any = None) -> LeaseStore:
-        """Build from :class:`wsfleet.settings.Settings`, creating a client if none is given."""
-        if client is None:
-            from .aws import dynamodb_client
-
-            client = dynamodb_client()
-        return cls(
-            client,
-            settings.connections_table,
-            lease_ms=settings.lease_ms,
-            stopped_retention_ms=int(settings.stopped_retention_days * 86_400_000),
-        )
 
     # ------------------------------------------------------------------ low level
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any]:
@@ -161,8 +435,7 @@ class LeaseStore:
         return response
 
     def _pages(self, operation: str, *, page_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """Every page of ``operation`` (a boto3 paginator, ``page_size`` items per call),
-        fetched lazily: a caller that stops early issues no further calls."""
+        """Every page of ``operation`` (a boto3 paginator), fetched lazily."""
         pages = self._client.get_paginator(operation).paginate(
             TableName=self.table_name, PaginationConfig={"PageSize": page_size}, **kwargs
         )
@@ -171,38 +444,54 @@ class LeaseStore:
         except (ClientError, BotoCoreError) as exc:
             raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
 
-    def _conditional_update(self, pk: str, **kwargs: Any) -> dict[str, Any]:
-        """UpdateItem returning ALL_NEW; a refusal raises ClientError with ``Item`` = ALL_OLD."""
+    def _update(
+        self,
+        pk: str,
+        *,
+        set_values: Mapping[str, Any],
+        remove: Iterable[str] = (),
+        add: Mapping[str, Any] | None = None,
+        condition: str,
+        values: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """One conditional UpdateItem returning ALL_NEW. Attribute names go through ``#name``
+        placeholders, condition values are ``:name`` (``values``); assignment values are
+        ``:name`` of the attribute. A refusal raises ClientError with ``Item`` = ALL_OLD."""
+        expression = "SET " + _set_clause(set_values)
+        names = {f"#{name}": name for name in set_values}
+        removed = list(dict.fromkeys(remove))
+        if removed:
+            expression += " REMOVE " + ", ".join(f"#{name}" for name in removed)
+            names.update({f"#{name}": name for name in removed})
+        if add:
+            expression += " ADD " + ", ".join(f"#{name} :{name}" for name in add)
+            names.update({f"#{name}": name for name in add})
+        for token in condition.replace("(", " ").replace(")", " ").replace(",", " ").split():
+            if token.startswith("#"):
+                names[token] = token[1:]
         response = self._call(
             "update_item",
             Key=_dump({"pk": pk}),
+            UpdateExpression=expression,
+            ConditionExpression=condition,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=_values(**{**set_values, **(add or {}), **(values or {})}),
             ReturnValues="ALL_NEW",
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            **kwargs,
         )
         return _load(response.get("Attributes")) or {}
 
     def _refused_record(self, exc: ClientError, pk: str) -> ConnectionRecord | None:
-        """The item that made a conditional write fail.
-
-        DynamoDB returns it with the refusal (ALL_OLD). A refusal without it means the item is
-        absent, or the backend ignores ReturnValuesOnConditionCheckFailure (dynalite does), so
-        a consistent read settles which.
-        """
-        old_item = exc.response.get("Item")  # DynamoDB adds it to the common error shape
+        """The item that made a conditional write fail: returned with the refusal (ALL_OLD),
+        or, from a backend that ignores ReturnValuesOnConditionCheckFailure, read back."""
+        old_item = exc.response.get("Item")
         item = _load(old_item) if isinstance(old_item, Mapping) else None
         if item:
             return ConnectionRecord.from_item(item)
         return self.get(pk, consistent=True)
 
-    def _stopped_ttl(self, now: int) -> dict[str, Any]:
-        if self.stopped_retention_ms <= 0:
-            return {}
-        return {"expires_at": (now + self.stopped_retention_ms) // 1000}
-
     # ------------------------------------------------------------------ reads
     def get(self, pk: str, *, consistent: bool = True) -> ConnectionRecord | None:
-        """The connection item for ``pk``, or None."""
         response = self._call("get_item", Key=_dump({"pk": pk}), ConsistentRead=consistent)
         item = _load(response.get("Item"))
         return ConnectionRecord.from_item(item) if item else None
@@ -210,11 +499,6 @@ class LeaseStore:
     def batch_get(
         self, pks: Iterable[str], *, consistent: bool = False
     ) -> dict[str, ConnectionRecord]:
-        """Many connection items in as few BatchGetItem calls as possible (100 keys each).
-
-        Unprocessed keys are retried with jittered backoff; missing items are simply absent
-        from the result.
-        """
         return {
             pk: ConnectionRecord.from_item(item)
             for pk, item in self._batch_get_items(pks, consistent=consistent).items()
@@ -223,6 +507,7 @@ class LeaseStore:
     def _batch_get_items(
         self, pks: Iterable[str], *, consistent: bool
     ) -> dict[str, dict[str, Any]]:
+        """BatchGetItem, 100 keys per call; unprocessed keys retried with jittered backoff."""
         unique = list(dict.fromkeys(pks))
         found: dict[str, dict[str, Any]] = {}
         for start in range(0, len(unique), _BATCH_GET_LIMIT):
@@ -249,15 +534,6 @@ class LeaseStore:
 
     # ------------------------------------------------------------------ API-side writes
     def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> StartResult:
-        """Create a STARTED connection, or leave a live one exactly as it is.
-
-        * New id: the item is created with no lease (``created=True``).
-        * Already STARTED: nothing is written. Re-sending START must never reset a live lease,
-          which would move a healthy stream to another worker.
-        * STOPPED or FAILED: flipped back to STARTED (``restarted=True``). ``last_seq`` is kept
-          when the URL is unchanged, so the stream resumes where it stopped; a new URL starts
-          from 0. The crash-loop breaker's count is reset.
-        """
         now = self._clock()
         record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(resume=resume)
         try:
@@ -274,58 +550,61 @@ class LeaseStore:
             raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
         if current.desired_state is DesiredState.STARTED:
             return StartResult(current)
+        keys, removed = index_keys(
+            current.pk, DesiredState.STARTED, owned=bool(current.lease_owner), since_ms=now
+        )
         try:
-            item = self._conditional_update(
+            item = self._update(
                 current.pk,
-                UpdateExpression=(
-                    "SET desired_state = :started, ws_url = :url, updated_at_ms = :now, "
-                    "#resume = :resume, last_seq = :seq "
-                    "REMOVE stop_reason, last_error, expires_at, failure_count, failure_seq"
+                set_values={
+                    "desired_state": DesiredState.STARTED.value,
+                    "ws_url": ws_url,
+                    "updated_at_ms": now,
+                    "resume": resume,
+                    "last_seq": current.last_seq if current.ws_url == ws_url else 0,
+                    **keys,
+                },
+                remove=(
+                    "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
+                    *removed,
                 ),
-                ConditionExpression="desired_state IN (:stopped, :failed)",
-                ExpressionAttributeNames={"#resume": "resume"},
-                ExpressionAttributeValues=_values(
-                    started=DesiredState.STARTED.value,
-                    stopped=DesiredState.STOPPED.value,
-                    failed=DesiredState.FAILED.value,
-                    url=ws_url,
-                    now=now,
-                    resume=resume,
-                    seq=current.last_seq if current.ws_url == ws_url else 0,
-                ),
+                # The owner condition keeps the index keys right: a session still ending
+                # owns it, and it joins gsi_unowned only when that session releases it.
+                condition="#desired_state IN (:stopped, :failed) AND "
+                + ("#lease_owner = :seen_owner" if current.lease_owner
+                   else "attribute_not_exists(#lease_owner)"),
+                values={
+                    "stopped": DesiredState.STOPPED.value,
+                    "failed": DesiredState.FAILED.value,
+                    **({"seen_owner": current.lease_owner} if current.lease_owner else {}),
+                },
             )
-        except ClientError as exc:  # a concurrent START won the restart: report its result
+        except ClientError as exc:  # a concurrent START or the owner's release came first
             winner = self._refused_record(exc, current.pk)
             if winner is None:
                 raise ConnectionNotFound(current.pk) from exc
-            return StartResult(winner)
+            if winner.desired_state is DesiredState.STARTED:
+                return StartResult(winner)
+            return self.start(connection_id, ws_url, resume=resume)
         return StartResult(ConnectionRecord.from_item(item), restarted=True)
 
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        """Set desired_state to STOPPED (idempotent). Raises ConnectionNotFound for unknown pk.
-
-        ``stopped`` is False when the connection was already STOPPED (nothing was written).
-
-        The lease is left alone: its holder learns of the STOP from its control channel or its
-        next renewal, closes, and releases.
-        """
         now = self._clock()
+        keys, removed = index_keys(pk, DesiredState.STOPPED, owned=True, since_ms=now)
         ttl = self._stopped_ttl(now)
-        set_ttl = ", expires_at = :ttl" if ttl else ""
         try:
-            item = self._conditional_update(
+            item = self._update(
                 pk,
-                UpdateExpression=(
-                    "SET desired_state = :stopped, stop_reason = :reason, updated_at_ms = :now"
-                    + set_ttl
-                ),
-                ConditionExpression="attribute_exists(pk) AND desired_state <> :stopped",
-                ExpressionAttributeValues=_values(
-                    stopped=DesiredState.STOPPED.value,
-                    reason=reason,
-                    now=now,
-                    **({"ttl": ttl["expires_at"]} if ttl else {}),
-                ),
+                set_values={
+                    "desired_state": DesiredState.STOPPED.value,
+                    "stop_reason": reason,
+                    "updated_at_ms": now,
+                    **keys,
+                    **({"expires_at": ttl} if ttl else {}),
+                },
+                remove=removed,
+                condition="attribute_exists(pk) AND #desired_state <> :stopped_state",
+                values={"stopped_state": DesiredState.STOPPED.value},
             )
         except ClientError as exc:
             current = self._refused_record(exc, pk)
@@ -341,351 +620,216 @@ class LeaseStore:
         limit: int = 50,
         start_key: Mapping[str, Any] | None = None,
     ) -> ConnectionPage:
-        """One page of connections in ``state`` (via the GSI, oldest lease expiry first)."""
-        kwargs: dict[str, Any] = {}
-        if start_key:
-            kwargs["ExclusiveStartKey"] = _dump(start_key)
-        response = self._call(
-            "query",
-            IndexName=GSI_NAME,
-            KeyConditionExpression="desired_state = :state",
-            ExpressionAttributeValues=_values(state=state.value),
-            Limit=limit,
-            **kwargs,
-        )
-        records = [
-            ConnectionRecord.from_item(_load(raw) or {}) for raw in response.get("Items", [])
-        ]
-        return ConnectionPage(records, _load(response.get("LastEvaluatedKey")))
+        """Shard by shard through gsi_state (keys only), then the items in one BatchGetItem.
+
+        ``start_key`` is what the previous page returned: the shard it stopped in and that
+        shard's LastEvaluatedKey.
+        """
+        shard = int((start_key or {}).get("shard", 0))
+        exclusive = (start_key or {}).get("key")
+        pks: list[str] = []
+        next_key: dict[str, Any] | None = None
+        while shard < INDEX_SHARDS and len(pks) < limit:
+            kwargs: dict[str, Any] = {}
+            if exclusive:
+                kwargs["ExclusiveStartKey"] = _dump(exclusive)
+            response = self._call(
+                "query",
+                IndexName=STATE_INDEX,
+                KeyConditionExpression="state_shard = :shard",
+                ExpressionAttributeValues=_values(shard=f"{state.value}#{shard:02d}"),
+                Limit=limit - len(pks),
+                **kwargs,
+            )
+            pks.extend(str((_load(raw) or {})["pk"]) for raw in response.get("Items", []))
+            exclusive = _load(response.get("LastEvaluatedKey"))
+            if exclusive:
+                next_key = {"shard": shard, "key": exclusive}
+                if len(pks) >= limit:
+                    break
+                continue
+            shard += 1
+            next_key = {"shard": shard, "key": None} if shard < INDEX_SHARDS else None
+        if len(pks) < limit:
+            next_key = None
+        items = self.batch_get(pks)
+        records = [items[pk] for pk in pks if pk in items and items[pk].desired_state is state]
+        return ConnectionPage(records, next_key)
 
     # ------------------------------------------------------------------ holder writes
-    def acquire(self, pk: str, owner: str) -> ConnectionRecord:
-        """Take the lease if the connection is STARTED and nobody holds a live lease.
-
-        Bumps ``lease_epoch`` so every later write of the previous holder is fenced.
-        Raises LeaseConflict (live lease elsewhere), ConnectionStopped, or ConnectionNotFound.
-        An attempt whose answer was lost but whose write landed is recognised by the expiry it
-        wrote (:func:`~wsfleet.lease.is_own_acquire`), whether botocore's retry was refused
-        or the call failed ambiguously: the caller holds that lease, so it is returned.
-        """
+    def _take_write(
+        self, pk: str, owner: str, expected_owner: str, expected_epoch: int
+    ) -> ConnectionRecord:
         now = self._clock()
-        expires = now + self.lease_ms
+        condition = "attribute_exists(pk) AND #desired_state = :started_state AND "
+        values: dict[str, Any] = {"started_state": DesiredState.STARTED.value}
+        if expected_owner:
+            condition += "#lease_owner = :expected_owner AND #lease_epoch = :expected_epoch"
+            values.update(expected_owner=expected_owner, expected_epoch=expected_epoch)
+        else:
+            condition += "attribute_not_exists(#lease_owner)"
         try:
-            item = self._conditional_update(
+            item = self._update(
                 pk,
-                UpdateExpression=(
-                    "SET lease_owner = :owner, lease_expires_at_ms = :expires, "
-                    "updated_at_ms = :now ADD lease_epoch :one"
-                ),
-                ConditionExpression=(
-                    "attribute_exists(pk) AND desired_state = :started AND "
-                    "(attribute_not_exists(lease_expires_at_ms) OR lease_expires_at_ms < :now)"
-                ),
-                ExpressionAttributeValues=_values(
-                    owner=owner,
-                    expires=expires,
-                    now=now,
-                    one=1,
-                    started=DesiredState.STARTED.value,
-                ),
+                set_values={"lease_owner": owner, "updated_at_ms": now},
+                remove=(*_INDEX_ATTRIBUTES, *_HINT_CLAIM),
+                add={"lease_epoch": 1},
+                condition=condition,
+                values=values,
             )
+        except ClientError as exc:
+            raise _Refused(self._refused_record(exc, pk)) from exc
         except StoreError as exc:
             if not _may_have_landed(exc):
                 raise
-            return self._settle_ambiguous_acquire(pk, owner, expires, exc)
-        except ClientError as exc:
-            current = self._refused_record(exc, pk)
-            if is_own_acquire(current, owner, expires):
-                return current
-            if current is None:
-                raise ConnectionNotFound(pk) from exc
-            if current.desired_state is DesiredState.STOPPED:
-                raise ConnectionStopped(f"{pk} is STOPPED", current) from exc
-            raise LeaseConflict(f"{pk} is held by {current.lease_owner!r}", current) from exc
+            try:
+                current = self.get(pk, consistent=True)
+            except StoreError:
+                raise exc from None
+            if current is not None and current.lease_owner == owner:
+                # Our write landed; take it once more so its epoch is one nobody else saw.
+                return self._take_write(pk, owner, owner, current.lease_epoch)
+            raise
         return ConnectionRecord.from_item(item)
 
-    def renew(self, lease: Lease, *, last_seq: int | None = None) -> Lease:
-        """Extend our lease; optionally checkpoint ``last_seq`` in the same write.
-
-        Raises ConnectionStopped (still ours, but STOP was requested) or LeaseLost (fenced).
-        An ambiguous failure (timeout, 5xx) re-reads the item: if owner and epoch are still
-        ours the lease is accepted with the expiry actually stored, since the write may or may
-        not have landed. Anything else raises StoreError; the caller keeps its old lease and
-        its self-fence deadline.
-        """
-        now = self._clock()
-        set_seq = ", last_seq = :seq" if last_seq is not None else ""
-        seq_guard = f" AND {_MONOTONIC_SEQ}" if last_seq is not None else ""
-        values: dict[str, Any] = {
-            "owner": lease.owner,
-            "epoch": lease.epoch,
-            "expires": now + self.lease_ms,
-            "now": now,
-            "started": DesiredState.STARTED.value,
-        }
-        if last_seq is not None:
-            values["seq"] = last_seq
-        try:
-            self._conditional_update(
-                lease.pk,
-                UpdateExpression=(
-                    "SET lease_expires_at_ms = :expires, updated_at_ms = :now" + set_seq
-                ),
-                ConditionExpression=(
-                    "lease_owner = :owner AND lease_epoch = :epoch AND desired_state = :started"
-                    + seq_guard
-                ),
-                ExpressionAttributeValues=_values(**values),
-            )
-        except ClientError as exc:
-            current = self._refused_record(exc, lease.pk)
-            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                return self.renew(lease)  # a later checkpoint of ours landed first: keep it
-            self._raise_refusal(lease, current, exc)
-        except StoreError as exc:
-            if not _may_have_landed(exc):
-                raise
-            return self._settle_ambiguous_renew(lease, exc)
-        return lease.extended_to(values["expires"])
-
-    def _settle_ambiguous_acquire(
-        self, pk: str, owner: str, expires: int, original: StoreError
-    ) -> ConnectionRecord:
-        try:
-            current = self.get(pk, consistent=True)
-        except StoreError:
-            raise original from None
-        if is_own_acquire(current, owner, expires):
-            return current
-        raise original
-
-    def _settle_ambiguous_renew(self, lease: Lease, original: StoreError) -> Lease:
-        try:
-            current = self.get(lease.pk, consistent=True)
-        except StoreError:
-            raise original from None
-        if current is not None and current.desired_state is DesiredState.STARTED and is_ours(
-            current, lease
-        ):
-            return lease.extended_to(current.lease_expires_at_ms)
-        self._raise_refusal(lease, current, original)
-
-    @staticmethod
-    def _raise_refusal(
-        lease: Lease, current: ConnectionRecord | None, cause: BaseException
-    ) -> NoReturn:
-        reason = refusal_reason(current, lease)
-        if reason is RefusalReason.STOPPED:
-            raise ConnectionStopped(f"{lease.pk} was stopped", current) from cause
-        raise LeaseLost(
-            f"{lease.pk} lease epoch {lease.epoch} of {lease.owner!r} is no longer held ({reason})",
-            current,
-        ) from cause
-
     def _holder_write(
-        self, lease: Lease, assignments: str, *, last_seq: int | None = None, **values: Any
+        self,
+        lease: Lease,
+        set_values: Mapping[str, Any],
+        *,
+        remove: Iterable[str] = (),
+        last_seq: int | None = None,
+        started_only: bool = False,
     ) -> ConnectionRecord:
-        """An UpdateItem allowed only while owner and epoch are ours (STOPPED or not).
+        """An UpdateItem allowed only while owner and epoch are ours (and, with
+        ``started_only``, while STARTED).
 
         ``last_seq``, when given, is written only if it does not move the checkpoint back: two
         writes of one holder can land out of order (a retried request, a paused process), and
         the checkpoint must never regress. If a later checkpoint of ours already landed, the
         write goes ahead without the stale one.
         """
-        update, condition = "SET " + assignments, "lease_owner = :owner AND lease_epoch = :epoch"
+        condition = "#lease_owner = :owner AND #lease_epoch = :epoch"
+        values: dict[str, Any] = {"owner": lease.owner, "epoch": lease.epoch}
+        assignments = dict(set_values)
+        if started_only:
+            condition += " AND #desired_state = :started_state"
+            values["started_state"] = DesiredState.STARTED.value
         if last_seq is not None:
-            update += ", last_seq = :seq"
-            condition += f" AND {_MONOTONIC_SEQ}"
-            values["seq"] = last_seq
+            assignments["last_seq"] = last_seq
+            condition += " AND (attribute_not_exists(#last_seq) OR #last_seq <= :last_seq)"
         try:
-            item = self._conditional_update(
-                lease.pk,
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                ExpressionAttributeValues=_values(owner=lease.owner, epoch=lease.epoch, **values),
+            item = self._update(
+                lease.pk, set_values=assignments, remove=remove, condition=condition, values=values
             )
         except ClientError as exc:
             current = self._refused_record(exc, lease.pk)
             if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                values.pop("seq")
-                return self._holder_write(lease, assignments, **values)
-            raise LeaseLost(
-                f"{lease.pk} lease epoch {lease.epoch} of {lease.owner!r} is no longer held",
-                current,
-            ) from exc
+                return self._holder_write(
+                    lease, set_values, remove=remove, started_only=started_only
+                )
+            _raise_refusal(lease, current, exc)
         return ConnectionRecord.from_item(item)
 
     def checkpoint(self, lease: Lease, last_seq: int) -> None:
-        """Record ``last_seq`` as durable (never backwards). Fenced by owner and epoch."""
-        self._holder_write(lease, "updated_at_ms = :now", last_seq=last_seq, now=self._clock())
-
-    def release(self, lease: Lease, *, last_seq: int | None = None) -> ConnectionRecord:
-        """Give the lease up now (owner "", expiry 0; the epoch is kept so it keeps counting).
-
-        The final checkpoint can ride along. Raises LeaseLost if it was not ours any more.
-        """
-        return self._holder_write(
-            lease,
-            "lease_owner = :empty, lease_expires_at_ms = :zero, updated_at_ms = :now",
-            last_seq=last_seq,
-            empty="",
-            zero=0,
-            now=self._clock(),
+        self._holder_write(
+            lease, {"updated_at_ms": self._clock()}, last_seq=last_seq, started_only=True
         )
+
+    def release(
+        self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
+    ) -> ConnectionRecord:
+        now = self._clock()
+        if not stopped:
+            keys, _ = index_keys(lease.pk, DesiredState.STARTED, owned=False, since_ms=now)
+            try:
+                return self._holder_write(
+                    lease,
+                    {"updated_at_ms": now, **keys},
+                    remove=("lease_owner",),
+                    last_seq=last_seq,
+                    started_only=True,
+                )
+            except ConnectionStopped:
+                pass  # stopped meanwhile: released below without joining gsi_unowned
+        try:
+            return self._holder_write(
+                lease, {"updated_at_ms": now}, remove=("lease_owner",), last_seq=last_seq
+            )
+        except ConnectionStopped as exc:  # ours but not STARTED: still ours to release
+            raise LeaseLost(str(exc), exc.current) from exc
+
+    def _end(
+        self, lease: Lease, state: DesiredState, reason: str, extra: Mapping[str, Any],
+        last_seq: int | None,
+    ) -> ConnectionRecord:
+        now = self._clock()
+        keys, removed = index_keys(lease.pk, state, owned=True, since_ms=now)
+        ttl = self._stopped_ttl(now) if state is DesiredState.STOPPED else None
+        try:
+            return self._holder_write(
+                lease,
+                {
+                    "desired_state": state.value,
+                    "stop_reason": reason,
+                    "updated_at_ms": now,
+                    **keys,
+                    **extra,
+                    **({"expires_at": ttl} if ttl else {}),
+                },
+                remove=("lease_owner", *removed),
+                last_seq=last_seq,
+            )
+        except ConnectionStopped as exc:
+            raise LeaseLost(str(exc), exc.current) from exc
 
     def mark_stopped(
         self, lease: Lease, reason: str, *, last_seq: int | None = None
     ) -> ConnectionRecord:
-        """The holder ends the connection for good (e.g. the upstream closed normally).
-
-        STOPPED + stop_reason + release, in one write conditional on owner and epoch.
-        """
-        now = self._clock()
-        ttl = self._stopped_ttl(now)
-        extra: dict[str, Any] = {"ttl": ttl["expires_at"]} if ttl else {}
-        return self._holder_write(
-            lease,
-            "desired_state = :stopped, stop_reason = :reason, lease_owner = :empty, "
-            "lease_expires_at_ms = :zero, updated_at_ms = :now"
-            + (", expires_at = :ttl" if ttl else ""),
-            last_seq=last_seq,
-            stopped=DesiredState.STOPPED.value,
-            reason=reason,
-            empty="",
-            zero=0,
-            now=now,
-            **extra,
-        )
-
-    def record_error(self, lease: Lease, message: str) -> None:
-        """Note the latest upstream trouble on the record (truncated), fenced by owner+epoch."""
-        self._holder_write(
-            lease,
-            "last_error = :error, updated_at_ms = :now",
-            error=message[:_MAX_ERROR_CHARS],
-            now=self._clock(),
-        )
-
-    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
-        """Count a crash-loop failure on the item (survives hand-overs), with ``last_error``.
-
-        Fenced by owner+epoch: only the holder counts, so two workers never count one failure.
-        ``count``/``at_seq`` come from :func:`wsfleet.lease.breaker_verdict`.
-        """
-        self._holder_write(
-            lease,
-            "failure_count = :count, failure_seq = :at, last_error = :error, updated_at_ms = :now",
-            count=count,
-            at=at_seq,
-            error=error[:_MAX_ERROR_CHARS],
-            now=self._clock(),
-        )
+        return self._end(lease, DesiredState.STOPPED, reason, {}, last_seq)
 
     def mark_failed(
         self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
     ) -> ConnectionRecord:
-        """The breaker tripped: FAILED + reason + release, in one write fenced by owner+epoch.
+        reason = reason[:_MAX_ERROR_CHARS]
+        extra = {"last_error": reason, "failure_count": count, "failure_seq": at_seq}
+        return self._end(lease, DesiredState.FAILED, reason, extra, last_seq)
 
-        FAILED is terminal until a new START (``LeaseStore.start``). It is out of the orphan
-        GSI query (``desired_state = STARTED``), so the reconciler never re-hints it, and it gets
-        no TTL: an operator must be able to find it (``GET /connections?state=FAILED``).
-        """
-        return self._holder_write(
-            lease,
-            "desired_state = :failed, stop_reason = :reason, last_error = :reason, "
-            "failure_count = :count, failure_seq = :at, lease_owner = :empty, "
-            "lease_expires_at_ms = :zero, updated_at_ms = :now",
-            last_seq=last_seq,
-            failed=DesiredState.FAILED.value,
-            reason=reason[:_MAX_ERROR_CHARS],
-            count=count,
-            at=at_seq,
-            empty="",
-            zero=0,
-            now=self._clock(),
-        )
-
-    # ------------------------------------------------------------------ reconciler
-    def query_orphans(self, before_ms: int, *, page_size: int = 500) -> Iterator[ConnectionRecord]:
-        """Every STARTED connection whose lease expires before ``before_ms``, all GSI pages.
-
-        With ``before_ms = now`` these are orphans; with ``now + pass interval`` the reconciler
-        also sees leases that will lapse before its next pass (early hints).
-        """
-        pages = self._pages(
-            "query",
-            page_size=page_size,
-            IndexName=GSI_NAME,
-            KeyConditionExpression="desired_state = :started AND lease_expires_at_ms < :before",
-            ExpressionAttributeValues=_values(started=DesiredState.STARTED.value, before=before_ms),
-        )
-        for page in pages:
-            for raw in page.get("Items", []):
-                yield ConnectionRecord.from_item(_load(raw) or {})
-
-    def claim_hint(self, record: ConnectionRecord, *, rehint_after_ms: int) -> bool:
-        """Mark that a hint is going out for this lease; False if one already did.
-
-        Keeps the hint queue to at most one pending hint per orphan: a hint is claimed once per
-        lease state ``(lease_epoch, lease_expires_at_ms)`` and again only after
-        ``rehint_after_ms`` (a lost hint must not strand a connection forever). The epoch is
-        part of the key because every released lease has expiry 0: without it, a connection
-        released twice within ``rehint_after_ms`` would look already hinted. The condition also
-        re-checks that the lease is the one the caller saw, so a lease renewed or acquired
-        meanwhile is not hinted.
-        """
-        now = self._clock()
+    def record_error(self, lease: Lease, message: str) -> None:
         try:
-            self._conditional_update(
-                record.pk,
-                UpdateExpression=(
-                    "SET hinted_expiry_ms = :expiry, hinted_epoch = :epoch, hinted_at_ms = :now"
-                ),
-                ConditionExpression=(
-                    "desired_state = :started AND lease_expires_at_ms = :expiry AND "
-                    "lease_epoch = :epoch AND (attribute_not_exists(hinted_at_ms) "
-                    "OR hinted_expiry_ms <> :expiry OR hinted_epoch <> :epoch "
-                    "OR hinted_at_ms < :stale)"
-                ),
-                ExpressionAttributeValues=_values(
-                    expiry=record.lease_expires_at_ms,
-                    epoch=record.lease_epoch,
-                    now=now,
-                    stale=now - rehint_after_ms,
-                    started=DesiredState.STARTED.value,
-                ),
+            self._holder_write(
+                lease,
+                {"last_error": message[:_MAX_ERROR_CHARS], "updated_at_ms": self._clock()},
             )
-        except ClientError:
-            return False
-        return True
+        except ConnectionStopped as exc:
+            raise LeaseLost(str(exc), exc.current) from exc
 
-    def withdraw_hint_claim(self, record: ConnectionRecord) -> bool:
-        """Undo :meth:`claim_hint` for a hint that could not be sent, so the next pass sends
-        it instead of waiting ``rehint_after_ms``. Only our claim of this lease state is
-        removed (a newer claim, or a lease that moved on, is left alone); False if none was.
-        """
+    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
         try:
-            self._conditional_update(
-                record.pk,
-                UpdateExpression="REMOVE hinted_expiry_ms, hinted_epoch, hinted_at_ms",
-                ConditionExpression="hinted_expiry_ms = :expiry AND hinted_epoch = :epoch",
-                ExpressionAttributeValues=_values(
-                    expiry=record.lease_expires_at_ms, epoch=record.lease_epoch
-                ),
+            self._holder_write(
+                lease,
+                {
+                    "failure_count": count,
+                    "failure_seq": at_seq,
+                    "last_error": error[:_MAX_ERROR_CHARS],
+                    "updated_at_ms": self._clock(),
+                },
             )
-        except ClientError:
-            return False
-        return True
+        except ConnectionStopped as exc:
+            raise LeaseLost(str(exc), exc.current) from exc
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:
-        """Create or replace this worker's item (control queue URL, liveness expiry)."""
-        self._call("put_item", Item=_dump(worker.to_item()))
+        try:
+            self._call(
+                "put_item",
+                Item=_dump(worker.to_item()),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            raise StoreError(f"worker id {worker.worker_id!r} is already registered") from exc
 
-    def heartbeat_worker(
-        self, worker_id: str, *, expires_at_ms: int, connection_count: int
-    ) -> None:
-        """Keep the worker item alive; refused (StoreError-free) if it was cleaned up meanwhile."""
+    def renew_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
         try:
             self._call(
                 "update_item",
@@ -693,28 +837,171 @@ class LeaseStore:
                 UpdateExpression=(
                     "SET heartbeat_at_ms = :now, expires_at_ms = :expires, connection_count = :n"
                 ),
-                ConditionExpression="attribute_exists(pk)",
+                ConditionExpression="attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
                 ExpressionAttributeValues=_values(
                     now=self._clock(), expires=expires_at_ms, n=connection_count
                 ),
             )
         except ClientError as exc:
-            raise StoreError(f"worker item {worker_id} is gone") from exc
+            raise WorkerDead(f"worker {worker_id!r} was killed or deleted") from exc
 
-    def deregister_worker(self, worker_id: str) -> None:
-        self._call("delete_item", Key=_dump({"pk": worker_pk(worker_id)}))
+    def retire_worker(self, worker_id: str) -> None:
+        now = self._clock()
+        with contextlib.suppress(ClientError):  # already dead or gone: nothing left to end
+            self._call(
+                "update_item",
+                Key=_dump({"pk": worker_pk(worker_id)}),
+                UpdateExpression="SET dead_at_ms = :now, expires_at_ms = :now",
+                ConditionExpression="attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
+                ExpressionAttributeValues=_values(now=now),
+            )
 
-    def get_worker(self, worker_id: str) -> WorkerRecord | None:
+    def kill_worker(self, worker_id: str) -> bool:
+        now = self._clock()
+        try:
+            self._call(
+                "update_item",
+                Key=_dump({"pk": worker_pk(worker_id)}),
+                UpdateExpression="SET dead_at_ms = :now",
+                ConditionExpression=(
+                    "attribute_exists(pk) AND attribute_not_exists(dead_at_ms) "
+                    "AND expires_at_ms < :now"
+                ),
+                ExpressionAttributeValues=_values(now=now),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            old = exc.response.get("Item")
+            item = _load(old) if isinstance(old, Mapping) else None
+            worker = WorkerRecord.from_item(item) if item else self.get_worker(
+                worker_id, consistent=True
+            )
+            return worker is None or worker.dead
+        return True
+
+    def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
         response = self._call(
-            "get_item", Key=_dump({"pk": worker_pk(worker_id)}), ConsistentRead=False
+            "get_item", Key=_dump({"pk": worker_pk(worker_id)}), ConsistentRead=consistent
         )
         item = _load(response.get("Item"))
         return WorkerRecord.from_item(item) if item else None
 
     def get_workers(self, worker_ids: Iterable[str]) -> dict[str, WorkerRecord]:
-        """Worker items by id (absent ids are missing from the result)."""
         items = self._batch_get_items((worker_pk(w) for w in worker_ids), consistent=False)
-        return {
-            str(item["worker_id"]): WorkerRecord.from_item(item) for item in items.values()
-        }
+        return {str(item["worker_id"]): WorkerRecord.from_item(item) for item in items.values()}
 
+    def list_worker_ids(self) -> list[str]:
+        pages = self._pages(
+            "query",
+            page_size=1000,
+            IndexName=WORKERS_INDEX,
+            KeyConditionExpression="worker_index = :workers",
+            ExpressionAttributeValues=_values(workers=WORKER_INDEX_VALUE),
+        )
+        prefix = worker_pk("")
+        return [
+            str((_load(raw) or {})["pk"])[len(prefix):]
+            for page in pages
+            for raw in page.get("Items", [])
+        ]
+
+    def delete_worker(self, worker_id: str, *, dead_before_ms: int) -> bool:
+        try:
+            self._call(
+                "delete_item",
+                Key=_dump({"pk": worker_pk(worker_id)}),
+                ConditionExpression="expires_at_ms < :before",
+                ExpressionAttributeValues=_values(before=dead_before_ms),
+            )
+        except ClientError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ indexes
+    def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
+        pages = self._pages(
+            "query",
+            page_size=page_size,
+            IndexName=OWNER_INDEX,
+            KeyConditionExpression="lease_owner = :owner",
+            ExpressionAttributeValues=_values(owner=owner),
+        )
+        for page in pages:
+            for raw in page.get("Items", []):
+                item = _load(raw) or {}
+                state = item.get("desired_state")
+                yield IndexEntry(
+                    str(item["pk"]),
+                    int(item.get("lease_epoch", 0)),
+                    DesiredState(state) if state else None,
+                )
+
+    def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
+        pages = self._pages(
+            "query",
+            page_size=page_size,
+            IndexName=UNOWNED_INDEX,
+            KeyConditionExpression="unowned_shard = :shard AND unowned_since_ms < :before",
+            ExpressionAttributeValues=_values(shard=f"{shard:02d}", before=before_ms),
+        )
+        for page in pages:
+            for raw in page.get("Items", []):
+                item = _load(raw) or {}
+                yield IndexEntry(
+                    str(item["pk"]),
+                    int(item.get("lease_epoch", 0)),
+                    DesiredState.STARTED,
+                    int(item["unowned_since_ms"]),
+                )
+
+    def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
+        now = self._clock()
+        try:
+            self._call(
+                "update_item",
+                Key=_dump({"pk": worker.pk}),
+                UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
+                ConditionExpression=(
+                    "expires_at_ms = :expiry AND (attribute_not_exists(hinted_at_ms) "
+                    "OR hinted_expiry_ms <> :expiry OR hinted_at_ms < :stale)"
+                ),
+                ExpressionAttributeValues=_values(
+                    expiry=worker.expires_at_ms, now=now, stale=now - rehint_after_ms
+                ),
+            )
+        except ClientError:
+            return False
+        return True
+
+    def claim_hint(self, entry: IndexEntry, *, rehint_after_ms: int) -> bool:
+        now = self._clock()
+        try:
+            self._call(
+                "update_item",
+                Key=_dump({"pk": entry.pk}),
+                UpdateExpression="SET hinted_since_ms = :since, hinted_at_ms = :now",
+                ConditionExpression=(
+                    "unowned_since_ms = :since AND attribute_not_exists(lease_owner) AND "
+                    "(attribute_not_exists(hinted_at_ms) OR hinted_since_ms <> :since "
+                    "OR hinted_at_ms < :stale)"
+                ),
+                ExpressionAttributeValues=_values(
+                    since=entry.unowned_since_ms, now=now, stale=now - rehint_after_ms
+                ),
+            )
+        except ClientError:
+            return False
+        return True
+
+    def withdraw_hint_claim(self, entry: IndexEntry) -> bool:
+        try:
+            self._call(
+                "update_item",
+                Key=_dump({"pk": entry.pk}),
+                UpdateExpression="REMOVE hinted_since_ms, hinted_at_ms",
+                ConditionExpression="hinted_since_ms = :since",
+                ExpressionAttributeValues=_values(since=entry.unowned_since_ms),
+            )
+        except ClientError:
+            return False
+        return True
