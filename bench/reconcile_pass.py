@@ -144,7 +144,7 @@ def run_one(backend: Any, scenario: str, items: int) -> Run:
     from wsfleet.clock import now_ms
     from wsfleet.hints import HintSender
     from wsfleet.reconcile import HintLedger
-    from wsfleet.store import LeaseStore
+    from wsfleet.store import DynamoDBLeaseStore
     from wsfleet_local.functions import load_function
 
     app = load_function("reconciler")
@@ -160,7 +160,7 @@ def run_one(backend: Any, scenario: str, items: int) -> Run:
 
     def reconciler() -> Any:
         return app.Reconciler(
-            LeaseStore(dynamodb, resources.connections_table, lease_ms=LEASE_MS),
+            DynamoDBLeaseStore(dynamodb, resources.connections_table, lease_ms=LEASE_MS),
             HintSender(sqs, resources.hint_queue_url),
             None,  # no control queues in this benchmark
             pass_interval_ms=PASS_SECONDS * 1000,

@@ -115,7 +115,7 @@ def create_connections(dynamodb: Any, table: str, ids: list[str], sim_url: str) 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hints import Hint, HintSender
-    from wsfleet.store import LeaseStore
+    from wsfleet.store import DynamoDBLeaseStore
     from wsfleet_local.backend import EmbeddedBackend
 
     workdir = Path(tempfile.mkdtemp(prefix="wsfleet-capacity-"))
@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
         sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
-        store = LeaseStore(dynamodb, resources.connections_table, lease_ms=int(args.lease * 1000))
+        store = DynamoDBLeaseStore(
+            dynamodb, resources.connections_table, lease_ms=int(args.lease * 1000)
+        )
 
         log_path = workdir / "worker.log"
         worker_env = {

@@ -43,7 +43,7 @@ import pytest
 from wsfleet.hints import Hint, HintSender
 from wsfleet.messages import MessageStore
 from wsfleet.record import ConnectionRecord, connection_pk
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.simulator import SimulatorThread
 
 __all__ = [
@@ -241,7 +241,7 @@ class Fleet:
         endpoint = env["AWS_ENDPOINT_URL"]
         self.dynamodb = session.client("dynamodb", endpoint_url=endpoint)
         self.sqs = session.client("sqs", endpoint_url=endpoint)
-        self.store = LeaseStore(self.dynamodb, env["CONNECTIONS_TABLE"], lease_ms=lease_ms)
+        self.store = DynamoDBLeaseStore(self.dynamodb, env["CONNECTIONS_TABLE"], lease_ms=lease_ms)
         self.messages = MessageStore(self.dynamodb, env["MESSAGES_TABLE"])
         self.hint_queue_url = env["HINT_QUEUE_URL"]
         self.hints = HintSender(self.sqs, self.hint_queue_url)

@@ -26,7 +26,7 @@ from fleet_helpers import wait_until
 from wsfleet.backoff import is_ambiguous, is_throttling
 from wsfleet.exceptions import StoreError
 from wsfleet.record import connection_pk
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.faults import (
     FaultClient,
     FaultError,
@@ -162,10 +162,10 @@ def test_after_mode_applies_the_write_and_then_answers_500(aws, proxy):
 @pytest.mark.parametrize("attempts", [4, 1], ids=["botocore-retries", "no-retry"])
 def test_an_ambiguous_acquire_that_landed_is_reported_as_acquired_once(aws, proxy, attempts):
     # GIVEN a STARTED connection and an acquire whose write lands but is answered with a 500
-    direct = LeaseStore(client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000)
+    direct = DynamoDBLeaseStore(client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000)
     direct.start("amb", "ws://127.0.0.1:9/amb")
     proxy.set_rules([FaultRule(kind="500", operations={"UpdateItem"}, after=True, budget=1)])
-    through = LeaseStore(
+    through = DynamoDBLeaseStore(
         client("dynamodb", proxy.url_for("worker"), attempts=attempts), aws.connections_table,
         lease_ms=5000,
     )  # fmt: skip
@@ -183,10 +183,10 @@ def test_an_ambiguous_acquire_that_landed_is_reported_as_acquired_once(aws, prox
 
 
 def test_an_ambiguous_acquire_that_did_not_land_still_fails(aws, proxy):
-    direct = LeaseStore(client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000)
+    direct = DynamoDBLeaseStore(client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000)
     direct.start("amb2", "ws://127.0.0.1:9/amb2")
     proxy.set_rules([FaultRule(kind="500", operations={"UpdateItem"}, budget=1)])  # before
-    through = LeaseStore(
+    through = DynamoDBLeaseStore(
         client("dynamodb", proxy.url_for("worker"), attempts=1), aws.connections_table,
         lease_ms=5000,
     )  # fmt: skip

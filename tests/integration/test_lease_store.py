@@ -22,7 +22,7 @@ from wsfleet.exceptions import (
 )
 from wsfleet.lease import Lease, is_acquirable
 from wsfleet.record import DesiredState, WorkerRecord
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def clock():
 
 @pytest.fixture
 def store(aws, clock):
-    return LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    return DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
 
 
 def started(store: LeaseStore, cid: str = "c1") -> str:
@@ -102,7 +102,7 @@ def test_stop_is_idempotent_and_404s_unknown(store):
 
 
 def test_stopped_items_get_a_ttl(aws, clock):
-    store = LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock,
+    store = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock,
                        stopped_retention_ms=86_400_000)
     pk = started(store)
     store.stop(pk)
@@ -170,7 +170,7 @@ def test_concurrent_acquirers_exactly_one_wins(aws):
     """
     racers, rounds = 32, 30
     clients = [dynamodb_client() for _ in range(racers)]
-    stores = [LeaseStore(c, aws.connections_table, lease_ms=60_000) for c in clients]
+    stores = [DynamoDBLeaseStore(c, aws.connections_table, lease_ms=60_000) for c in clients]
     pks = [stores[0].start(f"race-{i}", "wss://up.example/s").record.pk for i in range(rounds)]
     barrier = threading.Barrier(racers)
 
@@ -232,7 +232,7 @@ def _inject(client, event: str, exc_factory):
 def test_ambiguous_renew_that_landed_is_accepted(aws, clock):
     """The write reached DynamoDB but the reply was lost: re-read, still ours, accept."""
     client = dynamodb_client()
-    store = LeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
     pk = started(store)
     lease = Lease.of(store.acquire(pk, "w1"))
     clock.advance(700)
@@ -245,7 +245,7 @@ def test_ambiguous_renew_that_landed_is_accepted(aws, clock):
 
 def test_ambiguous_renew_that_did_not_land_keeps_the_stored_expiry(aws, clock):
     client = dynamodb_client(max_attempts=2)
-    store = LeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
     pk = started(store)
     lease = Lease.of(store.acquire(pk, "w1"))
     clock.advance(700)
@@ -257,8 +257,8 @@ def test_ambiguous_renew_that_did_not_land_keeps_the_stored_expiry(aws, clock):
 
 def test_ambiguous_renew_after_takeover_is_lost(aws, clock):
     client = dynamodb_client(max_attempts=2)
-    store = LeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
-    other = LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    other = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
     pk = started(store)
     lease = Lease.of(store.acquire(pk, "w1"))
     clock.advance(LEASE_MS + 1)
@@ -270,7 +270,7 @@ def test_ambiguous_renew_after_takeover_is_lost(aws, clock):
 
 
 def test_unknown_errors_are_wrapped(aws):
-    store = LeaseStore(dynamodb_client(), "no-such-table", lease_ms=LEASE_MS)
+    store = DynamoDBLeaseStore(dynamodb_client(), "no-such-table", lease_ms=LEASE_MS)
     with pytest.raises(StoreError) as err:
         store.get("CONN#a")
     assert err.value.__cause__ is not None

@@ -7,7 +7,7 @@ import threading
 import boto3
 import pytest
 
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import find_template, load_template
 from wsfleet_local.stack import read_stack
 from wsfleet_local.streams import StreamPoller
@@ -34,7 +34,7 @@ def test_only_stop_transitions_reach_the_notifier_in_lambda_shape(aws):
         poll_interval_seconds=0.05,
     ).start()
     try:
-        store = LeaseStore(boto3.client("dynamodb"), aws.connections_table, lease_ms=4_000)
+        store = DynamoDBLeaseStore(boto3.client("dynamodb"), aws.connections_table, lease_ms=4_000)
         # WHEN a connection is started, acquired, renewed and then stopped
         store.start("c1", "ws://127.0.0.1:1/c1")
         store.acquire("CONN#c1", "w1")

@@ -28,7 +28,7 @@ from wsfleet.hints import Hint, HintSender
 from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, acquire_wait_ms
 from wsfleet.record import WorkerRecord
 from wsfleet.settings import Settings
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet_local.functions import lambda_context, load_function
 
 pytestmark = pytest.mark.integration
@@ -72,7 +72,7 @@ def env(aws, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
 def store_at(aws: Any, at_ms: int | None = None) -> LeaseStore:
     """A LeaseStore whose clock reads ``at_ms`` (None: the real clock)."""
     clock = (lambda: at_ms) if at_ms is not None else now_ms
-    return LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    return DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
 
 
 def scheduler_event() -> dict[str, Any]:

@@ -20,7 +20,7 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet.record import DesiredState, connection_pk
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet_local.functions import lambda_context, load_function
 
 pytestmark = [
@@ -127,7 +127,7 @@ def router(aws, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def store(aws) -> LeaseStore:
-    return LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=20_000)
+    return DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=20_000)
 
 
 @pytest.fixture

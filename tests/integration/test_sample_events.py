@@ -23,7 +23,7 @@ from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
 from wsfleet.record import WorkerRecord
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import find_template, load_template, provision_resources
 from wsfleet_local.functions import lambda_context, load_function
 from wsfleet_local.stack import read_stack
@@ -127,7 +127,7 @@ def live_worker(worker_id: str, *, queue_deleted: bool = False) -> str:
     if queue_deleted:
         sqs.delete_queue(QueueUrl=url)
     now = now_ms()
-    store = LeaseStore(dynamodb_client(), ENV_JSON["Parameters"]["CONNECTIONS_TABLE"])
+    store = DynamoDBLeaseStore(dynamodb_client(), ENV_JSON["Parameters"]["CONNECTIONS_TABLE"])
     store.register_worker(
         WorkerRecord(
             worker_id=worker_id,

@@ -21,7 +21,7 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
 from wsfleet.record import WorkerRecord
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet_local.events import lambda_stream_record, stream_batch_event
 from wsfleet_local.functions import lambda_context, load_function
 
@@ -52,14 +52,14 @@ def prefix(aws, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.fixture
 def store(aws) -> LeaseStore:
-    return LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS)
+    return DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS)
 
 
 @pytest.fixture
 def pinned_clock(aws, prefix: str) -> Iterator[None]:
     """Run the handler as if it were the moment the sample events were written."""
     pinned = notifier_app.StopNotifier(
-        LeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS),
+        DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS),
         sqs_client(),
         clock=lambda: EVENT_NOW_MS,
     )

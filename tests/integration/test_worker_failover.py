@@ -25,7 +25,7 @@ from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, w
 
 from wsfleet.hints import Hint
 from wsfleet.record import connection_pk
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -100,7 +100,7 @@ def test_an_early_hint_is_held_until_the_lease_lapses_then_acquired(fleet, sim, 
     # A holder that stopped renewing, its lease 1.5 s from the end (a LeaseStore with a short
     # lease plays that holder), and the hint sent now, well before the expiry.
     fleet.store.start("early", sim.url_for("early"))  # no START hint: only the early one
-    gone = LeaseStore(fleet.dynamodb, fleet.store.table_name, lease_ms=1500)
+    gone = DynamoDBLeaseStore(fleet.dynamodb, fleet.store.table_name, lease_ms=1500)
     taken = gone.acquire(connection_pk("early"), "gone-worker")
     fleet.hints.send(Hint(taken.pk, epoch=taken.lease_epoch))
 

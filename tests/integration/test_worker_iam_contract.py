@@ -19,7 +19,7 @@ import pytest
 from wsfleet.aws import dynamodb_client
 from wsfleet.lease import Lease
 from wsfleet.record import WorkerRecord, connection_pk
-from wsfleet.store import LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import load_template
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def worker_write_limits() -> dict[str, set[str]]:
 
 def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     client = dynamodb_client()
-    setup = LeaseStore(client, aws.connections_table, lease_ms=60_000)
+    setup = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=60_000)
     for cid in ("a", "b", "c"):
         setup.start(cid, f"wss://example.com/{cid}")
 
@@ -71,7 +71,7 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
         "provide-client-params.dynamodb.*",
         lambda params, model, **_: requests.append((model.name, dict(params))),
     )
-    store = LeaseStore(
+    store = DynamoDBLeaseStore(
         client, aws.connections_table, lease_ms=60_000, stopped_retention_ms=86_400_000
     )
 
