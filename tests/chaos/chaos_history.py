@@ -13,8 +13,9 @@ Three independent witnesses:
 Invariants (each violation names the stream and the evidence):
 
 ``converged``
-    A STARTED stream ends with exactly one owner, a live worker with an unexpired lease, and
-    exactly one open upstream session; a STOPPED stream ends with none.
+    A STARTED stream ends with exactly one owner, a live worker process whose worker lease is
+    live (not expired, not killed), and exactly one open upstream session; a STOPPED stream
+    ends with none.
 ``lost`` / ``duplicated``
     Every seq from 1 to the record's checkpoint is stored, with its own content
     (``"<id>:<seq>"``), under the sort key of its seq (so it cannot be stored twice).
@@ -24,9 +25,11 @@ Invariants (each violation names the stream and the evidence):
     seq is stored under an older epoch than a lower seq (an old owner overwrote a newer one's
     frame); checkpoints and epochs never go backwards.
 ``overlap``
-    Two upstream sessions of one stream are open together only within the fencing window
-    (the lease safety margin), or while the older one's worker was paused (SIGSTOP: the
-    kernel keeps its socket open) and until shortly after it resumed; never longer.
+    Two upstream sessions of one stream are never open together, except while the older one's
+    worker was paused (SIGSTOP: the kernel keeps its socket open) and until shortly after it
+    resumed. There is no fencing-window allowance: a worker fences every session at its
+    deadline, before the lease can expire, and a hand-off closes the socket before it releases,
+    so any other overlap, however short, is a violation.
 ``gap``
     No resume asked for frames the upstream no longer had.
 
@@ -65,14 +68,17 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from wsfleet.lease import is_worker_alive
+from wsfleet.record import WorkerRecord
 from wsfleet_local.simulator import hostile_frame_data
 
 __all__ = [
+    "LEASE_LOST_EXIT",
     "ForgedStop",
     "Pause",
     "Sample",
@@ -95,7 +101,6 @@ class Sample:
     owner: str
     last_seq: int
     desired_state: str
-    expires_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -232,13 +237,13 @@ def _check_overlaps(
     sessions: Sequence[Any],
     pauses: Sequence[Pause],
     *,
-    window_seconds: float,
     resume_grace_seconds: float,
     end_time: float,
     verdict: Verdict,
 ) -> tuple[int, int]:
-    """Returns (overlaps within the fencing window, overlaps excused by a paused owner)."""
-    within = excused = 0
+    """Returns (overlaps found, overlaps excused by a paused owner); every overlap not excused
+    is a violation."""
+    found = excused = 0
     ordered = sorted(sessions, key=lambda s: (s.opened_at, s.session_id))
     active: list[Any] = []
     for session in ordered:
@@ -247,9 +252,7 @@ def _check_overlaps(
             older_end = older.closed_at if older.closed_at is not None else end_time
             newer_end = session.closed_at if session.closed_at is not None else end_time
             length = min(older_end, newer_end) - session.opened_at
-            if length <= window_seconds:
-                within += 1
-                continue
+            found += 1
             zombie = any(
                 p.stopped_at <= session.opened_at
                 and older_end <= p.resumed_at + resume_grace_seconds
@@ -262,11 +265,10 @@ def _check_overlaps(
                 "overlap",
                 stream_id,
                 f"sessions {older.session_id} and {session.session_id} streamed together for "
-                f"{length:.2f} s (fencing window {window_seconds:g} s, "
-                "no paused owner explains it)",
+                f"{length:.3f} s (no paused owner explains it)",
             )
         active.append(session)
-    return within, excused
+    return found, excused
 
 
 def check_history(
@@ -274,11 +276,11 @@ def check_history(
     expected_states: Mapping[str, str],
     final_records: Mapping[str, Any],
     live_workers: set[str],
+    worker_records: Mapping[str, WorkerRecord],
     sessions: Sequence[Any],
     items: Mapping[str, Sequence[Mapping[str, Any]]],
     samples: Sequence[Sample],
     pauses: Sequence[Pause],
-    fencing_window_seconds: float,
     resume_grace_seconds: float,
     end_time: float,
 ) -> Verdict:
@@ -289,7 +291,7 @@ def check_history(
         by_stream[session.stream_id].append(session)
     first_seen = _first_seen(samples)
     _check_monotonic(samples, verdict)
-    checked = within = excused = 0
+    checked = overlaps = excused = 0
     now_ms = int(end_time * 1000)
     for stream_id, desired in sorted(expected_states.items()):
         record = final_records.get(stream_id)
@@ -306,8 +308,8 @@ def check_history(
             if record.lease_owner not in live_workers:
                 verdict.add("converged", stream_id,
                             f"owner {record.lease_owner!r} is not a live worker")  # fmt: skip
-            elif record.lease_expires_at_ms <= now_ms:
-                verdict.add("converged", stream_id, "lease expired at the end")
+            elif not is_worker_alive(worker_records.get(record.lease_owner), now_ms):
+                verdict.add("converged", stream_id, "its owner's worker lease is not live")
             if len(open_sessions) != 1:
                 verdict.add("converged", stream_id,
                             f"{len(open_sessions)} open upstream sessions, expected 1")  # fmt: skip
@@ -320,10 +322,10 @@ def check_history(
             verdict,
         )  # fmt: skip
         w, e = _check_overlaps(
-            stream_id, stream_sessions, pauses, window_seconds=fencing_window_seconds,
-            resume_grace_seconds=resume_grace_seconds, end_time=end_time, verdict=verdict,
+            stream_id, stream_sessions, pauses, resume_grace_seconds=resume_grace_seconds,
+            end_time=end_time, verdict=verdict,
         )  # fmt: skip
-        within += w
+        overlaps += w
         excused += e
         for session in stream_sessions:
             if session.gap:
@@ -341,7 +343,7 @@ def check_history(
             "max_epoch": max(epochs, default=0),
             "messages_checked": checked,
             "checkpointed_total": sum(r.last_seq for r in final_records.values()),
-            "overlaps_within_fencing_window": within,
+            "overlaps": overlaps,
             "overlaps_of_paused_owners": excused,
             "table_samples": len(samples),
         }
@@ -351,6 +353,9 @@ def check_history(
 
 #: Signals with which the runner ends a worker on purpose (SIGKILL 9, SIGTERM 15).
 _DELIBERATE_ENDS = frozenset({9, 15})
+#: The worker's exit status after it lost its lease (fenced itself, or found itself killed
+#: after a pause): the schedule's pauses and partitions cause it, never a queue's content.
+LEASE_LOST_EXIT = 3
 
 
 def check_poison(
@@ -361,14 +366,19 @@ def check_poison(
     dead_lettered: int,
     forged: Sequence[ForgedStop],
     stop_outcomes: Mapping[str, Sequence[bool]],
+    lease_losers: Collection[str] = (),
 ) -> None:
     """The poison-message invariants of the module docstring, added to ``verdict``.
 
     ``queue_depths``: messages left (visible + in flight) per poisoned queue still consumed at
     the end; ``dead_lettered``: poison bodies found in the hint DLQ; ``stop_outcomes``: per
-    stream, the ``applied`` flag of every STOP command the workers logged.
+    stream, the ``applied`` flag of every STOP command the workers logged; ``lease_losers``:
+    workers the schedule paused or cut off from DynamoDB, which may exit with
+    :data:`LEASE_LOST_EXIT` (any other worker exiting so is a violation).
     """
     for end in exits:
+        if end.returncode == LEASE_LOST_EXIT and end.worker_id in lease_losers:
+            continue
         if end.returncode is not None and not _DELIBERATE_ENDS & set(end.signals_sent):
             verdict.add("survived", end.worker_id,
                         f"exited with {end.returncode} though never killed or "

@@ -177,7 +177,6 @@ class _Sampler(threading.Thread):
                         owner=str(item.get("lease_owner", "")),
                         last_seq=int(item.get("last_seq", 0)),
                         desired_state=str(item.get("desired_state", "")),
-                        expires_at_ms=int(item.get("lease_expires_at_ms", 0)),
                     )
                 )
             self._halt.wait(self._every)
@@ -478,21 +477,30 @@ def _live_worker_ids(fleet: Any) -> set[str]:
 
 
 def _records(client: Any, table: str) -> dict[str, Any]:
-    from wsfleet.record import ConnectionRecord
+    return _table(client, table)[0]
+
+
+def _table(client: Any, table: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Connection records by stream id and worker records by worker id."""
+    from wsfleet.record import ConnectionRecord, WorkerRecord
     from wsfleet_local.client import scan_table
 
-    connections, _ = scan_table(client, table)
-    return {str(item["pk"])[5:]: ConnectionRecord.from_item(item) for item in connections}
+    connections, workers = scan_table(client, table)
+    records = {str(item["pk"])[5:]: ConnectionRecord.from_item(item) for item in connections}
+    return records, {str(w["worker_id"]): WorkerRecord.from_item(w) for w in workers}
 
 
 def _unconverged(chaos: _Chaos, client: Any) -> tuple[list[str], set[str]]:
     """The streams not yet where they should be (one line each), and the live worker ids.
 
     Converged: every stream's record has its desired state; a STARTED one is held by a live
-    worker, unexpired, with exactly one open upstream session; a STOPPED one has none.
+    worker process whose worker lease is live, with exactly one open upstream session; a
+    STOPPED one has none.
     """
+    from wsfleet.lease import is_worker_alive
+
     fleet = chaos.fleet
-    records = _records(client, fleet.resources.connections_table)
+    records, workers = _table(client, fleet.resources.connections_table)
     live = _live_worker_ids(fleet)
     now_ms = int(time.time() * 1000)
     open_by_stream: dict[str, int] = {}
@@ -507,15 +515,17 @@ def _unconverged(chaos: _Chaos, client: Any) -> tuple[list[str], set[str]]:
         if record.desired_state.value != desired:
             stuck.append(f"{stream_id}: {record.desired_state.value}, wanted {desired}")
             continue
+        owner = workers.get(record.lease_owner)
         state = (
             "free" if not record.lease_owner
-            else "expired" if record.lease_expires_at_ms <= now_ms
+            else "expired" if not is_worker_alive(owner, now_ms)
             else "held-by-dead" if record.lease_owner not in live else "held"
         )  # fmt: skip
         if desired == "STARTED" and (state != "held" or open_by_stream.get(stream_id, 0) != 1):
+            expired = (now_ms - owner.expires_at_ms) / 1000 if owner else None
             stuck.append(
                 f"{stream_id}: {state} owner={record.lease_owner!r} epoch={record.lease_epoch} "
-                f"expired {(now_ms - record.lease_expires_at_ms) / 1000:.1f} s ago, "
+                f"owner lease expired {expired} s ago, "
                 f"open sessions {open_by_stream.get(stream_id, 0)}"
             )
         elif desired == "STOPPED" and open_by_stream.get(stream_id, 0):
@@ -733,18 +743,18 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         sampler.stop()
         end_time = time.time()
         sessions = fleet.simulator.sessions()
-        records = _records(client, fleet.resources.connections_table)
+        records, workers = _table(client, fleet.resources.connections_table)
         messages = MessageStore(client, fleet.resources.messages_table)
         items = {i: messages.read_all(connection_pk(i)) for i in chaos.desired}
         report.verdict = check_history(
             expected_states=chaos.desired,
             final_records=records,
             live_workers=_live_worker_ids(fleet),
+            worker_records=workers,
             sessions=sessions,
             items=items,
             samples=sampler.samples,
             pauses=chaos.pauses,
-            fencing_window_seconds=config.safety_margin_seconds,
             resume_grace_seconds=config.heartbeat_seconds + 2.0,
             end_time=end_time,
         )
@@ -758,6 +768,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             dead_lettered=_dead_lettered_poison(chaos),
             forged=chaos.forged,
             stop_outcomes=_stop_outcomes(chaos.all_slots),
+            lease_losers={pause.worker_id for pause in chaos.pauses},
         )
         check_hostile(
             report.verdict,

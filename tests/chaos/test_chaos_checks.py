@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chaos_history import (
+    LEASE_LOST_EXIT,
     ForgedStop,
     Pause,
     Sample,
@@ -22,17 +23,18 @@ from chaos_history import (
 )
 from chaos_schedule import make_schedule
 
-from wsfleet.record import DesiredState
+from wsfleet.record import DesiredState, WorkerRecord
 from wsfleet_local.simulator import hostile_frame_data
 
 END = 1000.0
+LIVE_W1 = WorkerRecord(worker_id="w1", control_queue_url="", started_at_ms=0,
+                       heartbeat_at_ms=0, expires_at_ms=int((END + 10) * 1000))  # fmt: skip
 
 
 @dataclass
 class Rec:
     desired_state: DesiredState = DesiredState.STARTED
     lease_owner: str = "w1"
-    lease_expires_at_ms: int = int((END + 10) * 1000)
     last_seq: int = 3
     lease_epoch: int = 2
     stop_reason: str | None = None
@@ -58,12 +60,12 @@ def check(**overrides):
         expected_states={"s": "STARTED"},
         final_records={"s": Rec()},
         live_workers={"w1"},
+        worker_records={"w1": LIVE_W1},
         sessions=[Sess("s", 1, 100.0, 200.0), Sess("s", 2, 200.5)],
         items={"s": [item(1, 1, 150.0), item(2, 2, 300.0), item(3, 2, 301.0)]},
-        samples=[Sample(150.0, "s", 1, "w0", 0, "STARTED", 0),
-                 Sample(250.0, "s", 2, "w1", 2, "STARTED", 0)],
+        samples=[Sample(150.0, "s", 1, "w0", 0, "STARTED"),
+                 Sample(250.0, "s", 2, "w1", 2, "STARTED")],
         pauses=[],
-        fencing_window_seconds=1.0,
         resume_grace_seconds=3.0,
         end_time=END,
     )  # fmt: skip
@@ -101,14 +103,17 @@ def test_an_old_epoch_above_a_newer_one_breaks_fencing():
 
 
 def test_a_checkpoint_going_backwards_breaks_fencing():
-    samples = [Sample(150.0, "s", 1, "w0", 5, "STARTED", 0),
-               Sample(250.0, "s", 2, "w1", 4, "STARTED", 0)]  # fmt: skip
+    samples = [Sample(150.0, "s", 1, "w0", 5, "STARTED"),
+               Sample(250.0, "s", 2, "w1", 4, "STARTED")]  # fmt: skip
     assert invariants(check(samples=samples)) == {"fenced"}
 
 
-def test_overlaps_allowed_within_the_window_or_for_a_paused_owner_only():
-    brief = [Sess("s", 1, 100.0, 200.8), Sess("s", 2, 200.0)]
-    assert check(sessions=brief).ok
+def test_any_overlap_is_a_violation_unless_the_owner_was_paused():
+    brief = [Sess("s", 1, 100.0, 200.05), Sess("s", 2, 200.0)]
+    assert invariants(check(sessions=brief)) == {"overlap"}
+    assert check(sessions=brief).figures["overlaps"] == 1
+    touching = [Sess("s", 1, 100.0, 200.0), Sess("s", 2, 200.0)]
+    assert check(sessions=touching).ok
     long = [Sess("s", 1, 100.0, 230.0), Sess("s", 2, 200.0)]
     assert invariants(check(sessions=long)) == {"overlap"}
     paused = [Pause("w0", 190.0, 228.0)]
@@ -119,6 +124,11 @@ def test_overlaps_allowed_within_the_window_or_for_a_paused_owner_only():
 
 def test_convergence_needs_one_live_owner_and_one_socket():
     assert invariants(check(live_workers={"w9"})) == {"converged"}
+    expired = replace(LIVE_W1, expires_at_ms=int((END - 1) * 1000))
+    assert invariants(check(worker_records={"w1": expired})) == {"converged"}
+    killed = replace(LIVE_W1, dead_at_ms=int((END - 5) * 1000))
+    assert invariants(check(worker_records={"w1": killed})) == {"converged"}
+    assert invariants(check(worker_records={})) == {"converged"}
     two_open = [Sess("s", 1, 100.0), Sess("s", 2, 100.5)]
     assert "converged" in invariants(check(sessions=two_open))
     stopped = {"s": Rec(desired_state=DesiredState.STOPPED, lease_owner="")}
@@ -174,6 +184,12 @@ def test_a_worker_that_died_unprompted_did_not_survive():
     # paused and resumed (SIGSTOP 19, SIGCONT 18) is not an end the runner chose
     died = [WorkerExit("w1", None, ()), WorkerExit("w3", 1, (19, 18))]
     assert invariants(poison(exits=died)) == {"survived"}
+
+
+def test_only_a_paused_worker_may_exit_for_a_lost_lease():
+    fenced = [WorkerExit("w1", None, ()), WorkerExit("w3", LEASE_LOST_EXIT, (19, 18))]
+    assert poison(exits=fenced, lease_losers={"w3"}).ok
+    assert invariants(poison(exits=fenced)) == {"survived"}
 
 
 def test_a_poisoned_queue_left_non_empty_or_dead_lettered_did_not_drain():
