@@ -160,9 +160,11 @@ def test_after_mode_applies_the_write_and_then_answers_500(aws, proxy):
 
 
 @pytest.mark.parametrize("attempts", [4, 1], ids=["botocore-retries", "no-retry"])
-def test_an_ambiguous_acquire_that_landed_is_reported_as_acquired_once(aws, proxy, attempts):
+def test_an_ambiguous_acquire_that_landed_is_acquired_under_a_new_epoch(aws, proxy, attempts):
     # GIVEN a STARTED connection and an acquire whose write lands but is answered with a 500
-    direct = DynamoDBLeaseStore(client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000)
+    direct = DynamoDBLeaseStore(
+        client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000
+    )
     direct.start("amb", "ws://127.0.0.1:9/amb")
     proxy.set_rules([FaultRule(kind="500", operations={"UpdateItem"}, after=True, budget=1)])
     through = DynamoDBLeaseStore(
@@ -174,16 +176,18 @@ def test_an_ambiguous_acquire_that_landed_is_reported_as_acquired_once(aws, prox
     # without retries, the call fails ambiguously
     record = through.acquire(connection_pk("amb"), "w-amb")
 
-    # THEN the caller is told it holds the lease, taken exactly once
+    # THEN the caller is told it holds the connection, re-taken once under an epoch nobody saw
+    # before (whatever the landed attempt might have started is fenced)
     stored = direct.get(connection_pk("amb"))
-    assert (stored.lease_owner, stored.lease_epoch) == ("w-amb", 1)
-    assert (record.lease_owner, record.lease_epoch) == ("w-amb", 1)
-    assert record.lease_expires_at_ms == stored.lease_expires_at_ms
+    assert (stored.lease_owner, stored.lease_epoch) == ("w-amb", 2)
+    assert record == stored
     assert proxy.stats().total(operation="UpdateItem", what="injected") == 1
 
 
 def test_an_ambiguous_acquire_that_did_not_land_still_fails(aws, proxy):
-    direct = DynamoDBLeaseStore(client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000)
+    direct = DynamoDBLeaseStore(
+        client("dynamodb", aws.endpoint_url), aws.connections_table, lease_ms=5000
+    )
     direct.start("amb2", "ws://127.0.0.1:9/amb2")
     proxy.set_rules([FaultRule(kind="500", operations={"UpdateItem"}, budget=1)])  # before
     through = DynamoDBLeaseStore(

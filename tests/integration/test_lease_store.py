@@ -1,32 +1,39 @@
-"""LeaseStore against the embedded moto server, over HTTP: every operation, every refusal.
+"""DynamoDBLeaseStore against the embedded moto server: what only a real server shows.
 
-Conditional writes are exactly what must be real here, so these tests use the real server
-(through `AWS_ENDPOINT_URL`) and fault injection through botocore's own event hooks.
+The scenarios every store must pass are in test_lease_store_contract.py (run against this
+store and the in-memory one). Here: real concurrency (a hundred peers taking over one dead
+worker's connections at once, a paused worker whose renewal lands after it was killed),
+ambiguous failures injected through botocore's own event hooks, a backend that ignores
+``ReturnValuesOnConditionCheckFailure`` (dynalite), and the wrapping of unknown errors.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
-from botocore.exceptions import ReadTimeoutError
+from botocore.exceptions import ClientError, ReadTimeoutError
 
 from wsfleet.aws import dynamodb_client
 from wsfleet.exceptions import (
-    ConnectionNotFound,
     ConnectionStopped,
     LeaseConflict,
     LeaseLost,
     StoreError,
+    WorkerDead,
 )
-from wsfleet.lease import Lease, is_acquirable
+from wsfleet.lease import Lease
 from wsfleet.record import DesiredState, WorkerRecord
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 
 pytestmark = pytest.mark.integration
 
 LEASE_MS = 2_000
+URL = "wss://up.example/s"
 
 
 class FakeClock:
@@ -43,135 +50,134 @@ class FakeClock:
 
 
 @pytest.fixture
-def clock():
+def clock() -> FakeClock:
     return FakeClock()
 
 
+def make_store(aws, clock, client=None) -> DynamoDBLeaseStore:
+    return DynamoDBLeaseStore(
+        client or dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock
+    )
+
+
 @pytest.fixture
-def store(aws, clock):
-    return DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+def store(aws, clock) -> DynamoDBLeaseStore:
+    return make_store(aws, clock)
 
 
 def started(store: LeaseStore, cid: str = "c1") -> str:
-    return store.start(cid, "wss://up.example/s").record.pk
+    return store.start(cid, URL).record.pk
 
 
-# ------------------------------------------------------------------ start / stop
-def test_start_creates_then_is_idempotent(store):
-    first = store.start("c1", "wss://up.example/s")
-    assert first.created and first.record.desired_state is DesiredState.STARTED
-    again = store.start("c1", "wss://up.example/s")
-    assert not again.created and not again.restarted
-    assert again.record == store.get("CONN#c1")
-
-
-def test_restart_does_not_touch_a_live_lease(store, clock):
-    pk = started(store)
-    held = store.acquire(pk, "w1")
-    clock.advance(100)
-    result = store.start("c1", "wss://up.example/s")
-    current = store.get(pk)
-    assert (current.lease_owner, current.lease_epoch, current.lease_expires_at_ms) == (
-        "w1", held.lease_epoch, held.lease_expires_at_ms,
+def register(store: LeaseStore, clock: FakeClock, worker_id: str) -> WorkerRecord:
+    worker = WorkerRecord(
+        worker_id=worker_id,
+        control_queue_url=f"http://q/{worker_id}",
+        started_at_ms=clock.now,
+        heartbeat_at_ms=clock.now,
+        expires_at_ms=clock.now + LEASE_MS,
     )
-    assert result.record == current
+    store.register_worker(worker)
+    return worker
 
 
-def test_start_after_stop_restarts_and_keeps_checkpoint_for_same_url(store):
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    store.checkpoint(lease, 41)
-    store.stop(pk)
-    result = store.start("c1", "wss://up.example/s")
-    assert result.restarted and result.record.desired_state is DesiredState.STARTED
-    assert result.record.last_seq == 41 and result.record.stop_reason is None
-    store.stop(pk)
-    moved = store.start("c1", "wss://elsewhere.example/s")
-    assert moved.record.last_seq == 0 and moved.record.ws_url == "wss://elsewhere.example/s"
+def inject_once(client: Any, event: str, exc_factory, when=lambda **_kw: True) -> list[int]:
+    """Raise ``exc_factory()`` from the first ``event`` hook call that ``when`` accepts; the
+    returned list counts how often it fired (so a test can tell the fault really happened)."""
+    fired: list[int] = []
+    lock = threading.Lock()
+
+    def handler(**kwargs: Any) -> None:
+        with lock:
+            if fired or not when(**kwargs):
+                return
+            fired.append(1)
+        raise exc_factory()
+
+    client.meta.events.register(event, handler)
+    return fired
 
 
-def test_stop_is_idempotent_and_404s_unknown(store):
-    pk = started(store)
-    first = store.stop(pk, reason="api")
-    second = store.stop(pk, reason="again")
-    assert first.stopped and first.record.desired_state is DesiredState.STOPPED
-    assert not second.stopped
-    assert second.record.stop_reason == "api"  # the second STOP wrote nothing
-    with pytest.raises(ConnectionNotFound):
-        store.stop("CONN#missing")
+def timeout(aws):
+    return lambda: ReadTimeoutError(endpoint_url=aws.endpoint_url)
 
 
-def test_stopped_items_get_a_ttl(aws, clock):
-    store = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock,
-                       stopped_retention_ms=86_400_000)
-    pk = started(store)
-    store.stop(pk)
-    raw = dynamodb_client().get_item(TableName=aws.connections_table, Key={"pk": {"S": pk}})
-    assert int(raw["Item"]["expires_at"]["N"]) == (clock.now + 86_400_000) // 1000
-    store.start("c1", "wss://up.example/s")
-    raw = dynamodb_client().get_item(TableName=aws.connections_table, Key={"pk": {"S": pk}})
-    assert "expires_at" not in raw["Item"]  # restarted connections must not be reaped
+def is_take_write(parsed: dict[str, Any] | None = None, **_kw: Any) -> bool:
+    """An UpdateItem answer of a take (ALL_NEW with an owner): not the kill of the owner."""
+    return bool((parsed or {}).get("Attributes", {}).get("lease_owner"))
 
 
-# ------------------------------------------------------------------ acquire
-def test_acquire_sets_owner_expiry_and_bumps_epoch(store, clock):
-    pk = started(store)
-    rec = store.acquire(pk, "w1")
-    lease = (rec.lease_owner, rec.lease_epoch, rec.lease_expires_at_ms)
-    assert lease == ("w1", 1, clock.now + LEASE_MS)
+# ------------------------------------------------------------------ real concurrency
+def count_successful_kills(client: Any) -> list[int]:
+    """Count kill_worker writes the server accepted, by request (botocore event hooks)."""
+    kills: list[int] = []
+
+    def mark(params: dict[str, Any], context: dict[str, Any], **_kw: Any) -> None:
+        context["kill"] = params.get("UpdateExpression") == "SET dead_at_ms = :now"
+
+    def count(parsed: dict[str, Any], context: dict[str, Any], **_kw: Any) -> None:
+        if context.get("kill") and "Error" not in parsed:
+            kills.append(1)
+
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", mark)
+    client.meta.events.register("after-call.dynamodb.UpdateItem", count)
+    return kills
 
 
-def test_acquire_refusals_carry_the_current_record(store, clock):
-    pk = started(store)
-    store.acquire(pk, "w1")
-    with pytest.raises(LeaseConflict) as conflict:
-        store.acquire(pk, "w2")
-    assert conflict.value.current.lease_owner == "w1"
-    store.stop(pk)
+def test_a_hundred_peers_take_over_a_dead_workers_connections_once_each(aws, clock):
+    # GIVEN a worker holding 100 connections whose lease expired, and 100 live peers
+    client = dynamodb_client(max_pool_connections=100)
+    store = make_store(aws, clock, client)
+    register(store, clock, "dead")
+    pks = [started(store, f"d{i:03d}") for i in range(100)]
+    for pk in pks:
+        store.acquire(pk, "dead")
     clock.advance(LEASE_MS + 1)
-    with pytest.raises(ConnectionStopped):
-        store.acquire(pk, "w2")
-    with pytest.raises(ConnectionNotFound):
-        store.acquire("CONN#nope", "w2")
+    peers = [f"p{i:03d}" for i in range(100)]
+    for peer in peers:
+        register(store, clock, peer)
+    kills = count_successful_kills(client)
+    barrier = threading.Barrier(len(peers))
+
+    # WHEN every peer, at once, tries three of them (each connection contended by three)
+    def take(index: int) -> list[str]:
+        barrier.wait()
+        won = []
+        for pk in (pks[(index + k) % len(pks)] for k in range(3)):
+            try:
+                store.acquire(pk, peers[index])
+                won.append(pk)
+            except LeaseConflict as conflict:
+                assert conflict.current.lease_owner in peers
+        return won
+
+    with ThreadPoolExecutor(len(peers)) as pool:
+        results = list(pool.map(take, range(len(peers))))
+
+    # THEN every connection was taken exactly once, under the next epoch
+    winners = collections.defaultdict(list)
+    for index, won in enumerate(results):
+        for pk in won:
+            winners[pk].append(peers[index])
+    assert {pk: len(names) for pk, names in winners.items()} == dict.fromkeys(pks, 1)
+    records = store.batch_get(pks, consistent=True)
+    assert {pk: (r.lease_owner, r.lease_epoch) for pk, r in records.items()} == {
+        pk: (names[0], 2) for pk, names in winners.items()
+    }
+    # AND the dead worker was killed by exactly one of them, and owns nothing
+    assert kills == [1]
+    assert store.get_worker("dead", consistent=True).dead
+    assert not list(store.owned_by("dead"))
+    assert sum(len(list(store.owned_by(peer))) for peer in peers) == len(pks)
 
 
-def test_expired_lease_is_taken_over_with_a_new_epoch(store, clock):
-    pk = started(store)
-    old = Lease.of(store.acquire(pk, "w1"))
-    clock.advance(LEASE_MS + 1)
-    new = store.acquire(pk, "w2")
-    assert new.lease_epoch == old.epoch + 1
-    # the ex-owner is fenced on every write
-    with pytest.raises(LeaseLost):
-        store.renew(old)
-    with pytest.raises(LeaseLost):
-        store.checkpoint(old, 99)
-    with pytest.raises(LeaseLost):
-        store.release(old)
-    with pytest.raises(LeaseLost):
-        store.mark_stopped(old, "upstream_closed")
-    assert store.get(pk).last_seq == 0
-
-
-def test_same_owner_reacquiring_fences_its_own_old_session(store, clock):
-    pk = started(store)
-    old = Lease.of(store.acquire(pk, "w1"))
-    clock.advance(LEASE_MS + 1)
-    store.acquire(pk, "w1")
-    with pytest.raises(LeaseLost):
-        store.checkpoint(old, 5)
-
-
-def test_concurrent_acquirers_exactly_one_wins(aws):
-    """32 racers, each with its own client and LeaseStore: one winner per round.
-
-    The 100-round regression of the server itself is tests/integration/test_backend.py; this
-    one checks the store's acquire (condition, epoch bump, refusal type) under the same race.
-    """
-    racers, rounds = 32, 30
-    clients = [dynamodb_client() for _ in range(racers)]
-    stores = [DynamoDBLeaseStore(c, aws.connections_table, lease_ms=60_000) for c in clients]
-    pks = [stores[0].start(f"race-{i}", "wss://up.example/s").record.pk for i in range(rounds)]
+def test_concurrent_acquirers_of_a_free_connection_exactly_one_wins(aws, clock):
+    """32 live racers, each with its own client: one winner per round, epoch 1."""
+    racers, rounds = 32, 20
+    stores = [make_store(aws, clock) for _ in range(racers)]
+    for index in range(racers):
+        register(stores[0], clock, f"w{index}")  # alive: a winner is never taken over
+    pks = [started(stores[0], f"race-{i}") for i in range(rounds)]
     barrier = threading.Barrier(racers)
 
     def race(index: int) -> list[str]:
@@ -188,252 +194,179 @@ def test_concurrent_acquirers_exactly_one_wins(aws):
     with ThreadPoolExecutor(racers) as pool:
         results = list(pool.map(race, range(racers)))
     winners = {pk: [i for i, won in enumerate(results) if pk in won] for pk in pks}
-    contested = {pk: won for pk, won in winners.items() if len(won) != 1}
-    assert not contested
+    assert all(len(won) == 1 for won in winners.values()), winners
     for pk, (winner,) in winners.items():
         rec = stores[0].get(pk)
-        assert rec.lease_owner == f"w{winner}" and rec.lease_epoch == 1
+        assert (rec.lease_owner, rec.lease_epoch) == (f"w{winner}", 1)
 
 
-# ------------------------------------------------------------------ renew
-def test_renew_extends_and_checkpoints_in_one_write(store, clock):
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    clock.advance(500)
-    renewed = store.renew(lease, last_seq=17)
-    assert renewed.expires_at_ms == clock.now + LEASE_MS and renewed.epoch == lease.epoch
-    rec = store.get(pk)
-    assert rec.last_seq == 17 and rec.lease_expires_at_ms == renewed.expires_at_ms
-    store.renew(renewed)  # without a checkpoint, last_seq stays
-    assert store.get(pk).last_seq == 17
+def test_a_paused_worker_whose_renewal_lands_after_the_kill_is_dead(aws, clock):
+    # GIVEN w1 holding a connection; its next renewal is sent, then held up on the way
+    # (a GC pause, a stalled network) until after its lease expired
+    w1_client = dynamodb_client(max_attempts=0)
+    w1 = make_store(aws, clock, w1_client)
+    w2 = make_store(aws, clock)
+    registered = register(w1, clock, "w1")
+    pk = started(w1)
+    lease = Lease.of(w1.acquire(pk, "w1"))
+    release_renewal = threading.Event()
+    in_flight = threading.Event()
 
+    def hold(request: Any, **_kw: Any) -> None:
+        body = request.body or b""
+        if b"heartbeat_at_ms" in (body.encode() if isinstance(body, str) else body):
+            in_flight.set()
+            assert release_renewal.wait(30)
 
-def test_renew_tells_stopped_from_lost(store, clock):
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    store.stop(pk)
-    with pytest.raises(ConnectionStopped) as stopped:
-        store.renew(lease)
-    assert stopped.value.current.desired_state is DesiredState.STOPPED
-    # stopped, but still ours: the final checkpoint and release are allowed
-    store.checkpoint(lease, 3)
-    released = store.release(lease, last_seq=4)
-    assert (released.lease_owner, released.lease_expires_at_ms, released.last_seq) == ("", 0, 4)
-    assert released.lease_epoch == lease.epoch
-
-
-def _inject(client, event: str, exc_factory):
-    def handler(**_kwargs):
-        raise exc_factory()
-
-    client.meta.events.register(event, handler)
-
-
-def test_ambiguous_renew_that_landed_is_accepted(aws, clock):
-    """The write reached DynamoDB but the reply was lost: re-read, still ours, accept."""
-    client = dynamodb_client()
-    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    clock.advance(700)
-    _inject(client, "after-call.dynamodb.UpdateItem",
-            lambda: ReadTimeoutError(endpoint_url=aws.endpoint_url))
-    renewed = store.renew(lease, last_seq=9)
-    assert renewed.expires_at_ms == clock.now + LEASE_MS  # the stored, new expiry
-    assert store.get(pk).last_seq == 9
-
-
-def test_ambiguous_renew_that_did_not_land_keeps_the_stored_expiry(aws, clock):
-    client = dynamodb_client(max_attempts=2)
-    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    clock.advance(700)
-    _inject(client, "before-send.dynamodb.UpdateItem",
-            lambda: ReadTimeoutError(endpoint_url=aws.endpoint_url))
-    renewed = store.renew(lease)
-    assert renewed.expires_at_ms == lease.expires_at_ms  # not extended: self-fence still applies
-
-
-def test_ambiguous_renew_after_takeover_is_lost(aws, clock):
-    client = dynamodb_client(max_attempts=2)
-    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
-    other = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    clock.advance(LEASE_MS + 1)
-    other.acquire(pk, "w2")
-    _inject(client, "before-send.dynamodb.UpdateItem",
-            lambda: ReadTimeoutError(endpoint_url=aws.endpoint_url))
+    w1_client.meta.events.register("before-send.dynamodb.UpdateItem", hold)
+    with ThreadPoolExecutor(1) as pool:
+        renewal = pool.submit(
+            w1.renew_worker, "w1", expires_at_ms=clock.now + 10 * LEASE_MS, connection_count=1
+        )
+        assert in_flight.wait(30)
+        # WHEN a peer finds the lease expired and takes the connection over
+        clock.advance(LEASE_MS + 1)
+        taken = w2.acquire(pk, "w2")
+        release_renewal.set()
+        # THEN the renewal that lands afterwards is refused: that incarnation is over
+        with pytest.raises(WorkerDead):
+            renewal.result(30)
+    assert taken.lease_epoch == lease.epoch + 1
+    dead = w2.get_worker("w1", consistent=True)
+    assert dead.dead and dead.expires_at_ms == registered.expires_at_ms  # not extended
     with pytest.raises(LeaseLost):
-        store.renew(lease)
+        w1.checkpoint(lease, 5)
+
+
+# ------------------------------------------------------------------ ambiguous failures
+def test_an_ambiguous_acquire_that_landed_gives_the_connection_under_a_new_epoch(aws, clock):
+    # GIVEN a free connection, and an acquire whose write lands but whose answer is lost
+    client = dynamodb_client()
+    store = make_store(aws, clock, client)
+    pk = started(store)
+    fired = inject_once(client, "after-call.dynamodb.UpdateItem", timeout(aws), is_take_write)
+    # WHEN it is acquired
+    record = store.acquire(pk, "w1")
+    # THEN the caller holds it, under an epoch past the one its lost answer carried
+    assert fired == [1]
+    assert (record.lease_owner, record.lease_epoch) == ("w1", 2)
+    assert store.get(pk) == record
+    store.checkpoint(Lease.of(record), 3)
+    with pytest.raises(LeaseLost):
+        store.checkpoint(Lease(pk, "w1", 1), 4)  # whatever the lost attempt started is fenced
+
+
+def test_an_ambiguous_takeover_that_landed_gives_the_connection_under_a_new_epoch(aws, clock):
+    # GIVEN a connection of an expired worker, and a takeover whose answer is lost
+    client = dynamodb_client()
+    store = make_store(aws, clock, client)
+    register(store, clock, "w1")
+    pk = started(store)
+    store.acquire(pk, "w1")
+    clock.advance(LEASE_MS + 1)
+    fired = inject_once(client, "after-call.dynamodb.UpdateItem", timeout(aws), is_take_write)
+    # WHEN w2 takes it over
+    record = store.acquire(pk, "w2")
+    # THEN w2 holds it (epoch 1 of w1, 2 of the lost answer, 3 now) and w1 is dead
+    assert fired == [1]
+    assert (record.lease_owner, record.lease_epoch) == ("w2", 3)
+    assert store.get(pk) == record
+    assert store.get_worker("w1", consistent=True).dead
+
+
+def test_an_ambiguous_acquire_that_did_not_land_fails_and_leaves_it_free(aws, clock):
+    client = dynamodb_client(max_attempts=0)  # botocore's retries, not counting the first
+    store = make_store(aws, clock, client)
+    pk = started(store)
+    fired = inject_once(client, "before-send.dynamodb.UpdateItem", timeout(aws))
+    with pytest.raises(StoreError) as failed:
+        store.acquire(pk, "w1")
+    assert fired == [1] and isinstance(failed.value.__cause__, ReadTimeoutError)
+    assert store.get(pk).lease_owner == ""
+    assert store.acquire(pk, "w1").lease_epoch == 1
+
+
+def test_an_ambiguous_failure_botocore_retried_is_invisible(aws, clock):
+    client = dynamodb_client(max_attempts=1)
+    store = make_store(aws, clock, client)
+    pk = started(store)
+    fired = inject_once(client, "before-send.dynamodb.UpdateItem", timeout(aws))
+    record = store.acquire(pk, "w1")
+    assert fired == [1] and (record.lease_owner, record.lease_epoch) == ("w1", 1)
 
 
 def test_unknown_errors_are_wrapped(aws):
     store = DynamoDBLeaseStore(dynamodb_client(), "no-such-table", lease_ms=LEASE_MS)
     with pytest.raises(StoreError) as err:
         store.get("CONN#a")
-    assert err.value.__cause__ is not None
+    assert isinstance(err.value.__cause__, ClientError)
 
 
-# ------------------------------------------------------------------ holder writes
-def test_mark_stopped_releases_in_the_same_write(store):
+# ------------------------------------------------------------------ refusals without ALL_OLD
+class WithoutAllOld:
+    """A DynamoDB client whose refusals come without the item, as from dynalite (which
+    ignores ``ReturnValuesOnConditionCheckFailure``): the store must read it back instead."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.stripped = itertools.count()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if name in ("meta", "get_paginator", "exceptions"):
+            return method
+
+        def call(**kwargs: Any) -> Any:
+            try:
+                return method(**kwargs)
+            except ClientError as exc:
+                if exc.response.pop("Item", None) is not None:
+                    next(self.stripped)
+                raise
+
+        return call
+
+
+def test_refusals_without_the_old_item_are_still_classified(aws, clock):
+    client = WithoutAllOld(dynamodb_client())
+    store = make_store(aws, clock, client)
+    register(store, clock, "w1")
+    register(store, clock, "w2")
     pk = started(store)
+    # start of an existing connection: the current record, read back
+    assert store.start("c1", URL).record == store.get(pk)
     lease = Lease.of(store.acquire(pk, "w1"))
-    rec = store.mark_stopped(lease, "upstream_closed", last_seq=12)
-    assert rec.desired_state is DesiredState.STOPPED and rec.stop_reason == "upstream_closed"
-    assert (rec.lease_owner, rec.lease_expires_at_ms, rec.last_seq) == ("", 0, 12)
-
-
-def test_record_error_is_truncated_and_fenced(store, clock):
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    store.record_error(lease, "x" * 5000)
-    assert len(store.get(pk).last_error) == 1024
+    # a live owner: LeaseConflict with the current record
+    with pytest.raises(LeaseConflict) as conflict:
+        store.acquire(pk, "w2", max_wait_ms=0)
+    assert conflict.value.current.lease_owner == "w1"
+    # STOP: the holder's checkpoint is told it stopped, not that it lost the lease
+    store.stop(pk)
+    assert not store.stop(pk).stopped
+    with pytest.raises(ConnectionStopped) as stopped:
+        store.checkpoint(lease, 5)
+    assert stopped.value.current.desired_state is DesiredState.STOPPED
+    store.release(lease, stopped=True)
+    # a takeover: the kill of an alive worker is refused (False), of an expired one not
+    store.start("c1", URL)
+    old = Lease.of(store.acquire(pk, "w1"))
+    assert not store.kill_worker("w1")
     clock.advance(LEASE_MS + 1)
-    store.acquire(pk, "w2")
-    with pytest.raises(LeaseLost):
-        store.record_error(lease, "late")
+    store.renew_worker("w2", expires_at_ms=clock.now + LEASE_MS, connection_count=0)
+    assert store.acquire(pk, "w2").lease_epoch == old.epoch + 1
+    assert store.kill_worker("w1")  # dead already
+    with pytest.raises(LeaseLost) as lost:
+        store.checkpoint(old, 9)
+    assert lost.value.current.lease_owner == "w2"
+    # the stale checkpoint rule needs the current record too
+    taken = Lease.of(store.get(pk))
+    store.checkpoint(taken, 10)
+    store.checkpoint(taken, 8)
+    assert store.get(pk).last_seq == 10
+    assert next(client.stripped) > 5  # the server did send ALL_OLD; the wrapper dropped it
 
 
-# ------------------------------------------------------------------ reads and the GSI
-def test_batch_get_many_pages(store):
+def test_batch_get_over_the_hundred_key_limit(store):
     pks = [started(store, f"b{i}") for i in range(130)]
     found = store.batch_get([*pks, "CONN#absent"])
     assert set(found) == set(pks)
-
-
-def test_query_orphans_all_pages_and_early_window(store, clock):
-    free = [started(store, f"o{i}") for i in range(7)]
-    held = started(store, "held")
-    store.acquire(held, "w1")
-    stopped = started(store, "stopped")
-    store.stop(stopped)
-    orphans = list(store.query_orphans(clock.now, page_size=2))
-    assert sorted(r.pk for r in orphans) == sorted(free)
-    assert all(is_acquirable(r, clock.now) for r in orphans)
-    soon = {r.pk for r in store.query_orphans(clock.now + LEASE_MS + 1, page_size=3)}
-    assert soon == set(free) | {held}
-
-
-def test_list_connections_paginates(store):
-    for i in range(5):
-        started(store, f"l{i}")
-    seen, key = [], None
-    while True:
-        page = store.list_connections(DesiredState.STARTED, limit=2, start_key=key)
-        seen += [r.pk for r in page.records]
-        key = page.next_key
-        if key is None:
-            break
-    assert sorted(seen) == [f"CONN#l{i}" for i in range(5)]
-
-
-def test_claim_hint_once_per_expiry(store, clock):
-    pk = started(store)
-    rec = store.get(pk)
-    assert store.claim_hint(rec, rehint_after_ms=60_000)
-    assert not store.claim_hint(rec, rehint_after_ms=60_000)
-    clock.advance(60_001)
-    assert store.claim_hint(rec, rehint_after_ms=60_000)  # a lost hint is retried eventually
-    held = store.acquire(pk, "w1")
-    assert not store.claim_hint(rec, rehint_after_ms=60_000)  # the lease moved on
-    # released again (expiry 0 once more) under a new epoch: a new hint is due at once
-    released = store.release(Lease.of(held))
-    assert released.lease_expires_at_ms == rec.lease_expires_at_ms == 0
-    assert store.claim_hint(released, rehint_after_ms=60_000)
-
-
-# ------------------------------------------------------------------ worker items
-def test_worker_items(store, clock):
-    worker = WorkerRecord(worker_id="w1", control_queue_url="http://q/w1", started_at_ms=1,
-                          heartbeat_at_ms=1, expires_at_ms=clock.now + LEASE_MS)
-    store.register_worker(worker)
-    store.heartbeat_worker("w1", expires_at_ms=clock.now + 5_000, connection_count=3)
-    got = store.get_worker("w1")
-    assert got.connection_count == 3 and got.expires_at_ms == clock.now + 5_000
-    assert set(store.get_workers(["w1", "w2"])) == {"w1"}
-    # worker items never show up as orphans: they have no desired_state
-    assert not list(store.query_orphans(clock.now * 2))
-    store.deregister_worker("w1")
-    assert store.get_worker("w1") is None
-    with pytest.raises(StoreError):
-        store.heartbeat_worker("w1", expires_at_ms=1, connection_count=0)
-
-
-def test_checkpoint_never_moves_backwards(store):
-    """Two writes of one holder can land out of order (a retried request, a paused process)."""
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    store.checkpoint(lease, 31)
-    store.checkpoint(lease, 30)  # the late, older write
-    assert store.get(pk).last_seq == 31
-    renewed = store.renew(lease, last_seq=29)  # the renewal itself still lands
-    rec = store.get(pk)
-    assert rec.last_seq == 31 and rec.lease_expires_at_ms == renewed.expires_at_ms
-    released = store.release(renewed, last_seq=28)
-    assert (released.last_seq, released.lease_owner, released.lease_expires_at_ms) == (31, "", 0)
-
-
-def test_stale_checkpoint_of_a_fenced_holder_is_still_lost(store, clock):
-    pk = started(store)
-    old = Lease.of(store.acquire(pk, "w1"))
-    store.checkpoint(old, 10)
-    clock.advance(LEASE_MS + 1)
-    store.acquire(pk, "w2")
-    with pytest.raises(LeaseLost):
-        store.renew(old, last_seq=5)
-    with pytest.raises(LeaseLost):
-        store.checkpoint(old, 5)
-
-
-# ------------------------------------------------------------------ crash-loop breaker
-def test_note_failure_counts_on_the_item_and_survives_a_hand_over(store, clock):
-    # GIVEN a connection whose holder counted a failure at checkpoint 7
-    pk = started(store)
-    first = Lease.of(store.acquire(pk, "w1"))
-    store.note_failure(first, "crashed", count=1, at_seq=7)
-    store.release(first)
-    # WHEN the next worker acquires it
-    taken = store.acquire(pk, "w2")
-    # THEN the count and the position are there for it, with the coarse error
-    assert (taken.failure_count, taken.failure_seq, taken.last_error) == (1, 7, "crashed")
-    # AND the ex-holder can no longer count (fenced by owner and epoch)
-    with pytest.raises(LeaseLost):
-        store.note_failure(first, "crashed", count=2, at_seq=7)
-
-
-def test_mark_failed_releases_and_leaves_the_orphan_query(store, clock):
-    # GIVEN a held connection
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    reason = "closed_by_worker (code 1009: message too big)"
-    # WHEN the breaker trips
-    record = store.mark_failed(lease, reason, count=5, at_seq=3, last_seq=3)
-    # THEN it is FAILED, free, with the reason in stop_reason and last_error, and no TTL
-    assert record.desired_state is DesiredState.FAILED
-    assert (record.lease_owner, record.lease_expires_at_ms, record.last_seq) == ("", 0, 3)
-    assert (record.stop_reason, record.last_error) == (reason, reason)
-    assert (record.failure_count, record.failure_seq) == (5, 3)
-    assert "expires_at" not in store._call("get_item", Key={"pk": {"S": pk}})["Item"]
-    # AND no worker may take it, the reconciler does not see it, the listing does
-    assert not is_acquirable(record, clock() + LEASE_MS)
-    with pytest.raises(LeaseConflict):
-        store.acquire(pk, "w2")
-    assert pk not in [r.pk for r in store.query_orphans(clock() + 10 * LEASE_MS)]
-    assert [r.pk for r in store.list_connections(DesiredState.FAILED).records] == [pk]
-
-
-def test_start_restarts_a_failed_connection_and_resets_the_breaker(store, clock):
-    # GIVEN a FAILED connection
-    pk = started(store)
-    lease = Lease.of(store.acquire(pk, "w1"))
-    store.mark_failed(lease, "crashed", count=5, at_seq=3, last_seq=3)
-    # WHEN it is STARTed again with the same URL
-    result = store.start("c1", "wss://up.example/s")
-    # THEN it runs again from its checkpoint, with the breaker count and the reasons cleared
-    assert result.restarted and result.record.desired_state is DesiredState.STARTED
-    assert (result.record.failure_count, result.record.failure_seq) == (0, None)
-    assert (result.record.stop_reason, result.record.last_error) == (None, None)
-    assert result.record.last_seq == 3
-    assert store.acquire(pk, "w2").lease_owner == "w2"

@@ -35,7 +35,7 @@ def test_only_stop_transitions_reach_the_notifier_in_lambda_shape(aws):
     ).start()
     try:
         store = DynamoDBLeaseStore(boto3.client("dynamodb"), aws.connections_table, lease_ms=4_000)
-        # WHEN a connection is started, acquired, renewed and then stopped
+        # WHEN a connection is started, acquired and then stopped
         store.start("c1", "ws://127.0.0.1:1/c1")
         store.acquire("CONN#c1", "w1")
         store.stop("CONN#c1")

@@ -1,4 +1,10 @@
-"""Lease rules as a truth table: pure functions over (record, lease, now), no I/O."""
+"""Lease rules (model v2) as truth tables: pure functions over records, worker items and a
+clock reading, no I/O.
+
+The store turns the same rules into condition expressions (``expires_at_ms < :now`` for the
+kill, owner + epoch for every holder write); the edges here are the edges those conditions
+have, and test_lease_store_contract.py checks the stores agree.
+"""
 
 from __future__ import annotations
 
@@ -11,223 +17,167 @@ from wsfleet.lease import (
     Lease,
     LeaseState,
     RefusalReason,
-    acquire_wait_ms,
+    TakeoverVerdict,
+    TimerAction,
+    WorkerLeaseTimer,
     breaker_verdict,
+    checkpoint_due,
     hint_delay_seconds,
     is_acquirable,
-    is_expired,
     is_fenced,
     is_free,
-    is_orphan,
     is_ours,
-    is_own_acquire,
     is_stale_checkpoint,
     is_worker_alive,
     lease_expires_in_ms,
     lease_state,
     refusal_reason,
-    self_fence_at_ms,
-    should_self_fence,
-    will_expire_before,
+    takeover_verdict,
 )
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord
 
 NOW = 1_000_000
+STARTED, STOPPED, FAILED = DesiredState.STARTED, DesiredState.STOPPED, DesiredState.FAILED
 
 
 def record(**changes) -> ConnectionRecord:
-    base = ConnectionRecord(pk="CONN#a", desired_state=DesiredState.STARTED, ws_url="wss://h/x")
+    base = ConnectionRecord(pk="CONN#a", desired_state=STARTED, ws_url="wss://h/x")
     return base.with_changes(**changes)
 
 
-HELD = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 5_000)
+def worker(expires_at_ms: int = NOW + 5_000, dead_at_ms: int | None = None) -> WorkerRecord:
+    return WorkerRecord(
+        worker_id="w1", control_queue_url="q", started_at_ms=0, heartbeat_at_ms=0,
+        expires_at_ms=expires_at_ms, dead_at_ms=dead_at_ms,
+    )  # fmt: skip
+
+
+HELD = record(lease_owner="w1", lease_epoch=3)
 LEASE = Lease.of(HELD)
 
 
-class TestFreeAndExpired:
-    def test_new_record_is_free_and_expired(self):
-        fresh = record()
-        assert is_free(fresh)
-        assert is_expired(fresh, NOW)
+def test_lease_of_a_record():
+    assert Lease.of(HELD) == Lease("CONN#a", "w1", 3)
 
-    def test_released_record_is_free_even_with_history(self):
-        released = record(lease_owner="", lease_epoch=7, lease_expires_at_ms=0)
-        assert is_free(released)
-        assert is_expired(released, NOW)
 
-    def test_held_record_is_neither(self):
-        assert not is_free(HELD)
-        assert not is_expired(HELD, NOW)
+# ------------------------------------------------------------------ free / acquirable
+@pytest.mark.parametrize(
+    ("state", "owner", "free", "acquirable"),
+    [
+        (STARTED, "", True, True),
+        (STARTED, "w1", False, False),
+        (STOPPED, "", True, False),
+        (STOPPED, "w1", False, False),
+        (FAILED, "", True, False),
+        (FAILED, "w1", False, False),
+    ],
+)
+def test_free_and_acquirable(state, owner, free, acquirable):
+    candidate = record(desired_state=state, lease_owner=owner, lease_epoch=7)
+    assert is_free(candidate) is free
+    assert is_acquirable(candidate) is acquirable
 
-    def test_expiry_is_strict(self):
-        # DynamoDB condition is `lease_expires_at_ms < :now`; the rule must agree at the edge.
-        edge = record(lease_owner="w1", lease_expires_at_ms=NOW)
-        assert not is_expired(edge, NOW)
-        assert is_expired(edge, NOW + 1)
+
+# ------------------------------------------------------------------ worker liveness
+@pytest.mark.parametrize(
+    ("owner", "alive"),
+    [
+        (None, False),  # no item: long gone
+        (worker(NOW + 1), True),
+        (worker(NOW), True),  # inclusive: the kill condition is expires_at_ms < :now
+        (worker(NOW - 1), False),
+        (worker(NOW + 5_000, dead_at_ms=NOW - 10), False),  # killed or retired: for good
+    ],
+)
+def test_is_worker_alive(owner, alive):
+    assert is_worker_alive(owner, NOW) is alive
 
 
 @pytest.mark.parametrize(
-    ("changes", "now", "state", "left"),
+    ("rec", "owner", "state", "left"),
     [
-        ({}, NOW, LeaseState.FREE, None),
-        ({"lease_epoch": 7, "lease_expires_at_ms": 0}, NOW, LeaseState.FREE, None),  # released
-        ({"lease_owner": "w1", "lease_expires_at_ms": NOW + 5_000}, NOW, LeaseState.HELD, 5_000),
-        ({"lease_owner": "w1", "lease_expires_at_ms": NOW}, NOW, LeaseState.HELD, 0),
-        ({"lease_owner": "w1", "lease_expires_at_ms": NOW}, NOW + 1, LeaseState.EXPIRED, 0),
+        (record(), None, LeaseState.FREE, None),
+        (record(lease_epoch=7), worker(), LeaseState.FREE, None),  # released: free, history
+        (HELD, worker(NOW + 5_000), LeaseState.HELD, 5_000),
+        (HELD, worker(NOW), LeaseState.HELD, 0),
+        (HELD, worker(NOW - 1), LeaseState.EXPIRED, 0),
+        (HELD, worker(NOW + 5_000, dead_at_ms=NOW), LeaseState.EXPIRED, 0),
+        (HELD, None, LeaseState.EXPIRED, 0),
     ],
 )
-def test_lease_state_and_time_left(changes, now, state, left):
-    # GIVEN a record WHEN viewed at `now` THEN the API's and the CLI's lease state follow
-    assert lease_state(record(**changes), now) is state
-    assert lease_expires_in_ms(record(**changes), now) == left
+def test_lease_state_and_time_left(rec, owner, state, left):
+    # GIVEN a connection and its owner's worker item WHEN viewed at NOW THEN the API's and
+    # the CLI's lease state and time left follow from the worker lease
+    assert lease_state(rec, owner, NOW) is state
+    assert lease_expires_in_ms(rec, owner, NOW) == left
 
 
-class TestAcquirable:
-    @pytest.mark.parametrize(
-        ("desired", "expires", "expected"),
-        [
-            (DesiredState.STARTED, 0, True),
-            (DesiredState.STARTED, NOW - 1, True),
-            (DesiredState.STARTED, NOW + 1, False),
-            (DesiredState.STOPPED, 0, False),
-            (DesiredState.STOPPED, NOW - 1, False),
-        ],
+# ------------------------------------------------------------------ takeover
+@pytest.mark.parametrize(
+    ("owner", "max_wait", "verdict", "wait"),
+    [
+        (None, EARLY_HINT_MAX_WAIT_MS, TakeoverVerdict.TAKE, 0),
+        (worker(NOW + 60_000, dead_at_ms=NOW - 1), 0, TakeoverVerdict.TAKE, 0),  # dead wins
+        (worker(NOW - 1), 0, TakeoverVerdict.KILL, 0),
+        (worker(NOW - 10_000), EARLY_HINT_MAX_WAIT_MS, TakeoverVerdict.KILL, 0),
+        (worker(NOW), EARLY_HINT_MAX_WAIT_MS, TakeoverVerdict.WAIT, 1),  # lapses in 1 ms
+        (worker(NOW), 0, TakeoverVerdict.CONFLICT, 0),  # no waiting allowed
+        (worker(NOW + 700), EARLY_HINT_MAX_WAIT_MS, TakeoverVerdict.WAIT, 701),
+        (worker(NOW + 1_999), 2_000, TakeoverVerdict.WAIT, 2_000),  # at the budget
+        (worker(NOW + 2_000), 2_000, TakeoverVerdict.CONFLICT, 0),  # just past it
+        (worker(NOW + 60_000), EARLY_HINT_MAX_WAIT_MS, TakeoverVerdict.CONFLICT, 0),
+    ],
+)
+def test_takeover_verdict(owner, max_wait, verdict, wait):
+    assert takeover_verdict(owner, NOW, max_wait) == (verdict, wait)
+
+
+@pytest.mark.parametrize("expires", [NOW - 2, NOW - 1, NOW, NOW + 1, NOW + 3_000])
+@pytest.mark.parametrize("dead", [None, NOW])
+def test_takeover_agrees_with_liveness_and_waits_exactly_until_the_lapse(expires, dead):
+    owner = worker(expires, dead)
+    verdict, wait = takeover_verdict(owner, NOW, 10_000)
+    # a live owner is never taken, a lapsed one always is
+    assert (verdict in (TakeoverVerdict.WAIT, TakeoverVerdict.CONFLICT)) is is_worker_alive(
+        owner, NOW
     )
-    def test_truth_table(self, desired, expires, expected):
-        candidate = record(desired_state=desired, lease_owner="w1", lease_expires_at_ms=expires)
-        assert is_acquirable(candidate, NOW) is expected
-        assert is_orphan(candidate, NOW) is expected
-
-    def test_will_expire_before_window(self):
-        assert will_expire_before(HELD, NOW + 5_001)
-        assert not will_expire_before(HELD, NOW + 5_000)
-        stopped = HELD.with_changes(desired_state=DesiredState.STOPPED)
-        assert not will_expire_before(stopped, NOW * 2)
+    if verdict is TakeoverVerdict.WAIT:
+        # after the wait, the owner is lapsed (KILL); one ms earlier it is still alive
+        assert takeover_verdict(owner, NOW + wait, 0)[0] is TakeoverVerdict.KILL
+        assert is_worker_alive(owner, NOW + wait - 1)
 
 
-class TestOwnership:
-    def test_ours_requires_owner_and_epoch(self):
-        assert is_ours(HELD, LEASE)
-        assert not is_ours(HELD.with_changes(lease_owner="w2"), LEASE)
-        # Same owner, newer epoch: a later acquire by the same worker still fences the old session.
-        assert not is_ours(HELD.with_changes(lease_epoch=4), LEASE)
-
-    def test_fenced_when_gone_or_not_ours(self):
-        assert is_fenced(None, LEASE)
-        assert is_fenced(HELD.with_changes(lease_epoch=4), LEASE)
-        assert not is_fenced(HELD, LEASE)
-
-    @pytest.mark.parametrize(
-        ("current", "expected"),
-        [
-            (None, RefusalReason.GONE),
-            (HELD.with_changes(lease_owner="w2", lease_epoch=4), RefusalReason.LOST),
-            (HELD.with_changes(lease_owner="", lease_expires_at_ms=0), RefusalReason.LOST),
-            (HELD.with_changes(desired_state=DesiredState.STOPPED), RefusalReason.STOPPED),
-            # stopped *and* taken over: fenced wins, we must not write a final checkpoint
-            (
-                HELD.with_changes(desired_state=DesiredState.STOPPED, lease_epoch=4),
-                RefusalReason.LOST,
-            ),
-            (HELD, RefusalReason.LOST),
-        ],
-    )
-    def test_refusal_reason(self, current, expected):
-        assert refusal_reason(current, LEASE) is expected
+# ------------------------------------------------------------------ ownership and refusals
+def test_ours_requires_owner_and_epoch():
+    assert is_ours(HELD, LEASE)
+    assert not is_ours(HELD.with_changes(lease_owner="w2"), LEASE)
+    # Same owner, newer epoch: a later acquire by the same worker fences the old session.
+    assert not is_ours(HELD.with_changes(lease_epoch=4), LEASE)
+    assert not is_ours(HELD.with_changes(lease_owner=""), LEASE)  # released
 
 
-class TestSelfFence:
-    def test_deadline_is_expiry_minus_margin(self):
-        assert self_fence_at_ms(LEASE, 2_000) == NOW + 3_000
-
-    def test_should_self_fence_at_and_after_deadline(self):
-        assert not should_self_fence(LEASE, NOW + 2_999, 2_000)
-        assert should_self_fence(LEASE, NOW + 3_000, 2_000)
-
-    def test_extended_lease_moves_deadline(self):
-        renewed = LEASE.extended_to(NOW + 20_000)
-        assert renewed.epoch == LEASE.epoch
-        assert not should_self_fence(renewed, NOW + 3_000, 2_000)
+def test_fenced_when_gone_or_not_ours():
+    assert is_fenced(None, LEASE)
+    assert is_fenced(HELD.with_changes(lease_epoch=4), LEASE)
+    assert not is_fenced(HELD, LEASE)
+    assert not is_fenced(HELD.with_changes(desired_state=STOPPED), LEASE)
 
 
-class TestHintDelay:
-    def test_expired_lease_hints_now(self):
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW - 10), NOW) == 0
-
-    def test_rounds_down_to_land_in_the_last_second_before_expiry(self):
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1), NOW) == 0
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 999), NOW) == 0
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 1_000), NOW) == 1
-        assert hint_delay_seconds(record(lease_expires_at_ms=NOW + 2_500), NOW) == 2
-
-    def test_capped_at_sqs_maximum(self):
-        far = record(lease_expires_at_ms=NOW + 3_600_000)
-        assert hint_delay_seconds(far, NOW) == MAX_HINT_DELAY_SECONDS
-
-
-class TestAcquireWait:
-    """After a refused acquire: wait for a lease about to lapse (an early hint), else give up."""
-
-    def test_waits_until_just_past_the_expiry_of_a_lease_about_to_lapse(self):
-        lapsing = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 700)
-        wait = acquire_wait_ms(lapsing, "w2", NOW, EARLY_HINT_MAX_WAIT_MS)
-        assert wait == 701
-        assert is_acquirable(lapsing, NOW + wait)  # the acquire condition holds by then
-        assert not is_acquirable(lapsing, NOW + wait - 1)
-
-    def test_a_lease_that_lapsed_since_the_refusal_is_tried_again_at_once(self):
-        # refused with a few ms left; by the time the refusal is looked at, the lease is over
-        just_lapsed = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW - 40)
-        assert acquire_wait_ms(just_lapsed, "w2", NOW, EARLY_HINT_MAX_WAIT_MS) == 0
-
-    def test_a_lease_further_out_than_the_bound_is_given_up(self):
-        live = record(lease_owner="w1", lease_epoch=3, lease_expires_at_ms=NOW + 2_001)
-        assert acquire_wait_ms(live, "w2", NOW, 2_000) is None
-        assert acquire_wait_ms(live, "w2", NOW, 2_002) == 2_002
-
-    @pytest.mark.parametrize(
-        "current",
-        [
-            None,  # gone
-            record(lease_owner="w1", lease_expires_at_ms=NOW + 500,
-                   desired_state=DesiredState.STOPPED),
-            record(lease_owner="w2", lease_expires_at_ms=NOW + 500),  # ours already
-            record(lease_owner=None, lease_expires_at_ms=0),  # free: nothing to wait for
-        ],
-    )
-    def test_nothing_to_wait_for(self, current):
-        assert acquire_wait_ms(current, "w2", NOW, EARLY_HINT_MAX_WAIT_MS) is None
-
-
-class TestOwnAcquire:
-    """A refused retry that met the lease its own first attempt had taken."""
-
-    def test_our_owner_and_the_expiry_we_wrote_is_our_own_acquire(self):
-        landed = record(lease_owner="w2", lease_epoch=4, lease_expires_at_ms=NOW + 5_000)
-        assert is_own_acquire(landed, "w2", NOW + 5_000)
-
-    @pytest.mark.parametrize(
-        "current",
-        [
-            None,
-            record(lease_owner="w1", lease_epoch=4, lease_expires_at_ms=NOW + 5_000),
-            record(lease_owner="w2", lease_epoch=4, lease_expires_at_ms=NOW + 4_000),
-            record(lease_owner="w2", lease_epoch=4, lease_expires_at_ms=NOW + 5_000,
-                   desired_state=DesiredState.STOPPED),
-        ],
-    )
-    def test_anything_else_is_a_conflict(self, current):
-        assert not is_own_acquire(current, "w2", NOW + 5_000)
-
-
-def test_worker_alive_until_its_expiry():
-    worker = WorkerRecord(
-        worker_id="w1", control_queue_url="q", started_at_ms=0, heartbeat_at_ms=0,
-        expires_at_ms=NOW,
-    )
-    assert is_worker_alive(worker, NOW)
-    assert not is_worker_alive(worker, NOW + 1)
-    assert not is_worker_alive(None, NOW)
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [
+        (None, RefusalReason.GONE),
+        (HELD.with_changes(lease_owner="w2", lease_epoch=4), RefusalReason.LOST),
+        (HELD.with_changes(lease_owner=""), RefusalReason.LOST),  # released meanwhile
+        (HELD.with_changes(desired_state=STOPPED), RefusalReason.STOPPED),
+        (HELD.with_changes(desired_state=FAILED), RefusalReason.STOPPED),
+        # stopped *and* taken over: fenced wins, we must not write a final checkpoint
+        (HELD.with_changes(desired_state=STOPPED, lease_epoch=4), RefusalReason.LOST),
+        (HELD, RefusalReason.LOST),  # ours and STARTED yet refused: the safe direction
+    ],
+)
+def test_refusal_reason(current, expected):
+    assert refusal_reason(current, LEASE) is expected
 
 
 def test_stale_checkpoint_only_when_ours_and_behind():
@@ -238,9 +188,119 @@ def test_stale_checkpoint_only_when_ours_and_behind():
     assert not is_stale_checkpoint(None, LEASE, 30)
 
 
+# ------------------------------------------------------------------ hints
+@pytest.mark.parametrize(
+    ("expires", "delay"),
+    [
+        (NOW - 10, 0),  # lapsed already: hint now
+        (NOW, 0),
+        (NOW + 1, 0),
+        (NOW + 999, 0),
+        (NOW + 1_000, 1),
+        (NOW + 2_500, 2),  # rounded down: lands in the last second before the expiry
+        (NOW + 3_600_000, MAX_HINT_DELAY_SECONDS),  # SQS's cap
+    ],
+)
+def test_hint_delay_seconds(expires, delay):
+    assert hint_delay_seconds(expires, NOW) == delay
+
+
+def test_an_early_hint_lands_within_the_wait_budget():
+    # whatever the remainder, a hint delayed by hint_delay_seconds lands less than a second
+    # before the expiry, so the receiver's takeover_verdict is WAIT (or KILL), never CONFLICT
+    for left in range(0, 20_000, 37):
+        landed = NOW + 1_000 * hint_delay_seconds(NOW + left, NOW)
+        verdict, _ = takeover_verdict(worker(NOW + left), landed, EARLY_HINT_MAX_WAIT_MS)
+        assert verdict in (TakeoverVerdict.WAIT, TakeoverVerdict.KILL), left
+
+
+# ------------------------------------------------------------------ the worker's own lease
+def timer(**overrides) -> WorkerLeaseTimer:
+    settings = {"lease_ms": 20_000, "heartbeat_ms": 5_000, "margin_ms": 2_000, **overrides}
+    return WorkerLeaseTimer.start(0, **settings)
+
+
+class TestWorkerLeaseTimer:
+    def test_start(self):
+        t = timer()
+        assert (t.expires_at_ms, t.renew_due_ms, t.fence_at_ms, t.retry_ms) == (
+            20_000, 5_000, 18_000, 1_000,
+        )
+        assert timer(heartbeat_ms=100).retry_ms == 50  # never below 50 ms
+        assert timer(heartbeat_ms=400).retry_ms == 100  # a quarter heartbeat
+        assert timer(heartbeat_ms=60_000).retry_ms == 1_000  # never above a second
+
+    @pytest.mark.parametrize(
+        ("now", "action"),
+        [
+            (0, TimerAction.WAIT),
+            (4_999, TimerAction.WAIT),
+            (5_000, TimerAction.RENEW),
+            (17_999, TimerAction.RENEW),
+            (18_000, TimerAction.FENCE),  # at expiry - margin, before any peer may kill
+            (25_000, TimerAction.FENCE),
+        ],
+    )
+    def test_action(self, now, action):
+        assert timer().action(now) is action
+
+    def test_a_renewal_in_flight_waits_but_still_fences(self):
+        t = timer()
+        t.renew_started()
+        assert t.action(6_000) is TimerAction.WAIT
+        assert t.next_wakeup_ms() == 18_000
+        assert t.behind_ms(4_000) == 0 and t.behind_ms(7_500) == 2_500
+        assert t.action(18_000) is TimerAction.FENCE
+
+    def test_success_extends_from_the_renewal_start(self):
+        t = timer()
+        t.renew_started()
+        t.renew_succeeded(5_000)
+        assert (t.expires_at_ms, t.renew_due_ms, t.fence_at_ms) == (25_000, 10_000, 23_000)
+        assert not t.renewing and t.behind_ms(20_000) == 0
+        assert t.next_wakeup_ms() == 10_000
+        assert t.action(18_000) is TimerAction.RENEW
+
+    def test_a_late_success_never_shortens_the_lease(self):
+        t = timer()
+        t.renew_succeeded(10_000)
+        t.renew_succeeded(5_000)  # an older renewal's answer
+        assert t.expires_at_ms == 30_000
+
+    def test_failure_retries_soon_and_the_fence_still_holds(self):
+        t = timer()
+        t.renew_started()
+        t.renew_failed(6_000)
+        assert not t.renewing and t.renew_due_ms == 7_000
+        assert t.action(6_999) is TimerAction.WAIT and t.action(7_000) is TimerAction.RENEW
+        assert t.next_wakeup_ms() == 7_000
+        t.renew_failed(17_500)  # retry would be due after the fence: the fence comes first
+        assert t.next_wakeup_ms() == 18_000 and t.action(18_000) is TimerAction.FENCE
+
+    def test_may_write_only_before_the_fence(self):
+        t = timer()
+        assert t.may_write(17_999) and not t.may_write(18_000)
+
+
+# ------------------------------------------------------------------ checkpoints
+@pytest.mark.parametrize(
+    ("durable", "persisted", "last_written", "now", "due"),
+    [
+        (5, 5, 0, 10**9, False),  # idle: nothing to write, ever
+        (6, 5, 0, 600, True),  # advanced, interval passed
+        (6, 5, 1, 600, False),  # advanced, 1 ms short of the interval
+        (6, 5, 0, 599, False),
+        (4, 5, 0, 10**9, False),  # behind what is persisted: never backwards
+    ],
+)
+def test_checkpoint_due(durable, persisted, last_written, now, due):
+    assert checkpoint_due(
+        durable=durable, persisted=persisted, last_written_ms=last_written, now_ms=now,
+        interval_ms=600,
+    ) is due  # fmt: skip
+
+
 # ------------------------------------------------------------------ crash-loop breaker
-
-
 def _counted(count: int, at: int | None) -> ConnectionRecord:
     return ConnectionRecord.new("c", "wss://x", 0).with_changes(failure_count=count, failure_seq=at)
 

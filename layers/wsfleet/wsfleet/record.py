@@ -201,17 +201,23 @@ class ConnectionRecord:
     def to_item(self) -> dict[str, Any]:
         """A plain item for PutItem, index keys included; ``None`` fields and an empty owner
         are left out (an index key may not be empty, and a free item must not be in gsi_owner).
+        The index keys decide: an owned or not STARTED record gets no ``unowned_since_ms``
+        (a sort key without its partition key would be half an index entry).
         """
         item = asdict(self)
         item["desired_state"] = str(self.desired_state)
-        keys, _ = index_keys(
+        keys, removed = index_keys(
             self.pk,
             self.desired_state,
             owned=bool(self.lease_owner),
             since_ms=self.unowned_since_ms or self.updated_at_ms,
         )
         item.update(keys)
-        return {k: v for k, v in item.items() if (v is not None and v != "") or k == "ws_url"}
+        return {
+            k: v
+            for k, v in item.items()
+            if k not in removed and ((v is not None and v != "") or k == "ws_url")
+        }
 
     def with_changes(self, **changes: Any) -> ConnectionRecord:
         return replace(self, **changes)
