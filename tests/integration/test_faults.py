@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from fleet_helpers import wait_until
 
-from wsfleet.backoff import is_ambiguous, is_throttling
+from wsfleet.aws import is_ambiguous, is_throttling
 from wsfleet.exceptions import StoreError
 from wsfleet.record import connection_pk
 from wsfleet.store import DynamoDBLeaseStore

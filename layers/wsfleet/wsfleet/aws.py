@@ -15,13 +15,22 @@ from typing import Any, Literal
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    ConnectionError as BotoConnectionError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
+)
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
     "READ_TIMEOUT_SECONDS",
+    "THROTTLING_CODES",
     "RetryMode",
     "client_config",
     "dynamodb_client",
+    "is_ambiguous",
+    "is_throttling",
     "sqs_client",
 ]
 
@@ -60,3 +69,36 @@ def sqs_client(session: boto3.session.Session | None = None, **config: Any) -> A
     """An SQS client with standard retries. Long polls need a read timeout above 20 s."""
     config.setdefault("read_timeout", 25.0)
     return (session or boto3).client("sqs", config=client_config(**config))
+
+
+THROTTLING_CODES = frozenset({
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "Throttling",
+    "TooManyRequestsException",
+    "RequestThrottled",
+    "RequestThrottledException",
+})
+
+
+def is_throttling(exc: BaseException) -> bool:
+    """DynamoDB/SQS asked us to slow down."""
+    return (
+        isinstance(exc, ClientError)
+        and exc.response.get("Error", {}).get("Code") in THROTTLING_CODES
+    )
+
+
+def is_ambiguous(exc: BaseException) -> bool:
+    """The write may or may not have happened: timeouts, dropped connections, 5xx.
+
+    After such a failure the only honest next step is to read the item and look. Throttling
+    is not ambiguous: a throttled request was refused before it was applied.
+    """
+    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, BotoConnectionError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500
+    return False

@@ -1,4 +1,4 @@
-"""Retries as two small pieces: a classifier and a delay generator.
+"""Retry delays: a pure generator (the classifiers of AWS errors are in :mod:`wsfleet.aws`).
 
 ``backoff()`` yields "full jitter" exponential delays (AWS Architecture Blog, *Exponential
 Backoff And Jitter*): ``uniform(0, min(cap, base * factor**n))``. The caller sleeps, retries,
@@ -10,24 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from botocore.exceptions import (
-    ClientError,
-    ConnectionError as BotoConnectionError,
-    ConnectTimeoutError,
-    ReadTimeoutError,
-)
-
-__all__ = ["THROTTLING_CODES", "backoff", "is_ambiguous", "is_throttling"]
-
-THROTTLING_CODES = frozenset({
-    "ProvisionedThroughputExceededException",
-    "ThrottlingException",
-    "RequestLimitExceeded",
-    "Throttling",
-    "TooManyRequestsException",
-    "RequestThrottled",
-    "RequestThrottledException",
-})
+__all__ = ["backoff"]
 
 
 def backoff(
@@ -48,25 +31,3 @@ def backoff(
     while True:
         yield draw(0, ceiling)
         ceiling = min(cap, ceiling * factor)
-
-
-def is_throttling(exc: BaseException) -> bool:
-    """DynamoDB/SQS asked us to slow down."""
-    return (
-        isinstance(exc, ClientError)
-        and exc.response.get("Error", {}).get("Code") in THROTTLING_CODES
-    )
-
-
-def is_ambiguous(exc: BaseException) -> bool:
-    """The write may or may not have happened: timeouts, dropped connections, 5xx.
-
-    After such a failure the only honest next step is to read the item and look. Throttling
-    is not ambiguous: a throttled request was refused before it was applied.
-    """
-    if isinstance(exc, (ReadTimeoutError, ConnectTimeoutError, BotoConnectionError)):
-        return True
-    if isinstance(exc, ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return status >= 500
-    return False

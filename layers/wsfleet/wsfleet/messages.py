@@ -60,7 +60,8 @@ from typing import Any
 from boto3.dynamodb.types import Binary, TypeDeserializer
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .backoff import backoff, is_ambiguous, is_throttling
+from .aws import is_ambiguous, is_throttling
+from .backoff import backoff
 from .exceptions import StoreError
 
 __all__ = [

@@ -39,7 +39,8 @@ from typing import Any, NoReturn
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .backoff import backoff, is_ambiguous
+from .aws import is_ambiguous
+from .backoff import backoff
 from .clock import Clock, now_ms
 from .exceptions import (
     ConnectionNotFound,
