@@ -567,8 +567,9 @@ class Worker:
             async with slots:
                 await session.checkpoint()
 
+        tick = min(_CHECKPOINT_TICK_SECONDS, self.config.settings.checkpoint_seconds)
         while True:
-            await asyncio.sleep(_CHECKPOINT_TICK_SECONDS)
+            await asyncio.sleep(tick)
             if self.liveness.fenced:
                 return
             now = self._clock()
