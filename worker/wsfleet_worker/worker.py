@@ -565,7 +565,14 @@ class Worker:
 
         async def write(session: Session) -> None:
             async with slots:
-                await session.checkpoint()
+                try:
+                    await session.checkpoint()
+                except Exception as exc:  # a bug here must not stop everyone's checkpoints
+                    self.logger.exception(
+                        "checkpoint failed unexpectedly",
+                        extra={"connection_id": session.connection_id,
+                               "error": describe_error(exc)},
+                    )
 
         tick = min(_CHECKPOINT_TICK_SECONDS, self.config.settings.checkpoint_seconds)
         while True:
