@@ -478,7 +478,7 @@ class Session:
                 extra={**self._log, "error": describe_error(exc), "last_seq": last_seq},
             )
             interval = ctx.config.settings.checkpoint_ms
-            self.checkpointed_at_ms = started - interval + _CHECKPOINT_RETRY_MS
+            self.checkpointed_at_ms = started - interval + min(interval, _CHECKPOINT_RETRY_MS)
         else:
             self.checkpointed_at_ms = started
             ctx.metrics.count("CheckpointWrites")
