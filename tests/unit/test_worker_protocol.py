@@ -1,5 +1,5 @@
 """Session decisions: exit plans, closes, backoff, hint triage (the worker lease's timing is
-wsfleet.lease.WorkerLeaseTimer, tested in test_lease.py)."""
+wsfleet.lease.WorkerLeaseTimer, tested with the liveness task in test_worker_liveness.py)."""
 
 from __future__ import annotations
 
