@@ -17,7 +17,9 @@ directly). Each test reads GIVEN / WHEN / THEN:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,9 +29,11 @@ from wsfleet.exceptions import StoreError
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet.memstore import InMemoryLeaseStore
+from wsfleet.messages import Message, MessageStore, PutResult
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_pk
 from wsfleet.settings import Settings
 from wsfleet_worker.config import WorkerConfig
+from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.protocol import ExitReason
@@ -81,6 +85,22 @@ class Store(InMemoryLeaseStore):
     def record_error(self, lease: Lease, message: str) -> None:
         self.writes.append(("record_error", lease.pk))
         super().record_error(lease, message)
+
+
+class HeldMessages(MessageStore):
+    """The messages table as the flusher sees it, with a batch that can be held in flight
+    (a request that has left and not yet been answered)."""
+
+    def __init__(self) -> None:
+        super().__init__(None, "messages")
+        self.hold = threading.Event()
+        self.entered = threading.Event()
+
+    def put_batch(self, messages: Any, *, guard: Any = None) -> PutResult:
+        batch: list[Message] = list(messages)
+        self.entered.set()
+        assert self.hold.wait(WAIT)
+        return PutResult(written=len(batch), requests=1)
 
 
 class Outbox:
@@ -282,6 +302,35 @@ async def test_final_write_retries_end_when_the_worker_is_fenced():
     result = await ended(worker, session)
     assert (result.reason, result.released) == (ExitReason.FENCED, False)
     assert store.get(session.pk).lease_owner == "w1"  # left to the worker lease's expiry
+
+
+@sync
+async def test_a_release_waits_for_a_message_write_still_out_then_lands():
+    # GIVEN a session whose frame is in a BatchWriteItem that has left and not returned
+    store = Store()
+    worker = make_worker(store, message_flush_ms=0)
+    messages = HeldMessages()
+    worker.flusher = MessageFlusher(messages, worker.offloader, worker.metrics, flush_ms=0)
+    worker._context = dataclasses.replace(worker._context, flusher=worker.flusher)
+    flushing = asyncio.create_task(worker.flusher.run())
+    try:
+        session = connect(worker, store, "inflight")
+        await session._on_frame('{"seq": 1}')
+        await asyncio.to_thread(messages.entered.wait, WAIT)
+        # WHEN the session ends for a hand-off
+        session.finish(ExitReason.SHUTDOWN, via="shutdown")
+        await until(lambda: session._ending)
+        await asyncio.sleep(0.3)
+        # THEN it does not release while the write is out (the batch could land after the
+        # next owner's acquire) ...
+        assert ("release", session.pk) not in store.writes
+        # ... and releases once it has been answered: it never leaves the connection behind
+        messages.hold.set()
+        result = await ended(worker, session)
+        assert result.released and store.get(session.pk).lease_owner == ""
+    finally:
+        messages.hold.set()
+        flushing.cancel()
 
 
 # ---------------------------------------------------------------- the worker lease
