@@ -19,7 +19,9 @@ runs on the loop; :meth:`may_write` turns false in the same step, so the flusher
 queued frame and no connection write follows.
 
 The renewal is not awaited by the loop that watches the deadline: a renewal stuck in a slow
-request cannot hold the self-fence back.
+request cannot hold the self-fence back. It runs on a thread of its own
+(:meth:`~wsfleet_worker.offload.Offloader.lease`), so no queue of connection writes can delay
+it.
 
 ``RenewLatenessMs``: completion of a renewal minus the moment it was due (the capacity bench
 reports its maximum).
@@ -160,7 +162,7 @@ class WorkerLiveness:
     async def _renew(self, timer: WorkerLeaseTimer, due_ms: int) -> None:
         started = self._clock()
         try:
-            await self._offloader.io(
+            await self._offloader.lease(
                 self._leases.renew_worker,
                 self.worker_id,
                 expires_at_ms=started + self._lease_ms,
