@@ -156,6 +156,7 @@ class Worker:
         self.logger = logger or make_logger(settings.service_name, self.worker_id)
         self.metrics = metrics or WorkerMetrics(settings.service_name)
         threads = config.io_threads + config.write_threads
+        own_clients = dynamodb is None
         dynamodb = dynamodb or dynamodb_client(max_pool_connections=threads + 4)
         sqs = sqs or sqs_client(max_pool_connections=threads + 4)
         self._sqs = sqs
@@ -163,6 +164,16 @@ class Worker:
         self.leases: LeaseStore = (
             leases if leases is not None else LeaseStore.from_settings(settings, dynamodb)
         )
+        # The renewal gets a client of its own: the shared one's adaptive retry mode slows
+        # every request once message writes are throttled, and a late renewal fences the
+        # whole worker. Few botocore attempts: the liveness task retries on its own schedule
+        # (WorkerLeaseTimer.retry_ms). Injected clients and stores are used as given.
+        lease_store = self.leases
+        if own_clients and leases is None:
+            lease_store = LeaseStore.from_settings(
+                settings,
+                dynamodb_client(max_pool_connections=2, retry_mode="standard", max_attempts=2),
+            )
         self.messages = MessageStore.from_settings(settings, dynamodb)
         self.offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
         self.flusher = MessageFlusher(
@@ -177,7 +188,7 @@ class Worker:
             clock=clock,
         )
         self.liveness = WorkerLiveness(
-            self.leases,
+            lease_store,
             self.worker_id,
             self.offloader,
             self.metrics,
