@@ -17,7 +17,8 @@ Reusable by the worker integration tests, the chaos suite and local tooling:
   under the names a module binds. (A ``from`` import would do too, but then every test
   parameter named like one trips ruff's F811.)
 
-Short timings are the defaults of :data:`FAST_WORKER_ENV` (lease 2 s, heartbeat 0.5 s).
+Short timings are the defaults of :data:`FAST_WORKER_ENV` (worker lease 2 s, heartbeat 0.5 s,
+checkpoints every 0.5 s, a sweep every 2 s).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ import boto3
 import pytest
 
 from wsfleet.hints import Hint, HintSender
+from wsfleet.lease import is_worker_alive
 from wsfleet.messages import MessageStore
-from wsfleet.record import ConnectionRecord, connection_pk
-from wsfleet.store import DynamoDBLeaseStore
+from wsfleet.record import INDEX_SHARDS, ConnectionRecord, connection_id_from_pk, connection_pk
+from wsfleet.store import DynamoDBLeaseStore, IndexEntry
 from wsfleet_local.simulator import SimulatorThread
 
 __all__ = [
@@ -62,19 +64,24 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-#: Worker settings for tests: short lease and heartbeat, quick polls, frequent metrics.
-#: A heartbeat slow enough that no renewal lands during a STOP test and explains its outcome
-#: either way (test_worker_stop.py, test_worker_hostile_queues.py).
+#: No path but the control channel notices a STOP within a test's time: the checkpoint write
+#: (ConnectionStopped) and the sweep are slow, so the outcome of a STOP test is explained by
+#: the control channel either way (test_worker_stop.py, test_worker_hostile_queues.py).
 SLOW_HEARTBEAT_ENV: dict[str, str] = {
     "LEASE_SECONDS": "30",
     "HEARTBEAT_EVERY": "10",
     "LEASE_SAFETY_MARGIN_SECONDS": "2",
+    "CHECKPOINT_SECONDS": "600",
+    "WORKER_SWEEP_SECONDS": "600",
 }
 
+#: Worker settings for tests: short lease and heartbeat, quick polls, frequent metrics.
 FAST_WORKER_ENV: dict[str, str] = {
     "LEASE_SECONDS": "2",
     "HEARTBEAT_EVERY": "0.5",
     "LEASE_SAFETY_MARGIN_SECONDS": "0.5",
+    "CHECKPOINT_SECONDS": "0.5",
+    "WORKER_SWEEP_SECONDS": "2",
     "MESSAGE_FLUSH_MS": "50",
     "DRAIN_TIMEOUT_SECONDS": "10",
     "MESSAGE_RETENTION_DAYS": "1",
@@ -259,13 +266,22 @@ class Fleet:
         return record
 
     def hint_orphans(self) -> list[str]:
-        """One reconciler pass: hint every STARTED connection whose lease has expired."""
-        orphans = list(self.store.query_orphans(int(time.time() * 1000)))
-        self.hints.send_many(Hint(r.pk, epoch=r.lease_epoch) for r in orphans)
-        return [r.connection_id for r in orphans]
+        """One reconciler pass, as lease model v2 reads: the connections of every worker whose
+        lease is over (gsi_workers, then gsi_owner), and every STARTED connection left free
+        (gsi_unowned); hint each of them."""
+        now = int(time.time() * 1000)
+        entries: list[IndexEntry] = []
+        workers = self.store.get_workers(self.store.list_worker_ids())
+        for worker in workers.values():
+            if not is_worker_alive(worker, now):
+                entries.extend(self.store.owned_by(worker.worker_id))
+        for shard in range(INDEX_SHARDS):
+            entries.extend(self.store.unowned(shard, now + 1))
+        self.hints.send_many(Hint(e.pk, epoch=e.epoch) for e in entries)
+        return [connection_id_from_pk(e.pk) for e in entries]
 
     def worker_item(self, worker_id: str) -> Any:
-        return self.store.get_worker(worker_id)
+        return self.store.get_worker(worker_id, consistent=True)
 
     # -- stored frames --------------------------------------------------------------------
     def stored(self, connection_id: str) -> list[dict[str, Any]]:

@@ -54,7 +54,11 @@ def test_an_unknown_dynamodb_backend_is_refused():
 
 def test_streams_and_hand_off_run_on_dynalite(tmp_path):
     timings = FleetTimings(lease_seconds=4.0, heartbeat_seconds=1.0)
-    with LocalFleet(workers=1, timings=timings, run_dir=tmp_path, dynamodb="dynalite") as fleet:
+    # Checkpoints every second: the test waits for them (the default is every 10 minutes).
+    with LocalFleet(
+        workers=1, timings=timings, run_dir=tmp_path, dynamodb="dynalite",
+        extra_worker_env={"CHECKPOINT_SECONDS": "1"},
+    ) as fleet:
         assert fleet.dynamodb_endpoint_url != fleet.endpoint_url
         table = fleet.resources.connections_table
         on_dynalite, on_moto = client(fleet.dynamodb_endpoint_url), client(fleet.endpoint_url)

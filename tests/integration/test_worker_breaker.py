@@ -104,7 +104,7 @@ def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_
             + "\n---\n".join(w.tail(30) for w in workers),
         )
         # THEN it ends FAILED, free, with the worker's own close as the reason
-        assert record.lease_owner == "" and record.lease_expires_at_ms == 0
+        assert record.lease_owner == ""
         assert record.stop_reason is not None and record.stop_reason.startswith(
             "closed_by_worker (code 1009"
         ), record.stop_reason

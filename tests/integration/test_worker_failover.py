@@ -9,8 +9,9 @@ The invariants checked are the ones wsfleet promises:
 * no seq missing and none stored with the wrong content, up to the checkpoint;
 * every new upstream session resumes at or before where the previous one stopped (no gap);
 * a fenced owner writes nothing more: no checkpoint regresses, no message item is rewritten
-  under an old epoch after the new owner's acquire;
-* graceful shutdown hands streams over through released leases and hints, not expiry.
+  under an old epoch after the new owner's acquire, and its process exits with status 3;
+* graceful shutdown hands streams over through released connections and hints, not expiry,
+  and retires the worker item.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ import pytest
 from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
 
 from wsfleet.hints import Hint
-from wsfleet.record import connection_pk
-from wsfleet.store import DynamoDBLeaseStore
+from wsfleet.record import WorkerRecord, connection_pk
 from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -74,7 +74,7 @@ def test_sigkill_peer_takes_over_with_no_seq_missing_or_duplicated(fleet, sim, s
 
     a.signal(signal.SIGKILL)
     a.wait()
-    # The reconciler's job: once the dead worker's leases expire, hint them.
+    # The reconciler's job: once the dead worker's lease expires, hint its connections.
     wait_until(
         lambda: len(fleet.hint_orphans()) == len(ids) or all(
             fleet.record(i).lease_owner == b.worker_id for i in ids
@@ -97,11 +97,15 @@ def test_an_early_hint_is_held_until_the_lease_lapses_then_acquired(fleet, sim, 
     (SQS delays are whole seconds): the worker waits out the rest instead of dropping it."""
     c = spawn()
     registered(fleet, c)
-    # A holder that stopped renewing, its lease 1.5 s from the end (a LeaseStore with a short
-    # lease plays that holder), and the hint sent now, well before the expiry.
+    # A holder that stopped renewing, its worker lease 1.5 s from the end (a worker item
+    # written here plays that holder), and the hint sent now, well before the expiry.
     fleet.store.start("early", sim.url_for("early"))  # no START hint: only the early one
-    gone = DynamoDBLeaseStore(fleet.dynamodb, fleet.store.table_name, lease_ms=1500)
-    taken = gone.acquire(connection_pk("early"), "gone-worker")
+    now = int(time.time() * 1000)
+    fleet.store.register_worker(
+        WorkerRecord(worker_id="gone-worker", control_queue_url="", started_at_ms=now,
+                     heartbeat_at_ms=now, expires_at_ms=now + 1500)
+    )
+    taken = fleet.store.acquire(connection_pk("early"), "gone-worker")
     fleet.hints.send(Hint(taken.pk, epoch=taken.lease_epoch))
 
     record = wait_until(
@@ -110,6 +114,7 @@ def test_an_early_hint_is_held_until_the_lease_lapses_then_acquired(fleet, sim, 
         message=lambda: logs(c),
     )
     assert record.lease_epoch == taken.lease_epoch + 1
+    assert fleet.worker_item("gone-worker").dead  # killed (after its expiry) before the take
 
 
 def test_sigterm_hands_every_connection_to_a_peer_without_waiting_for_expiry(fleet, sim, spawn):
@@ -135,7 +140,7 @@ def test_sigterm_hands_every_connection_to_a_peer_without_waiting_for_expiry(fle
         assert sim.overlaps(stream_id) == [], f"{stream_id}: both workers streamed at once"
     (drained,) = a.logs("drained")
     assert (drained["connections"], drained["hints_sent"]) == (5, 5)
-    assert fleet.worker_item(a.worker_id) is None  # deregistered
+    assert fleet.worker_item(a.worker_id).dead  # retired: nothing waits for its expiry
     owned_by(fleet, ids, b, min_seq=max(r.last_seq for r in after.values()) + 5)
     for stream_id in ids:
         assert_complete(fleet, sim, stream_id)
@@ -162,7 +167,7 @@ def test_a_paused_owner_is_fenced_and_never_writes_after_the_peers_acquire(fleet
     try:
         a.signal(signal.SIGSTOP)
         wait_until(
-            lambda: fleet.record("zombie").lease_expires_at_ms < time.time() * 1000,
+            lambda: fleet.worker_item(a.worker_id).expires_at_ms < time.time() * 1000,
             timeout=30,
         )
         fleet.hint_orphans()
@@ -181,6 +186,11 @@ def test_a_paused_owner_is_fenced_and_never_writes_after_the_peers_acquire(fleet
         )
         finished = wait_until(lambda: a.logs("session finished"), timeout=30)
         assert finished[-1]["reason"] == "fenced"
+        # Its incarnation is over: it exits with status 3 and never renews again.
+        assert a.wait(30) == 3
+        (fenced,) = a.logs("worker lease over: every session fenced; exiting")
+        assert fenced["cause"] in ("self-fence", "worker-dead")
+        assert fleet.worker_item(a.worker_id).dead  # killed by b's takeover
         owned_by(fleet, ["zombie"], b, min_seq=peer_session.from_seq + 30)
     finally:
         sampling.set()
@@ -199,4 +209,5 @@ def test_a_paused_owner_is_fenced_and_never_writes_after_the_peers_acquire(fleet
     assert late == []
     assert zombie_session.session_id != peer_session.session_id
     assert_complete(fleet, sim, "zombie")
-    assert a.is_running()  # it survived being paused and fenced
+    assert not a.logs("final lease write failed; retrying")
+    assert not a.logs("stranded connection released by the sweep")

@@ -1,13 +1,15 @@
-"""STOP closes the upstream socket: through the worker's control queue, or at the next renewal.
+"""STOP closes the upstream socket: through the worker's control queue, or else through the
+checkpoint write or the worker's sweep (lease model v2: nothing is renewed per connection).
 
 The stream notifier Lambda (another component) turns a STOPPED record into a StopCommand on
 the owner's control queue; here the test sends that command itself, as the notifier would.
 Which path closed the session is read from the worker's own log line ("session finished",
 ``via``), so no assertion depends on timing:
 
-* control path: the heartbeat is long (10 s, first renewal 5-10 s after the acquire), and the
-  test acts right after the stream starts, so no renewal can come first;
-* fallback path: the control channel is disabled, heartbeat 0.5 s.
+* control path: checkpoints and sweeps are slow (SLOW_HEARTBEAT_ENV), so neither can come
+  first;
+* fallback paths: the control channel is disabled, and either the sweep (every 1 s, no
+  checkpoint due) or the checkpoint write (ConnectionStopped; no sweep due) notices the STOP.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def session_finished(worker: WorkerProcess, stream_id: str) -> dict:
 def assert_stopped_and_released(fleet: Fleet, stream_id: str) -> None:
     record = fleet.record(stream_id)
     assert record.desired_state is DesiredState.STOPPED
-    assert (record.lease_owner, record.lease_expires_at_ms) == ("", 0)
+    assert record.lease_owner == ""
     check = check_stream(fleet.stored(stream_id), stream_id, record.last_seq)
     assert check.ok, check
     assert record.last_seq >= 5  # the final checkpoint rode along with the release
@@ -85,26 +87,52 @@ def test_stop_via_the_control_channel_closes_the_socket(fleet, sim, spawn):
     assert sim.sessions("ctl")[0].close_code == 1000
 
 
-def test_stop_without_control_channel_is_noticed_by_the_next_renewal(fleet, sim, spawn):
-    worker = spawn(WORKER_CONTROL_CHANNEL="false")
-    fleet.start("hb", sim.url_for("hb"))
-    streaming(fleet, sim, "hb", worker)
+def test_stop_without_control_channel_is_found_by_the_sweep(fleet, sim, spawn):
+    # GIVEN a worker without a control channel whose checkpoints are far apart
+    worker = spawn(
+        WORKER_CONTROL_CHANNEL="false", CHECKPOINT_SECONDS="600", WORKER_SWEEP_SECONDS="1"
+    )
+    fleet.start("sw", sim.url_for("sw"))
+    streaming(fleet, sim, "sw", worker)
     assert fleet.worker_item(worker.worker_id).control_queue_url == ""
 
-    fleet.store.stop(connection_pk("hb"))
+    # WHEN the connection is stopped (and no STOP command is sent anywhere)
+    fleet.store.stop(connection_pk("sw"))
 
-    wait_until(lambda: not sim.sessions("hb")[0].is_open, timeout=30, message=worker.tail)
-    finished = session_finished(worker, "hb")
-    assert (finished["reason"], finished["via"]) == ("stopped", "renew")
-    assert_stopped_and_released(fleet, "hb")
-    assert len(sim.sessions("hb")) == 1
+    # THEN the sweep (gsi_owner shows STOPPED) ends the session and releases it
+    wait_until(lambda: not sim.sessions("sw")[0].is_open, timeout=30, message=worker.tail)
+    finished = session_finished(worker, "sw")
+    assert (finished["reason"], finished["via"]) == ("stopped", "sweep")
+    assert_stopped_and_released(fleet, "sw")
+    assert len(sim.sessions("sw")) == 1
+    assert worker.logs("STOP found by the sweep")
 
 
-def test_graceful_exit_deletes_the_control_queue_and_the_worker_item(fleet, spawn):
+def test_stop_without_control_channel_is_noticed_by_the_checkpoint_write(fleet, sim, spawn):
+    # GIVEN a worker without a control channel whose sweep is far away
+    worker = spawn(
+        WORKER_CONTROL_CHANNEL="false", CHECKPOINT_SECONDS="0.5", WORKER_SWEEP_SECONDS="600"
+    )
+    fleet.start("cp", sim.url_for("cp"))
+    streaming(fleet, sim, "cp", worker)
+
+    # WHEN the connection is stopped
+    fleet.store.stop(connection_pk("cp"))
+
+    # THEN the next checkpoint write is refused (ConnectionStopped) and the session ends STOPPED
+    wait_until(lambda: not sim.sessions("cp")[0].is_open, timeout=30, message=worker.tail)
+    finished = session_finished(worker, "cp")
+    assert (finished["reason"], finished["via"]) == ("stopped", "checkpoint")
+    assert_stopped_and_released(fleet, "cp")
+
+
+def test_graceful_exit_deletes_the_control_queue_and_retires_the_worker_item(fleet, spawn):
     worker = spawn()
     item = wait_until(lambda: fleet.worker_item(worker.worker_id), timeout=60, message=worker.tail)
+    assert item.capacity == 100 and not item.dead  # MAX_CONNECTIONS' default
     worker.stop()
     assert worker.process.returncode == 0
-    assert fleet.worker_item(worker.worker_id) is None
+    retired = fleet.worker_item(worker.worker_id)
+    assert retired.dead and retired.expires_at_ms <= retired.dead_at_ms  # peers need not wait
     queues = fleet.sqs.list_queues().get("QueueUrls", [])
     assert item.control_queue_url not in queues

@@ -1,4 +1,5 @@
-"""Session decisions: lease timing, renew outcomes, exit plans, closes, backoff, hint triage."""
+"""Session decisions: exit plans, closes, backoff, hint triage (the worker lease's timing is
+wsfleet.lease.WorkerLeaseTimer, tested with the liveness task in test_worker_liveness.py)."""
 
 from __future__ import annotations
 
@@ -6,115 +7,20 @@ import random
 
 import pytest
 
-from wsfleet.exceptions import (
-    ConnectionNotFound,
-    ConnectionStopped,
-    LeaseConflict,
-    LeaseLost,
-    StoreError,
-)
 from wsfleet.hints import Hint
-from wsfleet.lease import Lease
 from wsfleet_worker.protocol import (
     CloseAction,
     ErrorCategory,
     ExitReason,
     FinalWrite,
-    LeaseTimer,
     ReconnectPolicy,
-    RenewOutcome,
-    TimerAction,
     close_action,
     exit_plan,
     is_poison,
     last_error_text,
-    renew_outcome,
     supersedes,
     triage_hints,
 )
-
-HEARTBEAT = 500
-MARGIN = 500
-LEASE = 2000
-
-
-def timer_at(now: int = 10_000, fraction: float = 1.0) -> LeaseTimer:
-    lease = Lease("CONN#a", "w1", 3, now + LEASE)
-    return LeaseTimer.start(
-        lease, now, heartbeat_ms=HEARTBEAT, margin_ms=MARGIN, first_renew_fraction=fraction
-    )
-
-
-# ---------------------------------------------------------------- LeaseTimer
-def test_fresh_lease_waits_until_the_first_heartbeat():
-    timer = timer_at()
-    assert timer.action(10_000) is TimerAction.WAIT
-    assert timer.next_wakeup_ms() == 10_500
-    assert timer.action(10_500) is TimerAction.RENEW
-
-
-def test_first_renewal_can_be_pulled_forward_to_spread_a_burst():
-    assert timer_at(fraction=0.5).renew_due_ms == 10_250
-    assert timer_at(fraction=7).renew_due_ms == 10_500  # clamped to one heartbeat
-
-
-def test_self_fence_deadline_is_expiry_minus_margin():
-    timer = timer_at()
-    assert timer.fence_at_ms == 11_500
-    assert timer.action(11_499) is TimerAction.RENEW
-    assert timer.action(11_500) is TimerAction.FENCE
-
-
-def test_writes_are_allowed_only_before_the_self_fence_deadline():
-    timer = timer_at()
-    assert timer.may_write(11_499)
-    assert not timer.may_write(11_500)
-
-
-def test_while_renewing_only_the_fence_deadline_matters():
-    timer = timer_at()
-    timer.renew_started()
-    assert timer.action(10_600) is TimerAction.WAIT
-    assert timer.next_wakeup_ms() == timer.fence_at_ms
-    assert timer.action(11_500) is TimerAction.FENCE
-
-
-def test_success_moves_expiry_and_next_renewal_from_the_start_of_the_call():
-    timer = timer_at()
-    timer.renew_started()
-    timer.renew_succeeded(timer.lease.extended_to(10_520 + LEASE), started_ms=10_520)
-    assert (timer.renewing, timer.renew_due_ms, timer.fence_at_ms) == (False, 11_020, 12_020)
-
-
-def test_failure_retries_soon_and_keeps_the_old_deadline():
-    timer = timer_at()
-    timer.renew_started()
-    timer.renew_failed(10_600)
-    assert timer.renew_due_ms == 10_600 + timer.retry_ms
-    assert timer.retry_ms == HEARTBEAT // 4
-    assert timer.fence_at_ms == 11_500
-
-
-def test_a_paused_process_fences_before_renewing():
-    timer = timer_at()
-    assert timer.action(60_000) is TimerAction.FENCE
-
-
-# ---------------------------------------------------------------- renew outcomes
-@pytest.mark.parametrize(
-    ("error", "outcome"),
-    [
-        (None, RenewOutcome.RENEWED),
-        (ConnectionStopped("stopped", None), RenewOutcome.STOPPED),
-        (LeaseLost("lost", None), RenewOutcome.FENCED),
-        (ConnectionNotFound("CONN#a"), RenewOutcome.FENCED),
-        (StoreError("timeout"), RenewOutcome.RETRY),
-        (RuntimeError("bug"), RenewOutcome.RETRY),
-        (LeaseConflict("odd", None), RenewOutcome.RETRY),
-    ],
-)
-def test_renew_outcomes(error, outcome):
-    assert renew_outcome(error) is outcome
 
 
 # ---------------------------------------------------------------- exit plans

@@ -1,4 +1,4 @@
-"""wsfleet Fargate worker: SQS hints, lease acquisition, heartbeats and WebSocket sessions.
+"""wsfleet Fargate worker: SQS hints, lease acquisition, the worker lease and WebSocket sessions.
 
 Run it with ``python -m wsfleet_worker`` (configuration only from the environment; see
 :mod:`wsfleet.settings` and :mod:`wsfleet_worker.config`). The health check is
@@ -7,10 +7,11 @@ Run it with ``python -m wsfleet_worker`` (configuration only from the environmen
 Layout, sans-I/O core first:
 
 * :mod:`.frames`, :mod:`.checkpoint`, :mod:`.protocol` - pure decisions (frame parsing,
-  resume URLs, checkpoint rule, lease timing, exit plans, backoff, hint triage);
+  resume URLs, checkpoint rule, exit plans, backoff, hint triage); the lease rules and the
+  worker lease's timing are :mod:`wsfleet.lease`;
 * :mod:`.session` - one connection as one task group;
 * :mod:`.flusher` - one BatchWriteItem writer for all sessions;
-* :mod:`.heartbeat` - one renewal scheduler for all leases;
+* :mod:`.liveness` - the worker's one lease: renewal and self-fence;
 * :mod:`.poller`, :mod:`.control_channel` - the hint queue and the worker's STOP queue;
 * :mod:`.worker` - start, run, graceful shutdown; :mod:`.health` - container health check.
 

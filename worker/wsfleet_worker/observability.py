@@ -35,13 +35,22 @@ COUNTERS = (
     "NoSeqFrames",
     "DuplicateFrames",
     "LeaseLost",
-    "SelfFenced",
+    "SelfFenced",  # sessions fenced because the worker lease was over (either cause below)
+    "WorkerSelfFenced",  # the worker lease's self-fence deadline passed without a renewal
+    "WorkerDead",  # a renewal was refused: a peer killed the worker lease (or its item is gone)
     "FencedFramesDropped",
     "AcquireConflicts",
     "EarlyHintWaits",
     "Acquired",
     "Reconnects",
-    "RenewFailures",
+    "RenewFailures",  # worker lease renewals that failed and were retried
+    "CheckpointWrites",
+    "CheckpointFailures",
+    "FinalWriteRetries",
+    "SweepStops",
+    "SweepReleases",
+    "SweepFenced",
+    "SweepFailures",
     "InvalidHints",
     "HintFailures",
     "StopCommands",
@@ -52,6 +61,8 @@ COUNTERS = (
 #: Last value per interval (unit Count).
 GAUGES = ("ActiveConnections", "QueuedFrames")
 #: Maximum per interval (unit Milliseconds).
+#: CheckpointLagMs: receipt of a frame -> a checkpoint covering it stored (so up to about
+#: CHECKPOINT_SECONDS). RenewLatenessMs: a worker lease renewal's completion -> when it was due.
 MAXIMA = ("CheckpointLagMs", "RenewLatenessMs", "FlushLatencyMs")
 
 

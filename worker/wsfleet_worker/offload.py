@@ -4,8 +4,10 @@ boto3 is synchronous. Calling it on the event loop would stall every connection 
 for the length of each HTTP round trip (the article's worker did exactly that). Small
 pools keep the kinds of work from starving each other:
 
-* ``io``: lease writes (acquire, renew, release, worker heartbeat). Renewals must never queue
-  behind a flood of message writes.
+* ``lease``: one thread for the worker lease's renewal alone. Every connection lives by it, so
+  it must never queue behind anything: not behind a thousand releases of a drain, a burst of
+  checkpoints or acquires on ``io``, nor behind message writes.
+* ``io``: connection-item writes and reads (acquire, checkpoint, release, sweep reads).
 * ``sqs``: SQS sends and deletes (hints for released connections, acknowledged hint and
   control messages). During a drain, a worker with a thousand connections queues a thousand
   releases on ``io``; the hints for those already released must not wait behind the rest.
@@ -40,6 +42,7 @@ class Offloader:
     def __init__(
         self, *, io_threads: int = 16, write_threads: int = 4, sqs_threads: int = 2
     ) -> None:
+        self._lease = ThreadPoolExecutor(1, thread_name_prefix="wsfleet-lease")
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="wsfleet-io")
         self._write = ThreadPoolExecutor(write_threads, thread_name_prefix="wsfleet-write")
         self._sqs = ThreadPoolExecutor(sqs_threads, thread_name_prefix="wsfleet-sqs")
@@ -50,6 +53,10 @@ class Offloader:
     ) -> _T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
+
+    async def lease(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """The worker lease's renewal (a pool of its own; see the module docstring)."""
+        return await self._run(self._lease, fn, *args, **kwargs)
 
     async def io(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return await self._run(self._io, fn, *args, **kwargs)
@@ -83,7 +90,7 @@ class Offloader:
 
     def shutdown(self) -> None:
         """Stop accepting work; calls still running are not waited for."""
-        for pool in (self._io, self._write, self._sqs):
+        for pool in (self._lease, self._io, self._write, self._sqs):
             pool.shutdown(wait=False, cancel_futures=True)
 
 

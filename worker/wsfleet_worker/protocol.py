@@ -1,11 +1,10 @@
 """Per-connection decisions of the worker, as pure functions and small state machines.
 
-The asyncio shell (:mod:`wsfleet_worker.session`, :mod:`wsfleet_worker.heartbeat`) feeds these
+The asyncio shell (:mod:`wsfleet_worker.session`, :mod:`wsfleet_worker.worker`) feeds these
 with clock readings and outcomes and carries out what they return. Nothing here sleeps, reads
-a clock, or talks to the network, so every branch is unit-tested without I/O.
+a clock, or talks to the network, so every branch is unit-tested without I/O. The timing of
+the worker lease (renew, self-fence) is :class:`wsfleet.lease.WorkerLeaseTimer`.
 
-* :class:`LeaseTimer` - when to renew a lease and when to self-fence.
-* :func:`renew_outcome` - what a renewal's result means for the session.
 * :class:`ExitReason` / :func:`exit_plan` - how a session ends: flush or not, which final
   write, how to close the socket, whether to hint a peer.
 * :func:`close_action` - an upstream close: end the connection, or reconnect and resume.
@@ -24,9 +23,7 @@ from enum import Enum, IntEnum, StrEnum
 
 from wsfleet.backoff import backoff
 from wsfleet.bodies import excerpt
-from wsfleet.exceptions import ConnectionNotFound, ConnectionStopped, LeaseLost
 from wsfleet.hints import Hint
-from wsfleet.lease import Lease
 
 __all__ = [
     "NORMAL_CLOSE_CODES",
@@ -37,16 +34,12 @@ __all__ = [
     "ExitReason",
     "FinalWrite",
     "HintTriage",
-    "LeaseTimer",
     "ReconnectPolicy",
-    "RenewOutcome",
     "SessionState",
-    "TimerAction",
     "close_action",
     "exit_plan",
     "is_poison",
     "last_error_text",
-    "renew_outcome",
     "supersedes",
     "triage_hints",
 ]
@@ -62,119 +55,14 @@ class SessionState(IntEnum):
     CLOSED = 4
 
 
-# ============================================================================ lease timing
-
-
-class TimerAction(Enum):
-    WAIT = "wait"
-    RENEW = "renew"
-    FENCE = "fence"
-
-
-@dataclass(slots=True)
-class LeaseTimer:
-    """Renewal schedule and self-fence deadline of one held lease (wall-clock epoch ms).
-
-    * A renewal is due ``heartbeat_ms`` after the previous one *started* (the expiry it wrote
-      was computed from that moment), and a failed one is retried after ``retry_ms``.
-    * Self-fence: once ``lease.expires_at_ms - margin_ms`` passes without a successful renewal
-      the session must close its socket and stop writing, before a peer may legally acquire.
-      The same deadline gates message writes (:meth:`may_write`).
-    """
-
-    lease: Lease
-    heartbeat_ms: int
-    margin_ms: int
-    renew_due_ms: int
-    retry_ms: int = 250
-    renewing: bool = False
-
-    @classmethod
-    def start(
-        cls,
-        lease: Lease,
-        now_ms: int,
-        *,
-        heartbeat_ms: int,
-        margin_ms: int,
-        first_renew_fraction: float = 1.0,
-    ) -> LeaseTimer:
-        """A timer for a lease just acquired at ``now_ms``.
-
-        ``first_renew_fraction`` (0-1] pulls the first renewal forward: a worker that acquires
-        a thousand leases in one burst would otherwise renew them all in the same burst forever;
-        a random fraction spreads them over the heartbeat interval.
-        """
-        fraction = min(1.0, max(0.0, first_renew_fraction))
-        return cls(
-            lease=lease,
-            heartbeat_ms=heartbeat_ms,
-            margin_ms=margin_ms,
-            renew_due_ms=now_ms + int(heartbeat_ms * fraction),
-            retry_ms=max(50, min(heartbeat_ms // 4, 1000)),
-        )
-
-    @property
-    def fence_at_ms(self) -> int:
-        return self.lease.expires_at_ms - self.margin_ms
-
-    def action(self, now_ms: int) -> TimerAction:
-        if now_ms >= self.fence_at_ms:
-            return TimerAction.FENCE
-        if not self.renewing and now_ms >= self.renew_due_ms:
-            return TimerAction.RENEW
-        return TimerAction.WAIT
-
-    def next_wakeup_ms(self) -> int:
-        """When :meth:`action` may next return something other than WAIT."""
-        if self.renewing:
-            return self.fence_at_ms
-        return min(self.renew_due_ms, self.fence_at_ms)
-
-    def may_write(self, now_ms: int) -> bool:
-        """Writes under this lease are allowed only before the self-fence deadline."""
-        return now_ms < self.fence_at_ms
-
-    def renew_started(self) -> None:
-        self.renewing = True
-
-    def renew_succeeded(self, lease: Lease, started_ms: int) -> None:
-        self.renewing = False
-        self.lease = lease
-        self.renew_due_ms = started_ms + self.heartbeat_ms
-
-    def renew_failed(self, now_ms: int) -> None:
-        """A renewal failed for a reason that may pass (throttling, timeout): try again soon."""
-        self.renewing = False
-        self.renew_due_ms = now_ms + self.retry_ms
-
-
-class RenewOutcome(Enum):
-    RENEWED = "renewed"
-    STOPPED = "stopped"  # still ours, but desired_state is STOPPED: finish and release
-    FENCED = "fenced"  # owner/epoch changed or the item is gone: close, write nothing more
-    RETRY = "retry"  # unclassified failure: keep the old lease and its self-fence deadline
-
-
-def renew_outcome(error: BaseException | None) -> RenewOutcome:
-    """What the result of ``LeaseStore.renew`` means for the session."""
-    if error is None:
-        return RenewOutcome.RENEWED
-    if isinstance(error, ConnectionStopped):
-        return RenewOutcome.STOPPED
-    if isinstance(error, (LeaseLost, ConnectionNotFound)):
-        return RenewOutcome.FENCED
-    return RenewOutcome.RETRY
-
-
 # ============================================================================ session exits
 
 
 class ExitReason(StrEnum):
     """Why a session ended; :func:`exit_plan` says what that implies."""
 
-    STOPPED = "stopped"  # renew saw STOPPED, or a control-channel STOP
-    FENCED = "fenced"  # lease lost (or self-fence deadline passed)
+    STOPPED = "stopped"  # a control-channel STOP, or the checkpoint or the sweep saw STOPPED
+    FENCED = "fenced"  # lease lost, or the worker lease is over (self-fence, killed)
     UPSTREAM_CLOSED = "upstream_closed"  # the upstream closed normally (1000/1001)
     INVALID_URL = "invalid_ws_url"  # the stored ws_url can never be connected to
     REFUSED = "upstream_refused"  # SSRF guard: a redirect hop or resolved address refused
@@ -185,7 +73,7 @@ class ExitReason(StrEnum):
 
 class FinalWrite(Enum):
     NONE = "none"
-    RELEASE = "release"  # owner "", expiry 0, final checkpoint: a peer may take it at once
+    RELEASE = "release"  # owner removed, final checkpoint: a peer may take it at once
     MARK_STOPPED = "mark_stopped"  # STOPPED + stop_reason + release, final checkpoint
     MARK_FAILED = "mark_failed"  # FAILED + reason + breaker count + release, final checkpoint
 

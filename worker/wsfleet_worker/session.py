@@ -5,10 +5,13 @@ A session starts right after its lease was acquired and lives until one of these
 ==================  =========================================  ================================
 Trigger             Reason                                     Ending
 ==================  =========================================  ================================
-renew: STOPPED      :attr:`ExitReason.STOPPED`                 flush, release + checkpoint
 control STOP        :attr:`ExitReason.STOPPED`                 flush, release + checkpoint
-renew: lease lost   :attr:`ExitReason.FENCED`                  abort socket, write nothing
-self-fence          :attr:`ExitReason.FENCED`                  abort socket, write nothing
+checkpoint/sweep    :attr:`ExitReason.STOPPED`                 flush, release + checkpoint
+  saw STOPPED
+lease lost          :attr:`ExitReason.FENCED`                  abort socket, write nothing
+  (a write refused,
+  or the sweep)
+worker fenced       :attr:`ExitReason.FENCED`                  abort socket, write nothing
 upstream 1000/1001  :attr:`ExitReason.UPSTREAM_CLOSED`         flush, mark STOPPED
 worker draining     :attr:`ExitReason.SHUTDOWN`                flush, release, hint a peer
 bug                 :attr:`ExitReason.CRASHED`                 flush, release, hint a peer
@@ -23,10 +26,22 @@ FAILED. A crash that trips it turns into :attr:`ExitReason.FAILED`.
 
 Shape: :meth:`Session.run` opens a task group holding the streaming task (connect, receive,
 reconnect with backoff) and waits for the *done* signal that :meth:`Session.finish` raises from
-anywhere (the heartbeat scheduler, the control channel, the worker's shutdown, or the streaming
-task itself). Whatever comes first, the streaming task is cancelled, the socket is closed at
-once, and the ending in :func:`~wsfleet_worker.protocol.exit_plan` runs. There is no path where
-a STOP or a lost lease leaves the socket open (the seed worker's ``asyncio.gather`` did).
+anywhere (the worker's liveness task, checkpoint loop or sweep, the control channel, the
+worker's shutdown, or the streaming task itself). Whatever comes first, the streaming task is
+cancelled, the socket is closed at once, and the ending in
+:func:`~wsfleet_worker.protocol.exit_plan` runs. There is no path where a STOP or a lost lease
+leaves the socket open (the seed worker's ``asyncio.gather`` did).
+
+Liveness (lease model v2): a session renews nothing. Its connection is alive while the worker
+lease is (:class:`~wsfleet_worker.liveness.WorkerLiveness`), so :meth:`Session.may_write`
+asks the worker lease, and a worker that loses its lease fences every session at once. The
+checkpoint is written by the worker's checkpoint loop (:meth:`Session.checkpoint`), at most
+once per CHECKPOINT_SECONDS and only when it advanced.
+
+The final write (release, mark STOPPED/FAILED) must land: a live worker must never keep a
+connection it does not stream, and no expiry would free it. A write that fails for a reason
+that may pass is retried with jittered backoff until it lands, the lease turns out lost, or
+the worker is fenced (then the worker's expiry frees the connection).
 
 Abnormal upstream trouble (a dropped link, close codes other than 1000/1001, a failed
 connect) does not end the session: it records ``last_error``, backs off with jitter and
@@ -39,15 +54,22 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 
 from wsfleet.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
+from wsfleet.backoff import backoff
 from wsfleet.clock import Clock, now_ms
-from wsfleet.exceptions import LeaseLost, StoreError, UpstreamRefused, WsfleetError
-from wsfleet.lease import BreakerVerdict, Lease, breaker_verdict
+from wsfleet.exceptions import (
+    ConnectionStopped,
+    LeaseLost,
+    StoreError,
+    UpstreamRefused,
+    WsfleetError,
+)
+from wsfleet.lease import BreakerVerdict, Lease, breaker_verdict, checkpoint_due
 from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.record import ConnectionRecord
 from wsfleet.store import LeaseStore
@@ -56,7 +78,6 @@ from .checkpoint import CheckpointTracker
 from .config import WorkerConfig
 from .flusher import MessageFlusher, QueuedFrame
 from .frames import FrameKind, parse_frame, resume_url
-from .heartbeat import HeartbeatScheduler
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .protocol import (
@@ -64,26 +85,41 @@ from .protocol import (
     ErrorCategory,
     ExitReason,
     FinalWrite,
-    LeaseTimer,
     ReconnectPolicy,
-    RenewOutcome,
     SessionState,
     close_action,
     exit_plan,
     is_poison,
     last_error_text,
-    renew_outcome,
     supersedes,
 )
 from .upstream import Connector, describe_error, is_permanent
 
-__all__ = ["Session", "SessionContext", "SessionResult"]
+__all__ = ["Liveness", "Session", "SessionContext", "SessionResult"]
 
 #: Base wait for a session's queued frames at its end (plus three flush intervals).
 _SETTLE_GRACE_SECONDS = 1.0
 # One DynamoDB attempt at most: once the session is ending the flusher's guard refuses every
 # retry of a batch holding its frames.
 _IN_FLIGHT_WAIT_SECONDS = CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS
+#: Backoff of a final write that failed for a reason that may pass (throttling, an outage).
+_FINAL_WRITE_BACKOFF = {"initial": 0.2, "factor": 2.0, "cap": 10.0}
+#: A checkpoint write that failed is tried again after this long (not on every tick).
+_CHECKPOINT_RETRY_MS = 5_000
+#: How often a session waiting for its last message write re-checks its lease.
+_QUIESCE_POLL_SECONDS = 0.5
+
+
+class Liveness(Protocol):
+    """The worker lease as a session sees it (:class:`~wsfleet_worker.liveness.WorkerLiveness`)."""
+
+    @property
+    def fenced(self) -> bool: ...
+
+    @property
+    def fence_at_ms(self) -> int: ...
+
+    def may_write(self, now: int) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +131,7 @@ class SessionContext:
     leases: LeaseStore
     offloader: Offloader
     flusher: MessageFlusher
-    scheduler: HeartbeatScheduler
+    liveness: Liveness
     metrics: WorkerMetrics
     logger: Any
     connect: Connector
@@ -123,17 +159,16 @@ class Session:
         self.record = record
         self.pk = record.pk
         self._ctx = context
-        settings = context.config.settings
         lease = Lease.of(record)
-        self.timer = LeaseTimer.start(
-            lease,
-            context.clock(),
-            heartbeat_ms=context.config.heartbeat_ms,
-            margin_ms=settings.safety_margin_ms,
-            first_renew_fraction=context.rng.uniform(0.5, 1.0),
-        )
+        self._lease = lease
+        self.started_at_ms = context.clock()
         self.tracker = CheckpointTracker(record.last_seq)
         self.persisted_seq = record.last_seq
+        # A random phase: a thousand sessions acquired in one burst must not checkpoint in one
+        # burst forever after (the next one is due an interval after the previous write).
+        interval = context.config.settings.checkpoint_ms
+        self.checkpointed_at_ms = self.started_at_ms - int(context.rng.uniform(0, interval))
+        self._checkpointing = False
         self.state = SessionState.CONNECTING
         self.reason: ExitReason | None = None
         self.via = ""
@@ -147,7 +182,7 @@ class Session:
         self._bytes_in_flight = 0
         self._uncovered_since_ms: int | None = None
         self._warned_invalid = False
-        self._ending = False  # the final lease write has begun: renewal outcomes are moot
+        self._ending = False  # the final lease write has begun: no other write may follow
         self._verdict: BreakerVerdict | None = None  # a crash counted, not yet written
         self._failure = ""  # last_error of the failure the breaker counted last
         self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
@@ -155,11 +190,11 @@ class Session:
     # ------------------------------------------------------------------ identity
     @property
     def lease(self) -> Lease:
-        return self.timer.lease
+        return self._lease
 
     @property
     def epoch(self) -> int:
-        return self.timer.lease.epoch
+        return self._lease.epoch
 
     @property
     def connection_id(self) -> str:
@@ -187,9 +222,9 @@ class Session:
                 ws.transport.abort()
         self._done.set()
 
-    def self_fence(self) -> None:
-        """The scheduler saw the self-fence deadline pass without a renewal."""
-        self.finish(ExitReason.FENCED, via="self-fence")
+    def fence(self, via: str) -> None:
+        """The lease is lost (or the worker lease is over): abort now, write nothing more."""
+        self.finish(ExitReason.FENCED, via=via)
 
     def stop_command(self, epoch: int) -> bool:
         """A control-channel STOP; applies only to the epoch it names."""
@@ -201,7 +236,6 @@ class Session:
     async def run(self) -> SessionResult:
         """Stream until :meth:`finish` is called, then end as the exit plan says."""
         ctx = self._ctx
-        ctx.scheduler.add(self)
         self._info("session started", last_seq=self.tracker.durable)
         try:
             try:
@@ -220,7 +254,6 @@ class Session:
             self.state = SessionState.CLOSING
             return await self._end()
         finally:
-            ctx.scheduler.remove(self)
             self.state = SessionState.CLOSED
 
     async def _close_socket(self) -> None:
@@ -251,8 +284,7 @@ class Session:
             await self._close_socket()
         released = False
         last_seq = self.tracker.durable
-        self._ctx.scheduler.remove(self)  # no renewal may race the final write
-        self._ending = True
+        self._ending = True  # no frame may be written from here on (see may_write)
         # A crash is counted now, after the flush: the position is where the next owner resumes.
         if (
             reason is ExitReason.CRASHED
@@ -261,18 +293,12 @@ class Session:
         ):
             reason = self.reason = ExitReason.FAILED
             plan = exit_plan(reason)
-        if plan.final_write is not FinalWrite.NONE and not self.fenced:
-            try:
-                async with asyncio.timeout(_IN_FLIGHT_WAIT_SECONDS):
-                    await self._ctx.flusher.quiesce(self)
-            except TimeoutError:
-                self._ctx.logger.warning(
-                    "a message write is still out; leaving the lease to expire",
-                    extra=self._log,
-                )
-            else:
-                released = await self._final_write(plan.final_write, plan.stop_reason, last_seq)
-        if reason is ExitReason.FENCED:
+        if plan.final_write is not FinalWrite.NONE and not self.fenced and await self._quiesce():
+            released = await self._final_write(
+                plan.final_write, plan.stop_reason, last_seq, stopped=reason is ExitReason.STOPPED
+            )
+        if self.fenced:
+            reason = self.reason = ExitReason.FENCED
             self._ctx.metrics.count("LeaseLost")
         if reason is ExitReason.FAILED and released:
             self._ctx.metrics.count("ConnectionsFailed")
@@ -291,53 +317,115 @@ class Session:
             self.pk, self.epoch, reason, self.via, released, last_seq, plan.hint and released
         )
 
-    async def _final_write(self, kind: FinalWrite, stop_reason: str | None, last_seq: int) -> bool:
+    async def _quiesce(self) -> bool:
+        """Wait until no batch holding this session's frames is being written.
+
+        BatchWriteItem is unconditional: a batch landing after the release could land after
+        the next owner's acquire. A request that is still out is waited for (it ends within
+        botocore's timeouts), never left behind: with no expiry on connection items, leaving
+        the lease unreleased would keep a connection this worker does not stream. False if
+        the lease was lost (or the worker fenced) meanwhile: nothing may be written then.
+        """
+        flusher = self._ctx.flusher
+        waited = 0.0
+        warned = False
+        while self._lease_writable():
+            try:
+                async with asyncio.timeout(_QUIESCE_POLL_SECONDS):
+                    await flusher.quiesce(self)
+            except TimeoutError:
+                waited += _QUIESCE_POLL_SECONDS
+                if waited >= _IN_FLIGHT_WAIT_SECONDS and not warned:
+                    warned = True
+                    self._ctx.logger.warning(
+                        "a message write is still out; releasing once it has settled",
+                        extra=self._log,
+                    )
+                continue
+            return self._lease_writable()
+        return False
+
+    async def _final_write(
+        self, kind: FinalWrite, stop_reason: str | None, last_seq: int, *, stopped: bool
+    ) -> bool:
+        """The final lease write, retried until it lands (see the module docstring)."""
         ctx = self._ctx
-        verdict, self._verdict = self._verdict, None
-        try:
-            if kind is FinalWrite.MARK_FAILED:
-                record = self.record
-                await ctx.offloader.io(
-                    ctx.leases.mark_failed,
-                    self.lease,
-                    self._failure,
-                    count=record.failure_count,
-                    at_seq=record.failure_seq if record.failure_seq is not None else last_seq,
-                    last_seq=last_seq,
+        delays = None
+        while True:
+            if not self._lease_writable():
+                self._info("worker lease over before the final write; nothing written")
+                return False
+            try:
+                await self._final_write_once(kind, stop_reason, last_seq, stopped=stopped)
+            except LeaseLost:
+                self.fenced = True
+                self._info("lease already lost at the final write")
+                return False
+            except WsfleetError as exc:
+                delays = delays or backoff(**_FINAL_WRITE_BACKOFF, rng=ctx.rng)
+                delay = next(delays)
+                ctx.metrics.count("FinalWriteRetries")
+                ctx.logger.warning(
+                    "final lease write failed; retrying",
+                    extra={
+                        **self._log, "error": describe_error(exc), "retry_in_s": round(delay, 3)
+                    },
                 )
-            elif kind is FinalWrite.MARK_STOPPED:
-                await ctx.offloader.io(
-                    ctx.leases.mark_stopped, self.lease, stop_reason or "stopped", last_seq=last_seq
-                )
-            else:
-                if verdict is not None:  # a crash below the threshold: count it, then release
-                    await self._store_failure(verdict)
-                await ctx.offloader.io(ctx.leases.release, self.lease, last_seq=last_seq)
-        except LeaseLost:
-            self.fenced = True
-            self._info("lease already lost at the final write")
-            return False
-        except (StoreError, WsfleetError) as exc:
-            ctx.logger.warning(
-                "final lease write failed; the lease will expire instead",
-                extra={**self._log, "error": describe_error(exc)},
+                await self._sleep_unless_fenced(delay)
+                continue
+            self.persisted_seq = max(self.persisted_seq, last_seq)
+            return True
+
+    async def _final_write_once(
+        self, kind: FinalWrite, stop_reason: str | None, last_seq: int, *, stopped: bool
+    ) -> None:
+        ctx = self._ctx
+        if kind is FinalWrite.MARK_FAILED:
+            self._verdict = None
+            record = self.record
+            await ctx.offloader.io(
+                ctx.leases.mark_failed,
+                self.lease,
+                self._failure,
+                count=record.failure_count,
+                at_seq=record.failure_seq if record.failure_seq is not None else last_seq,
+                last_seq=last_seq,
             )
-            return False
-        self.persisted_seq = last_seq
-        return True
+        elif kind is FinalWrite.MARK_STOPPED:
+            await ctx.offloader.io(
+                ctx.leases.mark_stopped, self.lease, stop_reason or "stopped", last_seq=last_seq
+            )
+        else:
+            verdict = self._verdict
+            if verdict is not None:  # a crash below the threshold: count it, then release
+                await self._store_failure(verdict)
+                self._verdict = None
+            await ctx.offloader.io(
+                ctx.leases.release, self.lease, last_seq=last_seq, stopped=stopped
+            )
+
+    async def _sleep_unless_fenced(self, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                while not self.fenced:
+                    self._progress.clear()
+                    await self._progress.wait()
+        except TimeoutError:
+            pass
 
     async def _settle_writes(self) -> None:
         """Wait (briefly) until every accepted frame is acknowledged.
 
         Flushing only saves the next owner from fetching those frames again: they are above
         the checkpoint, so a resume replays them. So the wait is bounded by a short grace
-        (a few flush intervals), not by the lease: a hand-off must stay fast even when the
-        write queue is backed up. What is still unwritten then is dropped (see may_write).
+        (a few flush intervals) and by the worker's self-fence deadline, not by the lease: a
+        hand-off must stay fast even when the write queue is backed up. What is still
+        unwritten then is dropped (see may_write).
         """
         if self._in_flight() == 0:
             return
         self._ctx.flusher.flush_now()
-        fence_in = (self.timer.fence_at_ms - self._ctx.clock()) / 1000
+        fence_in = (self._ctx.liveness.fence_at_ms - self._ctx.clock()) / 1000
         grace = _SETTLE_GRACE_SECONDS + 3 * self._ctx.config.settings.message_flush_ms / 1000
         try:
             async with asyncio.timeout(max(0.0, min(grace, fence_in))):
@@ -350,37 +438,53 @@ class Session:
                 extra={**self._log, "unwritten": self._in_flight()},
             )
 
-    # ------------------------------------------------------------------ heartbeat
-    async def renew(self) -> None:
-        """One renewal carrying the durable checkpoint (called by the scheduler)."""
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_due(self, now: int) -> bool:
+        """Is a checkpoint write due (advanced, and CHECKPOINT_SECONDS since the last)?"""
+        if self.reason is not None or self._checkpointing:
+            return False
+        return checkpoint_due(
+            durable=self.tracker.durable,
+            persisted=self.persisted_seq,
+            last_written_ms=self.checkpointed_at_ms,
+            now_ms=now,
+            interval_ms=self._ctx.config.settings.checkpoint_ms,
+        )
+
+    async def checkpoint(self) -> None:
+        """Write the durable checkpoint (the worker's checkpoint loop calls this when due).
+
+        The write is fenced by owner and epoch and allowed only while STARTED, so it also
+        tells the session of a STOP it missed (ConnectionStopped) or of a lost lease.
+        """
         ctx = self._ctx
         started = ctx.clock()
         last_seq = self.tracker.durable
-        error: BaseException | None = None
-        try:
-            lease = await ctx.offloader.io(ctx.leases.renew, self.lease, last_seq=last_seq)
-        except Exception as exc:
-            error = exc
-        outcome = renew_outcome(error)
-        if self._ending:
-            return  # e.g. refused because our own release landed first
-        if outcome is RenewOutcome.RENEWED:
-            if self.fenced:
-                return
-            self.timer.renew_succeeded(lease, started)
-            self._note_checkpoint(last_seq, started)
+        if self.reason is not None or self._checkpointing or not self.may_write(started):
             return
-        self.timer.renew_failed(ctx.clock())
-        if outcome is RenewOutcome.STOPPED:
-            self.finish(ExitReason.STOPPED, via="renew")
-        elif outcome is RenewOutcome.FENCED:
-            self.finish(ExitReason.FENCED, via="renew")
-        else:
-            ctx.metrics.count("RenewFailures")
+        self._checkpointing = True
+        try:
+            await ctx.offloader.io(ctx.leases.checkpoint, self.lease, last_seq)
+        except ConnectionStopped:
+            if not self._ending:
+                self.finish(ExitReason.STOPPED, via="checkpoint")
+        except LeaseLost:
+            if not self._ending:  # (our own release may have landed first)
+                self.fence("checkpoint")
+        except WsfleetError as exc:
+            ctx.metrics.count("CheckpointFailures")
             ctx.logger.warning(
-                "lease renewal failed; retrying",
-                extra={**self._log, "error": describe_error(error or Exception())},
+                "checkpoint write failed; retrying later",
+                extra={**self._log, "error": describe_error(exc), "last_seq": last_seq},
             )
+            interval = ctx.config.settings.checkpoint_ms
+            self.checkpointed_at_ms = started - interval + min(interval, _CHECKPOINT_RETRY_MS)
+        else:
+            self.checkpointed_at_ms = started
+            ctx.metrics.count("CheckpointWrites")
+            self._note_checkpoint(last_seq, started)
+        finally:
+            self._checkpointing = False
 
     def _note_checkpoint(self, last_seq: int, at_ms: int) -> None:
         """CheckpointLagMs: receipt of the oldest newly covered frame -> checkpoint stored."""
@@ -392,9 +496,14 @@ class Session:
 
     # ------------------------------------------------------------------ frames (FrameOwner)
     def may_write(self, now: int) -> bool:
-        """Frames may be written only while the lease is surely ours (see LeaseTimer), and
-        not once the final lease write has begun (a peer may acquire right after it)."""
-        return not (self.fenced or self._ending) and self.timer.may_write(now)
+        """Frames may be written only while the worker lease is surely ours (see
+        :meth:`wsfleet.lease.WorkerLeaseTimer.may_write`), and not once the final lease write
+        has begun (a peer may acquire right after it)."""
+        return not (self.fenced or self._ending) and self._ctx.liveness.may_write(now)
+
+    def _lease_writable(self) -> bool:
+        """Connection-item writes (final write, error notes): the lease is surely ours."""
+        return not self.fenced and self._ctx.liveness.may_write(self._ctx.clock())
 
     def on_written(self, message: Message) -> None:
         self._bytes_in_flight -= self._frame_bytes.pop(message.key, 0)
@@ -515,7 +624,7 @@ class Session:
         ctx.metrics.count("UpstreamRefused")
         ctx.logger.warning("upstream refused; stopping", extra={**self._log, "error": message})
         try:
-            await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
+            await self._record_error(message)
         except LeaseLost:
             self.finish(ExitReason.FENCED, via="record_error")
             return
@@ -547,9 +656,17 @@ class Session:
         )
         return verdict.trip
 
+    async def _record_error(self, message: str) -> None:
+        """``last_error`` on the record (fenced by our lease; skipped once it is not surely
+        ours: a worker past its self-fence deadline writes nothing)."""
+        if self._lease_writable():
+            await self._ctx.offloader.io(self._ctx.leases.record_error, self.lease, message)
+
     async def _store_failure(self, verdict: BreakerVerdict) -> None:
         """The counted failure and its position on the record (fenced by our lease)."""
         ctx = self._ctx
+        if not self._lease_writable():
+            raise LeaseLost("the worker lease is over", None)
         await ctx.offloader.io(
             ctx.leases.note_failure,
             self.lease,
@@ -589,7 +706,7 @@ class Session:
         )
         try:
             if not noted:
-                await ctx.offloader.io(ctx.leases.record_error, self.lease, message)
+                await self._record_error(message)
         except LeaseLost:
             self.finish(ExitReason.FENCED, via="record_error")
             return

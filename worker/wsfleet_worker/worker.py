@@ -2,26 +2,45 @@
 
 Start
     1. create this worker's control queue (unless WORKER_CONTROL_CHANNEL=false);
-    2. register the worker item (``WORKER#<id>``: control queue URL, liveness expiry);
-    3. start the shared machinery: the message flusher, the heartbeat scheduler, housekeeping
-       (health file, worker-item heartbeat, gauges), EMF flushes, the control-queue consumer
-       and, last, the hint poller.
+    2. register the worker item (``WORKER#<id>``: control queue URL, capacity, and the
+       worker's one liveness lease, ``expires_at_ms``), before anything is acquired; the
+       lease timer starts from the moment of that write;
+    3. start the shared machinery: the message flusher, the liveness task (renews the worker
+       lease, :mod:`~wsfleet_worker.liveness`), the checkpoint loop, the sweep, housekeeping
+       (health file, gauges), EMF flushes, the control-queue consumer and, last, the hint
+       poller.
 
 Run
-    The poller acquires leases and starts a :class:`~wsfleet_worker.session.Session` per
+    The poller acquires connections and starts a :class:`~wsfleet_worker.session.Session` per
     connection. Sessions end on their own (STOP, lost lease, upstream end); a session that
-    crashed releases its lease and a hint is sent so a peer takes over at once.
+    crashed releases its connection and a hint is sent so a peer takes over at once.
+
+    * Checkpoints: once a second the checkpoint loop writes, with bounded concurrency, the
+      checkpoint of every session for which :func:`wsfleet.lease.checkpoint_due` says so
+      (CHECKPOINT_SECONDS, advanced only). Idle connections write nothing.
+    * Sweep (every WORKER_SWEEP_SECONDS): ``owned_by(self)`` on gsi_owner, the fallback for
+      a lost STOP and the repair of what no session holds; see :meth:`Worker.sweep`.
+
+Lease lost: exit code 3
+    A worker whose lease renewals keep failing fences itself at ``expires_at - margin``; one
+    whose renewal is refused (:class:`~wsfleet.exceptions.WorkerDead`: a peer killed its
+    expired lease, e.g. after a pause) does so at once. Every session's socket is aborted
+    first, synchronously, then the process exits with :data:`EXIT_LEASE_LOST` (3) without
+    writing anything under its leases: no release, no retire. ECS (or the local fleet)
+    starts a new incarnation; peers take the connections over once the lease has lapsed.
 
 Graceful shutdown (first SIGTERM/SIGINT; a second one exits at once), uvicorn's order:
     1. stop polling for hints (a receive already in flight is given back to the queue);
     2. every session, in parallel: stop reading, close its socket (1001), flush its frames,
-       then release its lease with the final checkpoint in the same write (owner "",
-       expiry 0, epoch kept);
+       then release its connection with the final checkpoint in the same write (owner
+       removed, epoch kept);
     3. hints for all released connections go out as they are released (SendMessageBatch),
-       so a peer acquires each one within a poll round trip instead of after the lease;
+       so a peer acquires each one within a poll round trip;
     4. all of the above bounded by DRAIN_TIMEOUT_SECONDS; whatever is left is cancelled and
-       its lease simply expires (ECS's stopTimeout must exceed DRAIN_TIMEOUT_SECONDS + 5 s);
-    5. deregister the worker item, delete the control queue, flush metrics, exit 0.
+       its connections wait for the worker lease to expire;
+    5. if every session released, retire the worker item (dead now: peers need not wait for
+       its expiry), else leave it to expire; delete the control queue, flush metrics, exit 0.
+       ECS's stopTimeout must exceed DRAIN_TIMEOUT_SECONDS + 5 s.
 """
 
 from __future__ import annotations
@@ -48,16 +67,16 @@ from wsfleet.exceptions import (
     WsfleetError,
 )
 from wsfleet.hints import Hint, HintSender
-from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, Lease, acquire_wait_ms
+from wsfleet.lease import Lease, is_ours
 from wsfleet.messages import MessageStore
-from wsfleet.record import ConnectionRecord, WorkerRecord, connection_id_from_pk
-from wsfleet.store import LeaseStore
+from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_id_from_pk
+from wsfleet.store import IndexEntry, LeaseStore
 
 from . import health
 from .config import WorkerConfig
 from .control_channel import ControlChannel
 from .flusher import MessageFlusher
-from .heartbeat import HeartbeatScheduler
+from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
 from .poller import HintOutcome, HintPoller
@@ -65,7 +84,11 @@ from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
 from .upstream import Connector, describe_error, make_connector
 
-__all__ = ["HintOutbox", "Worker", "main"]
+__all__ = ["EXIT_LEASE_LOST", "HintOutbox", "Worker", "main"]
+
+#: Exit status of a worker whose lease is over (self-fenced, or killed by a peer): distinct
+#: from 1 (failure) and 2 (configuration), so operators and the fleet can tell it apart.
+EXIT_LEASE_LOST = 3
 
 #: Bounds after DRAIN_TIMEOUT_SECONDS: hints still queued when the drain timed out, then
 #: deregistering and deleting the control queue. Keep drain + both below ECS's stopTimeout.
@@ -73,6 +96,8 @@ _LATE_HINTS_TIMEOUT_SECONDS = 2.0
 _CLEANUP_TIMEOUT_SECONDS = 3.0
 #: Hint delay for a connection whose session crashed (see _session_done).
 _CRASH_HINT_DELAY_SECONDS = 2
+#: The checkpoint loop's tick (a checkpoint is due at most once per CHECKPOINT_SECONDS).
+_CHECKPOINT_TICK_SECONDS = 1.0
 
 
 class HintOutbox:
@@ -122,6 +147,7 @@ class Worker:
         logger: Any = None,
         metrics: WorkerMetrics | None = None,
         connector: Connector | None = None,
+        leases: LeaseStore | None = None,
         clock: Clock = now_ms,
     ) -> None:
         settings = config.settings
@@ -130,11 +156,24 @@ class Worker:
         self.logger = logger or make_logger(settings.service_name, self.worker_id)
         self.metrics = metrics or WorkerMetrics(settings.service_name)
         threads = config.io_threads + config.write_threads
+        own_clients = dynamodb is None
         dynamodb = dynamodb or dynamodb_client(max_pool_connections=threads + 4)
         sqs = sqs or sqs_client(max_pool_connections=threads + 4)
         self._sqs = sqs
         self._clock = clock
-        self.leases = LeaseStore.from_settings(settings, dynamodb)
+        self.leases: LeaseStore = (
+            leases if leases is not None else LeaseStore.from_settings(settings, dynamodb)
+        )
+        # The renewal gets a client of its own: the shared one's adaptive retry mode slows
+        # every request once message writes are throttled, and a late renewal fences the
+        # whole worker. Few botocore attempts: the liveness task retries on its own schedule
+        # (WorkerLeaseTimer.retry_ms). Injected clients and stores are used as given.
+        lease_store = self.leases
+        if own_clients and leases is None:
+            lease_store = LeaseStore.from_settings(
+                settings,
+                dynamodb_client(max_pool_connections=2, retry_mode="standard", max_attempts=2),
+            )
         self.messages = MessageStore.from_settings(settings, dynamodb)
         self.offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
         self.flusher = MessageFlusher(
@@ -148,9 +187,20 @@ class Worker:
             logger=self.logger,
             clock=clock,
         )
-        self.scheduler = HeartbeatScheduler(
-            self.metrics, max_concurrent=max(1, config.io_threads // 2), clock=clock
+        self.liveness = WorkerLiveness(
+            lease_store,
+            self.worker_id,
+            self.offloader,
+            self.metrics,
+            self.logger,
+            lease_ms=settings.lease_ms,
+            heartbeat_ms=config.heartbeat_ms,
+            margin_ms=settings.safety_margin_ms,
+            connection_count=lambda: len(self.sessions),
+            on_fence=self._fence_all,
+            clock=clock,
         )
+        self._write_slots = max(1, config.io_threads // 2)
         self.outbox = HintOutbox(
             HintSender(sqs, settings.require_hint_queue_url()), self.offloader, self.logger
         )
@@ -189,7 +239,7 @@ class Worker:
             leases=self.leases,
             offloader=self.offloader,
             flusher=self.flusher,
-            scheduler=self.scheduler,
+            liveness=self.liveness,
             metrics=self.metrics,
             logger=self.logger,
             connect=connector
@@ -209,16 +259,23 @@ class Worker:
         self._stopping = False
         self._signals = 0
         self._started_at_ms = 0
+        self._sweeps = 0
+        self._drain_complete = False
         self.exit_code = 0
 
     # ------------------------------------------------------------------ capacity
     def free_slots(self) -> int:
         """Connections this worker may take on now.
 
-        Zero while draining, and while renewals run late (more than a quarter of the
-        heartbeat): the leases already held come before new ones.
+        Zero while draining or fenced, and while the worker lease renewal runs late (more
+        than a quarter of the heartbeat): the connections already held come before new ones.
         """
-        if self._stopping or self.scheduler.behind_ms() > self.config.heartbeat_ms // 4:
+        liveness = self.liveness
+        if (
+            self._stopping
+            or liveness.fenced
+            or liveness.behind_ms(self._clock()) > self.config.heartbeat_ms // 4
+        ):
             return 0
         return self._capacity_left()
 
@@ -252,21 +309,26 @@ class Worker:
         now = self._clock()
         self._started_at_ms = now
         queue_url = await self._open_control_channel()
+        registered_at = self._clock()
         await self.offloader.io(
             self.leases.register_worker,
             WorkerRecord(
                 worker_id=self.worker_id,
                 control_queue_url=queue_url,
                 started_at_ms=now,
-                heartbeat_at_ms=now,
-                expires_at_ms=now + settings.lease_ms,
+                heartbeat_at_ms=registered_at,
+                expires_at_ms=registered_at + settings.lease_ms,
                 connection_count=0,
+                capacity=settings.max_connections,
             ),
         )
+        self.liveness.start(registered_at)
         health.touch(settings.health_file)
+        self._spawn("liveness", self.liveness.run())
         self._spawn("flusher", self.flusher.run())
-        self._spawn("scheduler", self.scheduler.run())
         self._spawn("housekeeping", self._housekeeping())
+        self._spawn("checkpoints", self._checkpoint_loop())
+        self._spawn("sweep", self._sweep_loop())
         self._spawn("metrics", self._flush_metrics_periodically())
         if self.control is not None:
             self._spawn("control", self.control.run(self._on_stop_command))
@@ -277,19 +339,21 @@ class Worker:
                 "max_connections": settings.max_connections,
                 "lease_seconds": settings.lease_seconds,
                 "heartbeat_seconds": settings.heartbeat_seconds,
+                "checkpoint_seconds": settings.checkpoint_seconds,
+                "sweep_seconds": self.config.sweep_seconds,
                 "control_queue": self.control.queue_name if self.control else None,
             },
         )
 
     async def _open_control_channel(self) -> str:
-        """Create the control queue; without one, STOP still arrives with the next renewal."""
+        """Create the control queue; without one, STOP still arrives through the sweep."""
         if self.control is None:
             return ""
         try:
             return await self.control.open()
         except Exception as exc:
             self.logger.error(
-                "control queue unavailable; STOP will be noticed by renewals only",
+                "control queue unavailable; STOP will be noticed by the sweep only",
                 extra={"error": describe_error(exc)},
             )
             self.control = None
@@ -304,8 +368,8 @@ class Worker:
         if task.cancelled() or self._stopping:
             return
         error = task.exception()
-        if name == "poller" and error is None:
-            return
+        if name in ("poller", "liveness") and error is None:
+            return  # the poller returns once stopped; liveness once fenced (_fence_all)
         self.logger.error(
             "background task ended unexpectedly; shutting down",
             extra={"task": name, "error": describe_error(error) if error else "returned"},
@@ -331,7 +395,7 @@ class Worker:
                 await asyncio.wait({task}, timeout=self.config.settings.heartbeat_seconds * 2)
             if pk in self.sessions:
                 return HintOutcome.GIVE_BACK
-        if self._stopping or self._capacity_left() <= 0:
+        if self._stopping or self.liveness.fenced or self._capacity_left() <= 0:
             return HintOutcome.GIVE_BACK
         self._acquiring.add(pk)
         try:
@@ -347,7 +411,6 @@ class Worker:
                     "connection_id": connection_id_from_pk(pk),
                     "reason": type(exc).__name__,
                     "holder": current.lease_owner if current else None,
-                    "expires_at_ms": current.lease_expires_at_ms if current else None,
                 },
             )
             return HintOutcome.DONE
@@ -360,6 +423,9 @@ class Worker:
         finally:
             self._acquiring.discard(pk)
         self.metrics.count("Acquired")
+        if self.liveness.fenced:
+            # Won under a lease that is over: write nothing more; it lapses with the worker's.
+            return HintOutcome.DONE
         if self._stopping:  # won a lease while draining: give it straight back
             await self._hand_back(record)
             return HintOutcome.DONE
@@ -367,26 +433,29 @@ class Worker:
         return HintOutcome.DONE
 
     async def _acquire_lease(self, pk: str) -> ConnectionRecord | None:
-        """Acquire, waiting once for a lease that is about to lapse (an early hint).
+        """Acquire, waiting once for an owner's lease that is about to lapse (an early hint:
+        the store says so with ``LeaseConflict.retry_in_ms``).
 
         The wait happens inside the hint's round; the poller keeps receiving meanwhile.
         """
         try:
             return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
         except LeaseConflict as conflict:
-            wait_ms = acquire_wait_ms(
-                conflict.current, self.worker_id, self._clock(), EARLY_HINT_MAX_WAIT_MS
-            )
+            wait_ms = conflict.retry_in_ms
             if wait_ms is None:
                 raise
         self.metrics.count("EarlyHintWaits")
         await asyncio.sleep(wait_ms / 1000)
-        if self._stopping:
+        if self._stopping or self.liveness.fenced:
             return None
         return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
 
     async def _hand_back(self, record: ConnectionRecord) -> None:
+        """Release a connection won while draining (if this fails, the sweep or the worker's
+        expiry frees it)."""
         lease = Lease.of(record)
+        if not self.liveness.may_write(self._clock()):
+            return
         try:
             await self.offloader.io(self.leases.release, lease)
         except WsfleetError:
@@ -430,7 +499,7 @@ class Worker:
         A STOP on the control queue is checked against a consistent read of the record
         (:func:`~wsfleet.control.stop_confirmed`) before anything closes, so a forged or stale
         command cannot end a live stream (issue #11, finding 7). If the read fails, nothing
-        closes: the lease renewal still sees a real STOP within one heartbeat.
+        closes: the checkpoint write or the sweep still sees a real STOP.
         """
         session = self.sessions.get(command.pk)
         if session is None or session.epoch != command.epoch or session.reason is not None:
@@ -439,7 +508,7 @@ class Worker:
             record = await self.offloader.io(self.leases.get, command.pk)
         except WsfleetError as exc:
             self.logger.warning(
-                "cannot confirm STOP; left to the lease renewal",
+                "cannot confirm STOP; left to the sweep",
                 extra={
                     "connection_id": connection_id_from_pk(command.pk),
                     "error": describe_error(exc),
@@ -462,7 +531,7 @@ class Worker:
 
     # ------------------------------------------------------------------ periodic work
     async def _housekeeping(self) -> None:
-        """Once per heartbeat: health file, worker-item heartbeat, gauges."""
+        """Once per heartbeat: health file, gauges (the worker lease is the liveness task's)."""
         settings = self.config.settings
         while True:
             try:
@@ -471,31 +540,167 @@ class Worker:
                 self.logger.warning("cannot touch health file", extra={"error": str(exc)})
             self.metrics.gauge("ActiveConnections", len(self.sessions))
             self.metrics.gauge("QueuedFrames", self.flusher.queued)
-            await self._heartbeat_worker_item()
             await asyncio.sleep(settings.heartbeat_seconds)
 
-    async def _heartbeat_worker_item(self) -> None:
-        settings = self.config.settings
+    # ------------------------------------------------------------------ the worker lease
+    def _fence_all(self, cause: FenceCause) -> None:
+        """The worker lease is over (:class:`~wsfleet_worker.liveness.WorkerLiveness`).
+
+        Synchronous: every session's socket is aborted before this returns, and from now on
+        ``may_write`` is false for all of them (the flusher drops their queued frames, no
+        checkpoint or release follows). Then the worker exits with :data:`EXIT_LEASE_LOST`,
+        without retiring its item or releasing anything: peers take over after the expiry.
+        """
+        sessions = list(self.sessions.values())
+        for session in sessions:
+            session.fence(cause.value)
+        self.poller.stop()
+        self.metrics.count("SelfFenced", len(sessions))
+        self.metrics.count("WorkerDead" if cause is FenceCause.DEAD else "WorkerSelfFenced")
+        self.logger.error(
+            "worker lease over: every session fenced; exiting",
+            extra={
+                "cause": cause.value,
+                "sessions": len(sessions),
+                "exit_code": EXIT_LEASE_LOST,
+                "fence_at_ms": self.liveness.fence_at_ms,
+            },
+        )
+        self.exit_code = EXIT_LEASE_LOST
+        self.request_stop()
+
+    # ------------------------------------------------------------------ checkpoints
+    async def _checkpoint_loop(self) -> None:
+        """About once a second: write the checkpoints that are due, a few at a time."""
+        slots = asyncio.Semaphore(self._write_slots)
+
+        async def write(session: Session) -> None:
+            async with slots:
+                try:
+                    await session.checkpoint()
+                except Exception as exc:  # a bug here must not stop everyone's checkpoints
+                    self.logger.exception(
+                        "checkpoint failed unexpectedly",
+                        extra={"connection_id": session.connection_id,
+                               "error": describe_error(exc)},
+                    )
+
+        tick = min(_CHECKPOINT_TICK_SECONDS, self.config.settings.checkpoint_seconds)
+        while True:
+            await asyncio.sleep(tick)
+            if self.liveness.fenced:
+                return
+            now = self._clock()
+            due = [s for s in list(self.sessions.values()) if s.checkpoint_due(now)]
+            if due:
+                await asyncio.gather(*(write(session) for session in due))
+
+    # ------------------------------------------------------------------ sweep
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_seconds)
+            if self.liveness.fenced or self._stopping:
+                return
+            try:
+                await self.sweep()
+            except WsfleetError as exc:
+                self.metrics.count("SweepFailures")
+                self.logger.warning("sweep failed", extra={"error": describe_error(exc)})
+
+    async def sweep(self) -> None:
+        """Compare what gsi_owner says this worker owns with the sessions it runs.
+
+        * A STOPPED entry whose session runs: the STOP's fallback path (its control message
+          was lost, or there is no control channel). Confirmed by a consistent read, then
+          the session ends STOPPED (``via="sweep"``).
+        * An entry with no session (and none being acquired or ending): a stranded
+          connection, e.g. a release that never landed. Confirmed by a consistent read,
+          released and, if STARTED, hinted: a live worker must never keep a connection it
+          does not stream, since nothing else would free it while this worker lives.
+        * A session running for more than two sweeps that the index does not show: read
+          consistently; if the connection is not ours any more, the session is fenced.
+
+        The index is eventually consistent; every action rests on the consistent read.
+        """
+        self._sweeps += 1
+        entries = await self.offloader.io(lambda: list(self.leases.owned_by(self.worker_id)))
         now = self._clock()
+        indexed = {entry.pk for entry in entries}
+        for entry in entries:
+            if self.liveness.fenced or self._stopping:
+                return
+            session = self.sessions.get(entry.pk)
+            if session is not None:
+                if (
+                    session.reason is None
+                    and entry.desired_state is not DesiredState.STARTED
+                    and entry.epoch == session.epoch
+                ):
+                    await self._sweep_stop(session)
+            elif entry.pk not in self._acquiring:
+                await self._sweep_stranded(entry)
+        old_enough = now - 2 * int(self.config.sweep_seconds * 1000)
+        for session in list(self.sessions.values()):
+            if self.liveness.fenced or self._stopping:
+                return
+            if (
+                session.reason is None
+                and session.pk not in indexed
+                and session.started_at_ms < old_enough
+            ):
+                await self._sweep_unlisted(session)
+
+    async def _sweep_stop(self, session: Session) -> None:
+        record = await self.offloader.io(self.leases.get, session.pk)
+        if (
+            record is not None
+            and record.desired_state is not DesiredState.STARTED
+            and is_ours(record, session.lease)
+            and session.reason is None
+        ):
+            self.metrics.count("SweepStops")
+            self.logger.info(
+                "STOP found by the sweep",
+                extra={"connection_id": session.connection_id, "epoch": session.epoch},
+            )
+            session.finish(ExitReason.STOPPED, via="sweep")
+
+    async def _sweep_stranded(self, entry: IndexEntry) -> None:
+        record = await self.offloader.io(self.leases.get, entry.pk)
+        if (
+            record is None
+            or record.lease_owner != self.worker_id
+            or record.lease_epoch != entry.epoch
+            or entry.pk in self.sessions
+            or entry.pk in self._acquiring
+            or not self.liveness.may_write(self._clock())
+        ):
+            return
+        started = record.desired_state is DesiredState.STARTED
+        lease = Lease(entry.pk, self.worker_id, entry.epoch)
         try:
-            await self.offloader.io(
-                self.leases.heartbeat_worker,
-                self.worker_id,
-                expires_at_ms=now + settings.lease_ms,
-                connection_count=len(self.sessions),
+            await self.offloader.io(self.leases.release, lease, stopped=not started)
+        except LeaseError:
+            return  # someone else's now, or not ours to release any more
+        self.metrics.count("SweepReleases")
+        self.logger.warning(
+            "stranded connection released by the sweep",
+            extra={"connection_id": record.connection_id, "epoch": entry.epoch,
+                   "desired_state": record.desired_state.value},
+        )
+        if started:
+            self.outbox.add(Hint(entry.pk, epoch=entry.epoch))
+
+    async def _sweep_unlisted(self, session: Session) -> None:
+        record = await self.offloader.io(self.leases.get, session.pk)
+        if session.reason is None and (record is None or not is_ours(record, session.lease)):
+            self.metrics.count("SweepFenced")
+            self.logger.warning(
+                "the sweep found a running session's connection owned elsewhere; fencing it",
+                extra={"connection_id": session.connection_id, "epoch": session.epoch,
+                       "holder": record.lease_owner if record else None},
             )
-        except WsfleetError:
-            # Gone (a reconciler thought us dead) or a transient failure: put it back.
-            record = WorkerRecord(
-                worker_id=self.worker_id,
-                control_queue_url=self.control.queue_url if self.control else "",
-                started_at_ms=self._started_at_ms,
-                heartbeat_at_ms=now,
-                expires_at_ms=now + settings.lease_ms,
-                connection_count=len(self.sessions),
-            )
-            with contextlib.suppress(WsfleetError):
-                await self.offloader.io(self.leases.register_worker, record)
+            session.fence("sweep")
 
     async def _flush_metrics_periodically(self) -> None:
         while True:
@@ -529,7 +734,9 @@ class Worker:
         settings = self.config.settings
         self.poller.stop()
         count = len(self.sessions)
-        self.logger.info("draining", extra={"connections": count})
+        self.logger.info(
+            "draining", extra={"connections": count, "fenced": self.liveness.fenced}
+        )
         loop = asyncio.get_running_loop()
         started = loop.time()
         hints_before = self.outbox.sent
@@ -541,6 +748,7 @@ class Worker:
                 tasks = list(self._session_tasks.values())
                 if tasks:
                     await asyncio.wait(tasks)  # (unlike gather, a timeout cancels nothing here)
+                self._drain_complete = not self.sessions
                 await self.outbox.flush()
                 poller = self._background.get("poller")
                 if poller is not None and (self.outbox.sent > hints_before or self._acquiring):
@@ -551,7 +759,7 @@ class Worker:
                     await self.outbox.flush()
         except TimeoutError:
             self.logger.warning(
-                "drain timeout: leaving the rest to lease expiry",
+                "drain timeout: leaving the rest to the worker lease's expiry",
                 extra={"undrained": len(self.sessions)},
             )
             # Leases already released must still be hinted, or they wait for the reconciler.
@@ -570,16 +778,29 @@ class Worker:
         )
         await self._cleanup()
 
+    def _retire(self) -> None:
+        try:
+            self.leases.retire_worker(self.worker_id)
+        except WsfleetError as exc:
+            self.logger.warning("cannot retire the worker item; it will expire",
+                                extra={"error": describe_error(exc)})
+
     async def _cleanup(self) -> None:
         for task in self._background.values():
             task.cancel()
         await asyncio.gather(*self._background.values(), return_exceptions=True)
-        # On the default executor: after a drain timeout the io pool may still hold a queue
-        # of releases, and deregistering must not wait behind them.
         loop = asyncio.get_running_loop()
-        steps: list[Awaitable[None]] = [
-            loop.run_in_executor(None, self.leases.deregister_worker, self.worker_id)
-        ]
+        steps: list[Awaitable[None]] = []
+        if self._drain_complete and not self.liveness.fenced and self.liveness.timer is not None:
+            # Every connection was released: end the lease now, so a peer that still finds one
+            # of ours (an acquire racing the drain) need not wait for the expiry. On the
+            # default executor: the io pool may still hold queued work.
+            steps.append(loop.run_in_executor(None, self._retire))
+        elif self.liveness.timer is not None:
+            self.logger.info(
+                "worker item left to expire",
+                extra={"fenced": self.liveness.fenced, "sessions_left": len(self.sessions)},
+            )
         if self.control is not None:
             steps.append(self.control.close())
         try:
