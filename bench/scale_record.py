@@ -146,7 +146,7 @@ class _StreamReader:
         ]  # fmt: skip
 
     def drain(self) -> list[dict[str, Any]]:
-        """Every record written since the last drain (the first: since the table's start)."""
+        """Every record written since the table's start (moto keeps them all)."""
         records: list[dict[str, Any]] = []
         for number, iterator in enumerate(self.iterators):
             while iterator:
@@ -228,16 +228,24 @@ def record(
             wait_until(lambda: _all_streaming(fleet, ids), timeout=120 + connections,
                        interval=0.5, what="every stream streaming")  # fmt: skip
             time.sleep(2 * compressed["heartbeat"] + 1)  # acquire writes and first renewals over
-            stream = _StreamReader(fleet.endpoint_url, fleet.resources.stream_arn)
-            images: dict[str, Any] = {}
-            _images(stream.drain(), table.hash_key, images)
             started = time.time()
             time.sleep(window_seconds)
             ended = time.time()
-            window_records = stream.drain()
             still_streaming = _all_streaming(fleet, ids)
+            stream = _StreamReader(fleet.endpoint_url, fleet.resources.stream_arn)
+            records = stream.drain()
             worker_ids = list(fleet.worker_ids)
             table_name = fleet.resources.connections_table
+    # Stream records carry the time of the write (ms): the window is [started, ended] on the
+    # same clock as the journal's; what came before only tells item sizes.
+    images: dict[str, Any] = {}
+    window_records = []
+    for stream_record in records:
+        at = stream_record["dynamodb"]["ApproximateCreationDateTime"].timestamp()
+        if at < started:
+            _images([stream_record], table.hash_key, images)
+        elif at <= ended:
+            window_records.append(stream_record)
     _images(window_records, table.hash_key, images)
     entries = []
     with journal.open(encoding="utf-8") as lines:
