@@ -605,10 +605,11 @@ def _table(result: Mapping[str, Any]) -> list[str]:
     ]
     for key, count in _groups(result["keys"]):
         share = max(key["wcu_per_s_at_1m"] / WRITE_LIMIT, key["rcu_per_s_at_1m"] / READ_LIMIT)
+        percent = f"{share:,.0%}" if share >= 10 else f"{share:.2%}"
         lines.append(
             f"| {key['target']} | `{key['key']}` | {key['class']} | {count} "
             f"| {_rate(key['wcu_per_s_at_1000'])} | {_rate(key['rcu_per_s_at_1000'])} "
-            f"| {share:.2%} | {_connections(key['ceiling_50'])} "
+            f"| {percent} | {_connections(key['ceiling_50'])} "
             f"| {_connections(key['ceiling_100'])} |"
         )
     return lines
@@ -641,6 +642,21 @@ def _version(
             f"Target ({result['target']}): **{'met' if result['target_met'] else 'not met'}**."
         )
         lines.append("")
+    hour = result.get("per_connection_hour")
+    if hour:
+        lines += [
+            f"Per connection-hour (production): {hour['connection_item_writes']:g} writes to "
+            f"connection items ({hour['connection_item_wcu']:g} WCU) and "
+            f"{hour['index_wcu_from_connection_items']:g} WCU of index writes caused by them.",
+            "",
+        ]
+    silent = sorted(
+        {i["name"] for i in recording.get("table", {}).get("indexes", ())}
+        - {k["target"] for k in result["keys"]}
+    )
+    if silent:
+        lines += ["Indexes without a request in the window: "
+                  + ", ".join(f"`{name}`" for name in silent) + ".", ""]  # fmt: skip
     notes = recording.get("notes")
     if notes:
         lines += [str(notes), ""]
