@@ -15,14 +15,19 @@ a window of ``window`` seconds is recorded:
   partition value it read and the entries it returned.
 
 The result (a "recording": per-key units, the run's shape, the production cadences) is what
-:func:`bench.scale_model.model` scales. The recorder only uses the local fleet's public
-pieces that v1 and v2 share, so it also records an older checkout: run it with that
-checkout's interpreter from this directory (the proxy child gets this worktree's
+:func:`bench.scale_model.model` scales. The recorder uses only what the local fleet of v1
+and of v2 share (a LocalFleet subclass puts the Lambdas behind the proxy through two private
+hooks: the fleet has no endpoint option for them), so it also records another checkout: run it
+with that checkout's interpreter from this directory (the proxy child gets this worktree's
 ``local/`` first on its path, for the journal)::
 
     cd /work/wt/scale && /work/wt/v1/.venv/bin/python -m bench.scale_record record \\
-        --version v1 --factor 2.5 --out bench/scale_v1.json
+        --version v1 --factor 2.5 --window 90 --out bench/scale_v1.json
     python -m bench.scale_record render     # SCALE.md from scale_v1.json + results.json
+
+(or this interpreter with ``PYTHONPATH`` = the other checkout's ``layers/wsfleet``, ``worker``
+and ``local``: the fleet's children inherit it). ``python -m bench --only scale`` records the
+checkout it runs in as v2 and renders SCALE.md beside bench/scale_v1.json.
 """
 
 from __future__ import annotations
@@ -131,38 +136,35 @@ def _fleet_class() -> Any:
             env = dict(super()._function_env(spec))
             if spec.name in self.proxy_urls:
                 env["AWS_ENDPOINT_URL"] = self.proxy_urls[spec.name]
+            # The Lambdas validate the lease settings too, and the default margin (2 s) is
+            # not below lease - heartbeat once every cadence is divided by 10.
+            env["LEASE_SAFETY_MARGIN_SECONDS"] = f"{self.timings.margin_seconds:g}"
             return env
 
-        # Without the reconciler Lambda (``emulate_reconciler``: a checkout whose reconciler
-        # is not v2 yet, and may not even import): router and notifier only, no schedule.
-        without_reconciler = False
+        # The router alone (``emulate_reconciler``: a checkout whose reconciler and STOP
+        # notifier are not v2 yet and may not even import): no schedule, no stream poller.
+        # In a steady state the notifier makes no request (it acts on STOPs).
+        router_only = False
 
         def _start_functions(self) -> None:
-            if not self.without_reconciler:
+            if not self.router_only:
                 super()._start_functions()
                 return
-            from wsfleet_local.fleet import ROUTER, STREAM_NOTIFIER
+            from wsfleet_local.fleet import ROUTER
             from wsfleet_local.runtime import FunctionProcess
 
-            specs = [self.stack.function(name) for name in (ROUTER, STREAM_NOTIFIER)]
-            self._functions = {
-                spec.name: FunctionProcess(
-                    spec.name, env=self._function_env(spec), handler=spec.handler,
-                    log_path=self.run_dir / f"lambda-{spec.name}.log",
-                    timeout_seconds=spec.timeout_seconds, memory_mb=spec.memory_mb,
-                )
-                for spec in specs
-            }  # fmt: skip
-            for function in self._functions.values():
-                function.start()
+            spec = self.stack.function(ROUTER)
+            router = FunctionProcess(
+                spec.name, env=self._function_env(spec), handler=spec.handler,
+                log_path=self.run_dir / f"lambda-{spec.name}.log",
+                timeout_seconds=spec.timeout_seconds, memory_mb=spec.memory_mb,
+            )  # fmt: skip
+            self._functions = {spec.name: router}
+            router.start()
 
         def _start_event_sources(self) -> None:
-            if not self.without_reconciler:
+            if not self.router_only:
                 super()._start_event_sources()
-                return
-            from wsfleet_local.fleet import STREAM_NOTIFIER
-
-            self._start_stream_poller(self.stack.function(STREAM_NOTIFIER).streams[0])
 
     return JournalledFleet
 
@@ -214,7 +216,9 @@ class _EmulatedReconciler:
         self._thread = threading.Thread(target=self._run, name="emulated-reconciler", daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.pass_seconds):
+        next_pass = time.monotonic() + self.pass_seconds
+        while not self._stop.wait(max(0.0, next_pass - time.monotonic())):
+            next_pass += self.pass_seconds  # one pass per interval, however long a pass takes
             now_ms = int(time.time() * 1000)
             self.store.get_workers(self.store.list_worker_ids())
             for shard in range(self.shards):
@@ -228,6 +232,24 @@ class _EmulatedReconciler:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+def _start_directly(fleet: Any, ids: list[str]) -> None:
+    """START the way the router does (store.start + a hint), for a checkout whose router is
+    not v2 yet; before the window, so it costs the recording nothing."""
+    from wsfleet.hints import Hint, HintSender
+    from wsfleet.record import connection_pk
+    from wsfleet.store import DynamoDBLeaseStore
+
+    resources = fleet.resources
+    store = DynamoDBLeaseStore(aws_client("dynamodb", fleet.endpoint_url),
+                               resources.connections_table)  # fmt: skip
+    for stream_id in ids:
+        store.start(stream_id, fleet.simulator.url_for(stream_id), resume=True)
+    sender = HintSender(aws_client("sqs", fleet.endpoint_url), resources.env()["HINT_QUEUE_URL"])
+    failed = sender.send_many([Hint(connection_pk(i)) for i in ids])
+    if failed:
+        raise RuntimeError(f"{len(failed)} hints not sent")
 
 
 def _all_streaming(fleet: Any, ids: list[str]) -> bool:
@@ -259,11 +281,13 @@ def record(
     run_dir: Path | None = None,
     production: dict[str, float] | None = None,
     emulate_reconciler: bool = False,
+    commit: str | None = None,
 ) -> dict[str, Any]:
     """Run a fleet with compressed cadences; the per-key loads of its steady-state window.
 
-    ``emulate_reconciler``: also make the v2 reconciler's pass reads (see
-    :class:`_EmulatedReconciler`), for a checkout whose reconciler is not ported yet.
+    ``emulate_reconciler``: for a checkout whose Lambdas are not ported yet: no reconciler
+    or notifier, STARTs written with the store (:func:`_start_directly`), and the v2
+    reconciler's pass reads made here (:class:`_EmulatedReconciler`).
     """
     from wsfleet_local.backend import find_template, load_template
     from wsfleet_local.client import ApiClient
@@ -296,12 +320,16 @@ def record(
         fleet = fleet_class(workers=workers, timings=timings, rate=rate, run_dir=run_dir,
                             extra_worker_env=worker_env)  # fmt: skip
         fleet.proxy_urls = urls
-        fleet.without_reconciler = emulate_reconciler
+        fleet.router_only = emulate_reconciler
         with fleet:
-            api = ApiClient(fleet.api_url)
             for stream_id in ids:
                 fleet.simulator.open_stream(stream_id, rate=rate)
-                api.start(stream_id, fleet.simulator.url_for(stream_id))
+            if emulate_reconciler:
+                _start_directly(fleet, ids)
+            else:
+                api = ApiClient(fleet.api_url)
+                for stream_id in ids:
+                    api.start(stream_id, fleet.simulator.url_for(stream_id))
             wait_until(lambda: _all_streaming(fleet, ids), timeout=120 + connections,
                        interval=0.5, what="every stream streaming")  # fmt: skip
             time.sleep(2 * compressed["heartbeat"] + 1)  # acquire writes and first renewals over
@@ -341,7 +369,7 @@ def record(
     return {
         "version": version,
         "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": _git_commit(template_path.parent),
+        "commit": commit or _git_commit(template_path.parent),
         "checkout": str(template_path.parent),
         "machine": machine(),
         "connections": connections,
@@ -355,9 +383,11 @@ def record(
         "still_streaming_at_end": still_streaming,
         "emulated_reconciler_passes": passes,
         "notes": (
-            f"The checkout's reconciler Lambda was not v2 yet: its pass reads were made by the "
-            f"recorder ({passes} passes: list_worker_ids, get_workers, unowned x shards, "
-            f"label `{EMULATED_LABEL}`)."
+            f"Recorded before the v2 reconciler and STOP notifier were merged: the recorder "
+            f"made the reconciler's steady-state pass reads itself ({passes} passes of "
+            f"list_worker_ids, get_workers and unowned for every shard, label "
+            f"`{EMULATED_LABEL}`); the notifier (no steady-state requests) did not run and "
+            f"the STARTs were written with the store before the window."
             if passes is not None
             else ""
         ),
@@ -484,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--factor", type=float, default=10.0)
     rec.add_argument("--window", type=float, default=120.0, help="seconds (wall clock)")
     rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--commit", help="commit of the checkout, if it is no git work tree")
     rec.add_argument(
         "--emulate-reconciler",
         action="store_true",
@@ -502,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         recording = record(version=args.version, connections=args.connections,
                            workers=args.workers, factor=args.factor,
                            window_seconds=args.window,
-                           emulate_reconciler=args.emulate_reconciler)  # fmt: skip
+                           emulate_reconciler=args.emulate_reconciler,
+                           commit=args.commit)  # fmt: skip
         args.out.write_text(json.dumps(recording, indent=2) + "\n")
         summary = _model_of(recording)
         print(json.dumps({k: summary[k] for k in ("hottest", "ceiling_50", "ceiling_100",
