@@ -256,3 +256,35 @@ def test_the_proxy_journals_requests_to_the_named_table_with_their_answers(aws, 
         ("worker", "PutItem", 200), ("worker", "GetItem", 200)]  # fmt: skip
     assert entries[1]["request"]["Key"] == {"pk": s("CONN#j")}
     assert entries[1]["response"]["Item"] == {"pk": s("CONN#j")}
+
+
+def test_the_recorder_sums_stream_images_and_journal_entries_per_key() -> None:
+    from bench.scale_record import _loads
+
+    # GIVEN one v1 renewal from the stream, one refused renewal and one reconciler query
+    old = {"pk": s("CONN#a"), "desired_state": s("STARTED"), "lease_expires_at_ms": n(1)}
+    records = [
+        {
+            "eventName": "MODIFY",
+            "dynamodb": {"OldImage": old, "NewImage": {**old, "lease_expires_at_ms": n(2)}},
+        }
+    ]
+    refused = {
+        "label": "worker",
+        "operation": "UpdateItem",
+        "status": 400,
+        "request": {"Key": {"pk": s("CONN#a")}},
+        "response": {"__type": "x#ConditionalCheckFailedException"},
+    }
+    query = {"label": "reconciler", "operation": "Query", "status": 200,
+             "request": {"IndexName": "gsi_desired_state_lease",
+                         "KeyConditionExpression": "desired_state = :s",
+                         "ExpressionAttributeValues": {":s": s("STARTED")}},
+             "response": {"Items": [], "Count": 0, "ScannedCount": 0}}  # fmt: skip
+    loads, operations = _loads(V1_TABLE, "c", records, [refused, query], {"CONN#a": old}, ["w0"])
+    by_key = {(load.target, load.key): load for load in loads}
+    # THEN the connection key has two writes, the hot key two index writes and one read
+    assert by_key[(TABLE, "CONN#a")].write_requests == 2
+    hot = by_key[("gsi_desired_state_lease", "STARTED")]
+    assert (hot.key_class, hot.write_units_connection, hot.read_requests) == ("fleet", 2.0, 1)
+    assert operations["stream:MODIFY"] == 1 and operations["worker:UpdateItem:400"] == 1
