@@ -699,7 +699,10 @@ def render_markdown(
         "in proportion to N and from worker items (and worker-issued reads) in proportion to "
         "N / C. A reconcile pass's requests are per pass; the bytes they read grow as above. "
         "Columns: units/s on that one key at 1,000 connections, its share of the limit at "
-        "1,000,000, and the fleet sizes at which it reaches 50 % and 100 % of a limit.",
+        "1,000,000, and the fleet sizes at which it reaches 50 % and 100 % of a limit "
+        "(never: its load does not grow with the fleet). The hottest key is the one that "
+        "reaches a limit at the smallest fleet; one row per table or index and kind of key "
+        "(its hottest value).",
         "",
     ]
     for name, recording, result in versions:

@@ -484,12 +484,25 @@ def step_result(v2: dict[str, Any]) -> dict[str, Any]:
     v2_model = _model_of(v2)
     return {
         "benchmark": "scale",
-        "v2": {"recording": v2, "model": v2_model},
-        "v1": {"model": _model_of(v1)} if v1 else None,
+        "v2": {"recording": v2, "model": _without_cold_connection_keys(v2_model)},
+        "v1": {"model": _without_cold_connection_keys(_model_of(v1))} if v1 else None,
         "target": v2_model["target"],
         "target_met": v2_model["target_met"],
         "scale_md": str(SCALE_MD.relative_to(ROOT)),
     }
+
+
+def _without_cold_connection_keys(result: dict[str, Any]) -> dict[str, Any]:
+    """The model's keys for results.json: all but the per-connection ones, of which only the
+    hottest per table or index (the recording beside it keeps every key's raw figures)."""
+    kept, seen = [], set()
+    for key in result["keys"]:  # hottest first
+        if key["class"] == "connection":
+            if key["target"] in seen:
+                continue
+            seen.add(key["target"])
+        kept.append(key)
+    return {**result, "keys": kept, "keys_modelled": len(result["keys"])}
 
 
 def _store_result(result: dict[str, Any]) -> None:
