@@ -125,7 +125,7 @@ def _fleet_class() -> Any:
     from wsfleet_local.faults import FaultClient
     from wsfleet_local.fleet import LocalFleet
 
-    class JournalledFleet(LocalFleet):  # type: ignore[misc, valid-type]
+    class JournalledFleet(LocalFleet):  # type: ignore[misc]
         proxy_urls: dict[str, str] = {}  # noqa: RUF012 (set per instance before start)
 
         def _start_backend(self) -> None:
