@@ -141,30 +141,45 @@ def _fleet_class() -> Any:
             env["LEASE_SAFETY_MARGIN_SECONDS"] = f"{self.timings.margin_seconds:g}"
             return env
 
-        # The router alone (``emulate_reconciler``: a checkout whose reconciler and STOP
-        # notifier are not v2 yet and may not even import): no schedule, no stream poller.
-        # In a steady state the notifier makes no request (it acts on STOPs).
-        router_only = False
+        # Some Lambdas only (``lambdas``: a checkout where some are not v2 yet and may not
+        # even import): the router always (the API needs it), the reconciler with its
+        # schedule, the notifier with the stream poller, each only if asked for.
+        only_lambdas: tuple[str, ...] | None = None
 
         def _start_functions(self) -> None:
-            if not self.router_only:
+            if self.only_lambdas is None:
                 super()._start_functions()
                 return
             from wsfleet_local.fleet import ROUTER
             from wsfleet_local.runtime import FunctionProcess
 
-            spec = self.stack.function(ROUTER)
-            router = FunctionProcess(
-                spec.name, env=self._function_env(spec), handler=spec.handler,
-                log_path=self.run_dir / f"lambda-{spec.name}.log",
-                timeout_seconds=spec.timeout_seconds, memory_mb=spec.memory_mb,
-            )  # fmt: skip
-            self._functions = {spec.name: router}
-            router.start()
+            self._functions = {}
+            for name in dict.fromkeys((ROUTER, *self.only_lambdas)):
+                spec = self.stack.function(name)
+                self._functions[spec.name] = FunctionProcess(
+                    spec.name, env=self._function_env(spec), handler=spec.handler,
+                    log_path=self.run_dir / f"lambda-{spec.name}.log",
+                    timeout_seconds=spec.timeout_seconds, memory_mb=spec.memory_mb,
+                )  # fmt: skip
+                self._functions[spec.name].start()
 
         def _start_event_sources(self) -> None:
-            if not self.router_only:
+            if self.only_lambdas is None:
                 super()._start_event_sources()
+                return
+            from wsfleet_local.fleet import RECONCILER, STREAM_NOTIFIER
+            from wsfleet_local.scheduler import ReconcileScheduler
+
+            if STREAM_NOTIFIER in self.only_lambdas:
+                self._start_stream_poller(self.stack.function(STREAM_NOTIFIER).streams[0])
+            if RECONCILER in self.only_lambdas:
+                self._scheduler = ReconcileScheduler(
+                    self._functions[RECONCILER].invoke,
+                    interval_seconds=self.timings.pass_seconds,
+                    schedule_name=f"{self.stack_name}-reconcile",
+                    event_template=self._scheduler_sample(),
+                    region=self.resources.region,
+                ).start()
 
     return JournalledFleet
 
@@ -280,14 +295,16 @@ def record(
     rate: float = 1.0,
     run_dir: Path | None = None,
     production: dict[str, float] | None = None,
+    lambdas: tuple[str, ...] | None = None,
     emulate_reconciler: bool = False,
     commit: str | None = None,
 ) -> dict[str, Any]:
     """Run a fleet with compressed cadences; the per-key loads of its steady-state window.
 
-    ``emulate_reconciler``: for a checkout whose Lambdas are not ported yet: no reconciler
-    or notifier, STARTs written with the store (:func:`_start_directly`), and the v2
-    reconciler's pass reads made here (:class:`_EmulatedReconciler`).
+    For a checkout whose Lambdas are not all ported yet (before the v2 branches are merged):
+    ``lambdas`` runs only those (and the router, whose START is then not used: STARTs are
+    written with the store, :func:`_start_directly`); ``emulate_reconciler`` makes the v2
+    reconciler's pass reads here (:class:`_EmulatedReconciler`).
     """
     from wsfleet_local.backend import find_template, load_template
     from wsfleet_local.client import ApiClient
@@ -320,11 +337,11 @@ def record(
         fleet = fleet_class(workers=workers, timings=timings, rate=rate, run_dir=run_dir,
                             extra_worker_env=worker_env)  # fmt: skip
         fleet.proxy_urls = urls
-        fleet.router_only = emulate_reconciler
+        fleet.only_lambdas = lambdas
         with fleet:
             for stream_id in ids:
                 fleet.simulator.open_stream(stream_id, rate=rate)
-            if emulate_reconciler:
+            if lambdas is not None:
                 _start_directly(fleet, ids)
             else:
                 api = ApiClient(fleet.api_url)
@@ -366,6 +383,19 @@ def record(
                 entries.append(entry)
     loads, operations = _loads(table, table_name, window_records, entries, images, worker_ids)
     passes = emulated.passes if isinstance(emulated, _EmulatedReconciler) else None
+    notes = []
+    if lambdas is not None:
+        notes.append(
+            f"Recorded before every v2 Lambda was merged: only {', '.join(lambdas) or 'none'} "
+            "ran beside the router, and the STARTs were written with the store before the "
+            "window (the STOP notifier makes no request in a steady state)."
+        )
+    if passes is not None:
+        notes.append(
+            f"The recorder made the v2 reconciler's steady-state pass reads itself ({passes} "
+            "passes of list_worker_ids, get_workers and unowned for every shard, label "
+            f"`{EMULATED_LABEL}`)."
+        )
     return {
         "version": version,
         "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -382,15 +412,8 @@ def record(
         "compressed": compressed,
         "still_streaming_at_end": still_streaming,
         "emulated_reconciler_passes": passes,
-        "notes": (
-            f"Recorded before the v2 reconciler and STOP notifier were merged: the recorder "
-            f"made the reconciler's steady-state pass reads itself ({passes} passes of "
-            f"list_worker_ids, get_workers and unowned for every shard, label "
-            f"`{EMULATED_LABEL}`); the notifier (no steady-state requests) did not run and "
-            f"the STARTs were written with the store before the window."
-            if passes is not None
-            else ""
-        ),
+        "lambdas": list(lambdas) if lambdas is not None else "all",
+        "notes": " ".join(notes),
         "table": table.to_dict(),
         "stream_records": len(window_records),
         "operations": operations,
@@ -529,6 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--commit", help="commit of the checkout, if it is no git work tree")
     rec.add_argument(
+        "--lambdas",
+        help="comma list of the Lambdas to run besides the router (reconciler, "
+        "stream_notifier); STARTs then go through the store",
+    )
+    rec.add_argument(
         "--emulate-reconciler",
         action="store_true",
         help="make the v2 reconciler's pass reads (its Lambda is not v2 yet)",
@@ -547,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                            workers=args.workers, factor=args.factor,
                            window_seconds=args.window,
                            emulate_reconciler=args.emulate_reconciler,
+                           lambdas=(tuple(filter(None, args.lambdas.split(",")))
+                                    if args.lambdas is not None else None),
                            commit=args.commit)  # fmt: skip
         args.out.write_text(json.dumps(recording, indent=2) + "\n")
         summary = _model_of(recording)
