@@ -10,8 +10,10 @@ Options::
     python -m bench --only crash stop   # some groups only (results of others are kept)
     python -m bench --render            # re-render RESULTS.md from results.json
 
-Groups: crash, handoff, stop, cost, capacity, flood, reconcile, compat. Loss/duplicate figures come
-with crash and handoff (each run audits the messages table afterwards).
+Groups: crash, handoff, stop, cost, capacity, flood, reconcile, compat, scale. Loss/duplicate
+figures come with crash and handoff (each run audits the messages table afterwards). ``scale``
+records this checkout's request stream per partition key and writes ``bench/SCALE.md`` beside
+the recorded v1 baseline (bench/scale_record.py, bench/scale_model.py).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .harness import ROOT, machine
 
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-GROUPS = ("crash", "handoff", "stop", "cost", "capacity", "flood", "reconcile", "compat")
+GROUPS = ("crash", "handoff", "stop", "cost", "capacity", "flood", "reconcile", "compat", "scale")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ def _steps(quick: bool) -> list[Step]:
 
     from .fleet_bench import Profile, run_disruption, run_stop_latency
     from .request_cost import run_request_cost
+    from .scale_record import run_scale
     from .wrapped import run_capacity, run_compat, run_flood, run_reconcile
 
     steps: list[Step] = []
@@ -100,6 +103,11 @@ def _steps(quick: bool) -> list[Step]:
     steps.append(Step("flood", "flood-50", lambda d: run_flood(
         connections=50, window=30 if quick else 60)))
     steps.append(Step("compat", "compat-dynalite", lambda d: run_compat()))
+    # Partition-key heat: 100 connections on 2 workers, every cadence / 10, a 2-minute window
+    # (two checkpoint periods at CHECKPOINT_SECONDS / 10); SCALE.md beside the v1 baseline.
+    steps.append(Step("scale", "scale", lambda d: run_scale(
+        run_dir=d, connections=100, workers=2, factor=10.0,
+        window_seconds=60.0 if quick else 120.0)))
     return steps  # fmt: skip
 
 

@@ -31,6 +31,12 @@ The proxy also **counts** every request it forwards by (label, service, operatio
 with the items of batch writes and the bytes sent: it sees every call of every process, so it
 is the simplest request-cost meter (see bench/).
 
+With ``journal`` (``--journal PATH``), the proxy also appends one JSON line per forwarded
+DynamoDB request (optionally only those touching a table whose name contains
+``journal_table``): ``{"at", "label", "operation", "status", "request", "response"}`` with the
+request and response bodies as parsed JSON. The scale model (bench/scale_record.py) reads
+the partition key of every read and the bytes it returned from it; nothing else uses it.
+
 Listeners and labels: one proxy can listen on several ports, one per *label* (e.g.
 ``worker`` and ``lambda``). All share the rules and the upstream; counts and rule matching are
 per label, so the cost of the workers and of the Lambdas can be told apart.
@@ -61,6 +67,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import gzip
 import http.client
 import json
 import os
@@ -480,6 +487,8 @@ class FaultProxy:
         seed: int = 0,
         rules: Iterable[FaultRule] = (),
         rules_file: Path | str | None = None,
+        journal: Path | str | None = None,
+        journal_table: str | None = None,
     ) -> None:
         if not labels:
             raise FaultError("at least one label is needed")
@@ -500,6 +509,9 @@ class FaultProxy:
         self._rules_mtime: float | None = None
         self._rules_checked = 0.0
         self._rules_lock = threading.Lock()
+        self.journal_table = journal_table
+        self._journal = open(journal, "a", encoding="utf-8") if journal else None  # noqa: SIM115
+        self._journal_lock = threading.Lock()
 
     # -- configuration ------------------------------------------------------------------------
     def set_upstream(self, url: str) -> None:
@@ -572,6 +584,10 @@ class FaultProxy:
         for thread in self._threads:
             thread.join(5)
         self._threads = []
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            with self._journal_lock:
+                journal.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -613,6 +629,40 @@ class FaultProxy:
                 self._stats.bytes_sent[key] += info.size
             if kind is not None:
                 self._stats.injected[(label, info.service, info.operation, kind.value)] += 1
+
+    def _journal_entry(
+        self,
+        label: str,
+        info: RequestInfo,
+        body: bytes,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        payload: bytes,
+    ) -> None:
+        """Append one forwarded DynamoDB request and its answer to the journal, if kept."""
+        journal = self._journal
+        if journal is None or info.service != "dynamodb":
+            return
+        if self.journal_table is not None and not any(
+            self.journal_table in table for table in info.tables
+        ):
+            return
+        if any(k.lower() == "content-encoding" and "gzip" in v.lower() for k, v in headers):
+            with contextlib.suppress(OSError, EOFError):
+                payload = gzip.decompress(payload)
+        entry = {
+            "at": time.time(),
+            "label": label,
+            "operation": info.operation,
+            "status": status,
+            "request": _json_or_none(body),
+            "response": _json_or_none(payload),
+        }
+        line = json.dumps(entry, separators=(",", ":")) + "\n"
+        with self._journal_lock:
+            if self._journal is not None:
+                self._journal.write(line)
+                self._journal.flush()
 
     def _connection(self) -> http.client.HTTPConnection:
         assert self._upstream is not None
@@ -669,6 +719,13 @@ class FaultProxy:
                 self._drop_connection()
             return response.status, reply_headers, payload
         raise AssertionError("unreachable")
+
+
+def _json_or_none(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None
 
 
 def _parse_rules_document(document: Any) -> tuple[list[FaultRule], int | None]:
@@ -750,6 +807,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._reply(502, [("Content-Type", "application/x-amz-json-1.0")], message)
             return
         proxy._record(self.label, info, rule.kind if rule else None)
+        proxy._journal_entry(self.label, info, body, status, headers, payload)
         if rule is not None and rule.kind is FaultKind.DELAY:
             time.sleep(rule.delay_ms / 1000)
         elif rule is not None:  # after=True: the request was applied; the caller sees an error
@@ -884,11 +942,17 @@ class ProxyProcess:
         labels: Sequence[str] = (DEFAULT_LABEL,),
         seed: int = 0,
         log_path: Path | None = None,
+        journal: Path | None = None,
+        journal_table: str | None = None,
     ) -> None:
         self._argv = [sys.executable, "-m", "wsfleet_local.faults", "--labels", ",".join(labels),
                       "--seed", str(seed), "--exit-on-stdin-eof"]  # fmt: skip
         if upstream:
             self._argv += ["--upstream", upstream]
+        if journal is not None:
+            self._argv += ["--journal", str(journal)]
+        if journal_table:
+            self._argv += ["--journal-table", journal_table]
         self._log_path = log_path
         self._child: Any = None
         self.urls: dict[str, str] = {}
@@ -1025,6 +1089,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (the parent died)"
     )
+    parser.add_argument("--journal", help="append every DynamoDB request + answer (JSON lines)")
+    parser.add_argument("--journal-table", help="journal only requests to tables containing this")
     return parser.parse_args(argv)
 
 
@@ -1039,7 +1105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels = [label.strip() for label in args.labels.split(",") if label.strip()]
     proxy = FaultProxy(
         args.upstream, labels=labels, host=args.host, port=args.port, seed=seed, rules=rules,
-        rules_file=args.rules_file,
+        rules_file=args.rules_file, journal=args.journal, journal_table=args.journal_table,
     )  # fmt: skip
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
