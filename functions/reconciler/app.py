@@ -27,9 +27,10 @@ connections (owned by those X, or free for longer than the grace):
    queue; control queues nobody registered are deleted once older than the grace. ListQueues
    (one per 1,000 queues), tags and age looked up once per queue and cached.
 
-Requests per pass: about 18 + W/100 + X + O/10 (+ O claim writes the first time), whatever
-the number of connections. A steady fleet (nothing expired, no lost hint) makes
-1 + ceil(W/100) + 16 DynamoDB requests and one ListQueues per pass.
+Requests per pass: ceil(W/1000) + ceil(W/100) + 16 reads, plus about X + O/1000 reads, one
+claim write per lapsed worker and per free orphan (once per expiry or free spell) and O/10
+sends, whatever the number of connections. A steady fleet (nothing lapsed, no lost hint, up
+to 100 workers) makes 18 DynamoDB requests and one ListQueues per pass.
 
 Metrics per pass: WorkersExpired (workers without a live lease that still own connections),
 WorkersExpiring (lapsing before the next pass), OrphansFound, HintsSent, HintsFailed,
