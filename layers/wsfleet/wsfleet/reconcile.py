@@ -178,7 +178,8 @@ class HintLedger:
 
     A claim whose hints could not all be sent is remembered as *owed* (``sent=False``): the
     claim in DynamoDB is still ours, so the next pass sends that worker's hints again without
-    a new claim (which DynamoDB would refuse until the claim is stale).
+    a new claim (which DynamoDB would refuse until the claim is stale). A cold container does
+    not know it owes them; they then go out once that claim is stale (``rehint_after_ms``).
 
     :param rehint_after_ms: age at which an entry stops counting (see :func:`rehint_after_ms`).
     :param max_entries: memory bound; the oldest entries are dropped beyond it.
