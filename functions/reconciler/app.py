@@ -134,6 +134,7 @@ class HintReport:
     already_pending: int = 0
     claims_refused: int = 0
     claim_errors: int = 0
+    read_errors: int = 0  # index queries that failed (that worker or shard waits a pass)
     deferred: int = 0
     oldest_orphan_age_ms: int = 0
     scan_ms: int = 0  # worker items, index queries and planning
@@ -445,6 +446,7 @@ class _Tally:
     pending: int = 0
     refused: int = 0
     claim_errors: int = 0
+    read_errors: int = 0
     deferred: int = 0
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("scan", "claim", "send"), 0.0)
@@ -575,6 +577,7 @@ class Reconciler:
             already_pending=tally.pending,
             claims_refused=tally.refused,
             claim_errors=tally.claim_errors,
+            read_errors=tally.read_errors,
             deferred=tally.deferred,
             oldest_orphan_age_ms=tally.oldest_ms,
             scan_ms=round(tally.seconds["scan"] * 1000),
@@ -599,10 +602,19 @@ class Reconciler:
             tally.pending += 1
             return 0
         started = time.perf_counter()
-        entries = [
-            e for e in self.store.owned_by(worker.worker_id) if e.desired_state in _NEEDS_OWNER
-        ]
-        started = tally.timed("scan", started)
+        try:
+            entries = [
+                e for e in self.store.owned_by(worker.worker_id) if e.desired_state in _NEEDS_OWNER
+            ]
+        except StoreError as exc:
+            logger.warning(
+                "reading a lapsed worker's connections failed",
+                extra={"worker_id": worker.worker_id, "error": str(exc)},
+            )
+            tally.read_errors += 1
+            return 0
+        finally:
+            started = tally.timed("scan", started)
         owned[worker.worker_id] = len(entries)
         if not entries:
             return 0
@@ -659,11 +671,15 @@ class Reconciler:
         """Hint free connections whose own hint was most likely lost (free past the grace)."""
         started = time.perf_counter()
         before = now - self.unowned_grace_ms
-        entries = [
-            entry
-            for shard in range(INDEX_SHARDS)
-            for entry in self.store.unowned(shard, before, page_size=self.page_size)
-        ]
+        entries: list[IndexEntry] = []
+        for shard in range(INDEX_SHARDS):
+            try:
+                entries.extend(self.store.unowned(shard, before, page_size=self.page_size))
+            except StoreError as exc:
+                logger.warning(
+                    "reading free connections failed", extra={"shard": shard, "error": str(exc)}
+                )
+                tally.read_errors += 1
         plan = plan_unowned(
             entries,
             now_ms=now,

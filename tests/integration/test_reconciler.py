@@ -24,7 +24,7 @@ import pytest
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, control_queue_name
-from wsfleet.exceptions import ConfigurationError
+from wsfleet.exceptions import ConfigurationError, StoreError
 from wsfleet.hints import Hint, HintSender
 from wsfleet.lease import Lease
 from wsfleet.reconcile import HintLedger, dead_worker_grace_ms, rehint_after_ms
@@ -358,6 +358,33 @@ def test_hints_that_could_not_be_sent_go_out_on_the_next_pass(rig: Rig) -> None:
     # connection's claim was withdrawn
     assert (second.hints_sent, second.hints_failed) == (2, 0)
     assert sorted(h.pk for h in rig.hints()) == ["CONN#free", "CONN#owned"]
+
+
+def test_a_failed_index_read_costs_that_worker_a_pass_not_the_others(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two crashed workers, and gsi_owner failing for one of them
+    for wid in ("bad", "good"):
+        rig.register(wid, expires_in_ms=LEASE_MS)
+        rig.acquired(wid, f"{wid}-1")
+    rig.clock.advance(LEASE_MS + 1)
+    owned_by = rig.store.owned_by
+
+    def failing(owner: str, **kwargs: Any) -> Any:
+        if owner == "bad":
+            raise StoreError("query on gsi_owner failed: throttled")
+        return owned_by(owner, **kwargs)
+
+    monkeypatch.setattr(rig.store, "owned_by", failing)
+    # WHEN a pass runs, THEN the other worker's connection is hinted all the same
+    report = rig.run_pass().hints
+    assert (report.read_errors, report.hints_sent) == (1, 1)
+    assert [h.pk for h in rig.hints()] == ["CONN#good-1"]
+    # AND once the index answers again, the next pass hints the rest
+    monkeypatch.setattr(rig.store, "owned_by", owned_by)
+    rig.clock.advance(PASS_MS)
+    assert rig.run_pass().hints.hints_sent == 1
+    assert [h.pk for h in rig.hints()] == ["CONN#bad-1"]
 
 
 # ---------------------------------------------------------------- requests per pass
