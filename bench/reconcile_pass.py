@@ -1,14 +1,22 @@
-"""Benchmark: how long one reconcile pass takes over a large connections table.
+"""Benchmark: how long one reconcile pass (lease model v2) takes over N orphans.
 
-Starts its own embedded moto server, writes N connection items straight into the table with
-BatchWriteItem (fast setup; the router is not under test), and times real reconciler passes
-(``Reconciler.run_pass`` from functions/reconciler/app.py) over them:
+Starts its own embedded moto server, writes N connection items and their workers' items
+straight into the table with BatchWriteItem (fast setup; the router and the workers are not
+under test; the index attributes come from ``ConnectionRecord.to_item``), and times real
+reconciler passes (``Reconciler.run_pass`` from functions/reconciler/app.py) over them:
 
-* ``steady``: 1% of the leases are orphaned (a few crashed sockets), the rest are live;
-* ``fleet-crash``: every lease expired (the whole fleet died at once).
+* ``steady``: every worker is alive; 1% of the connections are free and STARTED since well
+  past the grace (the hint that should have found them was lost);
+* ``worker-crash``: one of the 50 workers crashed (its lease expired): 2% are orphans;
+* ``fleet-crash``: every worker's lease expired (the whole fleet died at once).
 
-For each table it times three passes, each split into scan (GSI query, all pages, and
-planning), claim (one conditional UpdateItem per hint) and send (SendMessageBatch):
+A v2 pass never reads all connections: it reads the worker items, gsi_owner for the lapsed
+workers only, and gsi_unowned (16 shards) for free connections past the grace. So the live
+connections of the ``steady`` and ``worker-crash`` tables cost it nothing.
+
+For each table it times three passes, each split into scan (worker items, index queries and
+planning), claim (one conditional UpdateItem per lapsed worker and per free connection) and
+send (SendMessageBatch):
 
 * *first*: finds the orphans, claims and sends one hint each;
 * *warm*: a second pass in the same container; the hint ledger skips every claim;
@@ -43,8 +51,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-#: Fraction of leases that are orphans in each scenario.
-SCENARIOS = {"steady": 0.01, "fleet-crash": 1.0}
+#: Per scenario: the fraction of connections that are free (lost hint) and how many of the
+#: WORKERS have an expired lease.
+SCENARIOS = {"steady": (0.01, 0), "worker-crash": (0.0, 1), "fleet-crash": (0.0, 50)}
+WORKERS = 50
 LEASE_MS = 20_000
 PASS_SECONDS = 10
 PAGE_SIZE = 500
@@ -93,12 +103,21 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def write_items(client: Any, table: str, items: int, orphans: int, now: int) -> None:
-    """BatchWriteItem 25 at a time; the first ``orphans`` items have leases that expired."""
+def write_items(client: Any, table: str, items: int, scenario: str, now: int) -> int:
+    """BatchWriteItem 25 at a time: the workers, then the connections (round robin over the
+    workers, the free ones first). Returns the number of orphans written."""
     from boto3.dynamodb.types import TypeSerializer
+
+    from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord
 
     serializer = TypeSerializer()
     batch: list[dict[str, Any]] = []
+
+    def put(item: dict[str, Any]) -> None:
+        serialized = {key: serializer.serialize(value) for key, value in item.items()}
+        batch.append({"PutRequest": {"Item": serialized}})
+        if len(batch) == 25:
+            flush()
 
     def flush() -> None:
         request = {table: list(batch)}
@@ -106,29 +125,40 @@ def write_items(client: Any, table: str, items: int, orphans: int, now: int) -> 
             request = client.batch_write_item(RequestItems=request).get("UnprocessedItems") or {}
         batch.clear()
 
+    free_fraction, expired_workers = SCENARIOS[scenario]
+    for w in range(WORKERS):
+        # Crashed workers' leases ended 5-65 s before setup began. Live leases end 10 minutes
+        # ahead, well beyond the pass horizon, so they stay live however long the setup takes.
+        expires = now - 5_000 - w * 1_000 if w < expired_workers else now + 600_000
+        put(WorkerRecord(
+            worker_id=f"worker-{w}",
+            control_queue_url="",
+            started_at_ms=now - 3_600_000,
+            heartbeat_at_ms=expires - LEASE_MS,
+            expires_at_ms=expires,
+            capacity=1_000,
+        ).to_item())
+    free = round(items * free_fraction)
+    orphans = free
     for i in range(items):
-        expired = i < orphans
-        # Orphans expired 5-65 s before setup began. Live leases end 10 minutes ahead, well
-        # beyond the pass horizon, so they stay live however long the setup itself takes.
-        expiry = now - 5_000 - (i % 60_000) if expired else now + 600_000 - (i % 5_000)
-        item = {
-            "pk": f"CONN#bench-{i:06d}",
-            "desired_state": "STARTED",
-            "ws_url": f"wss://upstream.example/feeds/{i}",
-            "last_seq": 1000 + i,
-            "lease_owner": f"worker-{i % 50}",
-            "lease_expires_at_ms": expiry,
-            "lease_epoch": 1 + i % 7,
-            "created_at_ms": now - 3_600_000,
-            "updated_at_ms": now - 30_000,
-            "resume": True,
-        }
-        serialized = {key: serializer.serialize(value) for key, value in item.items()}
-        batch.append({"PutRequest": {"Item": serialized}})
-        if len(batch) == 25:
-            flush()
+        owner = "" if i < free else f"worker-{i % WORKERS}"
+        if owner and i % WORKERS < expired_workers:
+            orphans += 1
+        put(ConnectionRecord(
+            pk=f"CONN#bench-{i:06d}",
+            desired_state=DesiredState.STARTED,
+            ws_url=f"wss://upstream.example/feeds/{i}",
+            last_seq=1000 + i,
+            lease_owner=owner,
+            lease_epoch=1 + i % 7,
+            created_at_ms=now - 3_600_000,
+            updated_at_ms=now - 30_000,
+            # Free since 5-65 s before setup plus one pass: past the grace (one pass interval).
+            unowned_since_ms=None if owner else now - PASS_SECONDS * 1000 - 5_000 - i % 60_000,
+        ).to_item())
     if batch:
         flush()
+    return orphans
 
 
 def queue_depth(sqs: Any, url: str) -> int:
@@ -152,10 +182,8 @@ def run_one(backend: Any, scenario: str, items: int) -> Run:
     os.environ.update(resources.env())
     # moto's GSI query reads the whole table per page: 100,000 items outlast the 5 s default.
     dynamodb, sqs = dynamodb_client(read_timeout=300.0), sqs_client()
-    orphans = round(items * SCENARIOS[scenario])
-
     started = time.perf_counter()
-    write_items(dynamodb, resources.connections_table, items, orphans, now_ms())
+    orphans = write_items(dynamodb, resources.connections_table, items, scenario, now_ms())
     setup_s = time.perf_counter() - started
 
     def reconciler() -> Any:

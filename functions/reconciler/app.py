@@ -1,32 +1,49 @@
-"""Reconciler Lambda: hint every orphaned connection, early, once; clean up after dead workers.
+"""Reconciler Lambda (lease model v2): hint the connections of lapsed workers, early, once;
+re-hint free connections whose hint was lost; clean up after dead workers.
 
 EventBridge Scheduler invokes this once a minute (its finest rate). One invocation then runs a
 reconcile pass every ``RECONCILE_PASS_SECONDS`` until the remaining time is too short for
 another, so crash recovery costs about one lease, not a lease plus a minute.
 
-A pass (the planning rules live in :mod:`wsfleet.reconcile`, this module only does the I/O):
+A pass (the planning rules live in :mod:`wsfleet.reconcile`, this module only does the I/O).
+With W workers, of which X expired, died or lapse before the next pass, and O orphaned
+connections (owned by those X, or free for longer than the grace):
 
-1. Query ``gsi_desired_state_lease`` for STARTED connections whose lease ends before the next
-   pass (all pages). Orphans get a hint now; leases about to lapse get a hint delayed to land
-   in the last second before the expiry; the worker that receives it waits for the expiry
-   and acquires (a worker that receives one for a lease renewed meanwhile just loses the
-   conditional acquire).
-2. Claim each hint in DynamoDB (once per lease expiry, see ``LeaseStore.claim_hint``) before
-   sending it with SendMessageBatch, so the queue holds at most one pending hint per orphan.
-3. Delete the control queue and worker item of workers dead for longer than two leases
-   (bounded work per pass).
+1. **Workers.** ``list_worker_ids`` (gsi_workers, keys only: W/1000 queries) and
+   ``get_workers`` (BatchGetItem: W/100 requests). Live workers cost nothing more: their
+   connections are never read.
+2. **Their connections.** For each of the X workers: ``owned_by`` (gsi_owner: one query per
+   1,000 connections it owns). If it still owns STARTED connections, one conditional write
+   claims this lease expiry's hints (``claim_worker_hints``; again only after the re-hint
+   interval), then SendMessageBatch (one per 10 hints): no delay for an expired or dead worker,
+   a delay landing in the lease's last second for one about to lapse (the receiving worker
+   waits out the rest and takes over at the expiry).
+3. **Free connections.** For each of the 16 shards, ``unowned(shard, now - grace)``
+   (gsi_unowned: 16 queries, plus one per 500 entries); each entry is claimed
+   (``claim_hint``, one conditional write per free spell) and hinted. A failed send withdraws
+   its claim so the next pass tries again.
+4. **Dead workers.** A worker item whose lease ended more than two leases ago and that owns
+   no STARTED connection (per step 2, or one gsi_owner query) is deleted with its control
+   queue; control queues nobody registered are deleted once older than the grace. ListQueues
+   (one per 1,000 queues), tags and age looked up once per queue and cached.
 
-Metrics per pass: OrphansFound, HintsSent, OldestOrphanAgeMs, PassMs (plus ExpiringFound,
-HintsFailed, HintsDeferred, ControlQueuesDeleted, WorkersDeleted).
+Requests per pass: ceil(W/1000) + ceil(W/100) + 16 reads, plus about X + O/1000 reads, one
+claim write per lapsed worker and per free orphan (once per expiry or free spell) and O/10
+sends, whatever the number of connections. A steady fleet (nothing lapsed, no lost hint, up
+to 100 workers) makes 18 DynamoDB requests and one ListQueues per pass.
+
+Metrics per pass: WorkersExpired (workers without a live lease that still own connections),
+WorkersExpiring (lapsing before the next pass), OrphansFound, HintsSent, HintsFailed,
+HintsDeferred, OldestOrphanAgeMs, PassMs, ControlQueuesDeleted, WorkersDeleted.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -39,23 +56,28 @@ from wsfleet.clock import Clock, now_ms
 from wsfleet.control import WORKER_ID_TAG
 from wsfleet.exceptions import StoreError
 from wsfleet.hints import Hint, HintSender
-from wsfleet.lease import hint_delay_seconds
 from wsfleet.reconcile import (
     CleanupAction,
     ControlQueue,
-    HintCandidate,
     HintLedger,
+    WorkerHint,
+    WorkerVerdict,
     dead_worker_grace_ms,
+    judge_worker_item,
     next_pass_at_ms,
     plan_cleanup,
-    plan_hints,
+    plan_unowned,
+    plan_worker_cleanup,
+    plan_worker_hints,
     queue_name_of,
     rehint_after_ms,
     should_run_another_pass,
+    unowned_grace_ms as default_unowned_grace_ms,
     worker_id_from_queue_name,
 )
+from wsfleet.record import INDEX_SHARDS, DesiredState, WorkerRecord
 from wsfleet.settings import Settings
-from wsfleet.store import LeaseStore
+from wsfleet.store import IndexEntry, LeaseStore
 
 __all__ = [
     "CleanupReport",
@@ -73,14 +95,18 @@ __all__ = [
 HINT_VISIBILITY_TIMEOUT_SECONDS = 30
 #: Stop starting passes when fewer than this many ms would be left after the next one.
 TIME_MARGIN_MS = 3_000
-#: Parallel claim writes (DynamoDB latency, not CPU, bounds a pass over many orphans).
+#: Parallel claim writes for free connections (DynamoDB latency, not CPU, bounds them).
 CLAIM_THREADS = 8
-#: Hints claimed and sent per pass at most; the rest (newest orphans) wait one pass.
+#: Hints claimed and sent per pass at most. A worker's hints are all sent under one claim, so
+#: the last worker of a pass may go over; the rest (newest orphans) wait one pass.
 MAX_HINTS_PER_PASS = 10_000
 #: Control queues whose tags/age are looked up per pass at most (results are cached).
 MAX_QUEUE_LOOKUPS_PER_PASS = 50
-#: Dead workers cleaned up per pass at most.
+#: Dead workers (and leftover queues) cleaned up per pass at most.
 MAX_DELETIONS_PER_PASS = 10
+#: Desired states that still need an owner. A STOPPED or FAILED connection a dead worker still
+#: names cannot be acquired by anyone, so it is neither hinted nor keeps its owner's item.
+_NEEDS_OWNER = (DesiredState.STARTED, None)
 
 logger = Logger()
 metrics = Metrics()
@@ -92,18 +118,26 @@ tracer = Tracer()
 
 @dataclass(frozen=True)
 class HintReport:
-    """What the hint half of a pass found and did."""
+    """What the hint half of a pass found and did.
 
+    ``orphans_found``: STARTED connections owned by a worker without a live lease, plus free
+    ones past the grace. ``deferred``: workers and free connections left to the next pass by
+    the per-pass bound.
+    """
+
+    workers_seen: int = 0
+    workers_expired: int = 0
+    workers_expiring: int = 0
     orphans_found: int = 0
-    expiring_found: int = 0
     hints_sent: int = 0
     hints_failed: int = 0
     already_pending: int = 0
     claims_refused: int = 0
     claim_errors: int = 0
+    read_errors: int = 0  # index queries that failed (that worker or shard waits a pass)
     deferred: int = 0
     oldest_orphan_age_ms: int = 0
-    scan_ms: int = 0  # GSI query (all pages) and planning
+    scan_ms: int = 0  # worker items, index queries and planning
     claim_ms: int = 0
     send_ms: int = 0
 
@@ -145,12 +179,16 @@ def _is_missing_queue(exc: ClientError) -> bool:
 
 
 class ControlQueueJanitor:
-    """Finds control queues of dead workers and deletes them with their worker items.
+    """Deletes dead workers' items with their control queues, and leftover control queues.
+
+    A worker item goes once its lease ended more than ``grace_ms`` ago and gsi_owner shows no
+    STARTED connection under it (:func:`wsfleet.reconcile.judge_worker_item`); its control
+    queue goes first, so a failure leaves an item that the next pass finds again.
 
     A queue's worker id (its ``wsfleet:worker_id`` tag) and creation time never change, so
-    both are cached per container: a warm pass costs one ListQueues page per 1,000 queues and
-    one BatchGetItem per 100 workers. New queues are looked up at most ``max_lookups`` per
-    pass and at most ``max_deletions`` queues are deleted per pass.
+    both are cached per container: a warm pass costs one ListQueues page per 1,000 queues.
+    New queues are looked up at most ``max_lookups`` per pass, and at most ``max_deletions``
+    workers and as many leftover queues are deleted per pass.
     """
 
     def __init__(
@@ -192,8 +230,114 @@ class ControlQueueJanitor:
         )["Attributes"]
         return int(float(attributes["CreatedTimestamp"]) * 1000)
 
-    def sweep(self) -> CleanupReport:
-        """One bounded cleanup round."""
+    def sweep(
+        self,
+        workers: Mapping[str, WorkerRecord] | None = None,
+        owned: Mapping[str, int] | None = None,
+    ) -> CleanupReport:
+        """One bounded cleanup round.
+
+        :param workers: every worker item, as the pass read them (None: read them here).
+        :param owned: STARTED connections per worker id, as gsi_owner showed them this pass
+            (workers missing from it are asked when it matters).
+        """
+        now = self._clock()
+        if workers is None:
+            try:
+                workers = self._store.get_workers(self._store.list_worker_ids())
+            except StoreError as exc:
+                logger.warning("reading worker items failed", extra={"error": str(exc)})
+                return CleanupReport(errors=1)
+        queues_deleted, workers_deleted, deferred, errors = self._sweep_workers(
+            workers, owned or {}, now
+        )
+        report = self._sweep_queues(workers, now)
+        return CleanupReport(
+            report.queues_seen,
+            report.queues_deleted + queues_deleted,
+            workers_deleted,
+            report.deferred + deferred,
+            report.errors + errors,
+        )
+
+    def _sweep_workers(
+        self, workers: Mapping[str, WorkerRecord], owned: Mapping[str, int], now: int
+    ) -> tuple[int, int, int, int]:
+        """Delete the items (and queues) of workers gone for good. Returns (queues deleted,
+        workers deleted, deferred, errors)."""
+        gone, deferred = plan_worker_cleanup(
+            workers.values(), now_ms=now, grace_ms=self.grace_ms, max_deletions=self.max_deletions
+        )
+        queues = items = errors = 0
+        for worker in gone:
+            count = owned.get(worker.worker_id)
+            try:
+                owns = bool(count) if count is not None else self._owns_any(worker.worker_id)
+            except StoreError as exc:
+                logger.warning(
+                    "reading a dead worker's connections failed",
+                    extra={"worker_id": worker.worker_id, "error": str(exc)},
+                )
+                errors += 1
+                continue
+            verdict = judge_worker_item(
+                worker, now_ms=now, grace_ms=self.grace_ms, owns_connections=owns
+            )
+            if verdict is not WorkerVerdict.DELETE:
+                continue  # its connections are still being taken over
+            queue_done, failed = self._delete_worker_queue(worker)
+            queues += queue_done
+            if failed:
+                errors += 1
+                continue
+            try:
+                deleted = self._store.delete_worker(
+                    worker.worker_id, dead_before_ms=now - self.grace_ms
+                )
+            except StoreError as exc:
+                logger.warning(
+                    "deleting worker item failed",
+                    extra={"worker_id": worker.worker_id, "error": str(exc)},
+                )
+                errors += 1
+                continue
+            items += deleted
+            if deleted:
+                logger.info(
+                    "deleted a dead worker's item",
+                    extra={"worker_id": worker.worker_id, "expired_at_ms": worker.expires_at_ms},
+                )
+        return queues, items, deferred, errors
+
+    def _owns_any(self, worker_id: str) -> bool:
+        """Whether gsi_owner shows a STARTED connection under ``worker_id`` (stops at the
+        first one)."""
+        return any(
+            e.desired_state in _NEEDS_OWNER for e in self._store.owned_by(worker_id, page_size=100)
+        )
+
+    def _delete_worker_queue(self, worker: WorkerRecord) -> tuple[int, bool]:
+        """Delete the worker's own control queue (only one under our prefix). Returns
+        (deleted, failed); a queue that is already gone is not a failure."""
+        url = worker.control_queue_url
+        if not url or not queue_name_of(url).startswith(self.prefix):
+            return 0, False
+        try:
+            self._sqs.delete_queue(QueueUrl=url)
+        except ClientError as exc:
+            if _is_missing_queue(exc):
+                return 0, False
+            logger.warning(
+                "deleting control queue failed", extra={"queue_url": url, "error": str(exc)}
+            )
+            return 0, True
+        except BotoCoreError as exc:
+            logger.warning("deleting control queue failed", extra={"error": str(exc)})
+            return 0, True
+        return 1, False
+
+    def _sweep_queues(self, workers: Mapping[str, WorkerRecord], now: int) -> CleanupReport:
+        """Delete control queues no worker item names, once older than the grace."""
         try:
             urls = self.list_queue_urls()
         except (ClientError, BotoCoreError) as exc:
@@ -220,13 +364,15 @@ class ControlQueueJanitor:
                     continue
             queues.append(ControlQueue(url, self._worker_ids[url], self._created_at_ms.get(url)))
 
-        now = self._clock()
-        worker_ids = {q.worker_id for q in queues if q.worker_id}
-        try:
-            workers = self._store.get_workers(worker_ids) if worker_ids else {}
-        except StoreError as exc:
-            logger.warning("reading worker items failed", extra={"error": str(exc)})
-            return CleanupReport(queues_seen=len(urls), errors=errors + 1)
+        # The pass read every worker listed in gsi_workers; a queue naming another id is most
+        # likely a leftover, but a worker registered a moment ago may not be listed yet.
+        missing = {q.worker_id for q in queues if q.worker_id and q.worker_id not in workers}
+        if missing:
+            try:
+                workers = {**workers, **self._store.get_workers(missing)}
+            except StoreError as exc:
+                logger.warning("reading worker items failed", extra={"error": str(exc)})
+                return CleanupReport(queues_seen=len(urls), errors=errors + 1)
         plan = plan_cleanup(
             queues, workers, now_ms=now, grace_ms=self.grace_ms, max_deletions=self.max_deletions
         )
@@ -255,16 +401,15 @@ class ControlQueueJanitor:
             deferred += second.deferred
         deferred += plan.deferred
 
-        queues_deleted = workers_deleted = 0
+        queues_deleted = 0
         for action in actions:
-            done_queue, done_worker, failed = self._carry_out(action)
-            queues_deleted += done_queue
-            workers_deleted += done_worker
+            done, failed = self._carry_out(action)
+            queues_deleted += done
             errors += failed
-        return CleanupReport(len(urls), queues_deleted, workers_deleted, deferred, errors)
+        return CleanupReport(len(urls), queues_deleted, 0, deferred, errors)
 
-    def _carry_out(self, action: CleanupAction) -> tuple[int, int, int]:
-        """Delete the queue, then the worker item. Returns (queues, workers, errors)."""
+    def _carry_out(self, action: CleanupAction) -> tuple[int, int]:
+        """Delete a leftover queue. Returns (queues deleted, errors)."""
         try:
             self._sqs.delete_queue(QueueUrl=action.queue_url)
         except ClientError as exc:
@@ -273,44 +418,62 @@ class ControlQueueJanitor:
                     "deleting control queue failed",
                     extra={"queue_url": action.queue_url, "error": str(exc)},
                 )
-                return 0, 0, 1
+                return 0, 1
         except BotoCoreError as exc:
             logger.warning("deleting control queue failed", extra={"error": str(exc)})
-            return 0, 0, 1
+            return 0, 1
         self._worker_ids.pop(action.queue_url, None)
         self._created_at_ms.pop(action.queue_url, None)
         logger.info(
-            "deleted control queue of a dead worker",
-            extra={
-                "queue_url": action.queue_url,
-                "worker_id": action.worker_id,
-                "verdict": str(action.verdict),
-            },
+            "deleted a leftover control queue",
+            extra={"queue_url": action.queue_url, "verdict": str(action.verdict)},
         )
-        if action.worker_id is None:
-            return 1, 0, 0
-        try:
-            self._store.deregister_worker(action.worker_id)
-        except StoreError as exc:
-            logger.warning(
-                "deleting worker item failed",
-                extra={"worker_id": action.worker_id, "error": str(exc)},
-            )
-            return 1, 0, 1
-        return 1, 1, 0
+        return 1, 0
 
 
 # ============================================================================ the pass
 
 
+@dataclass
+class _Tally:
+    """Counters of one hint pass, filled in by its two halves."""
+
+    workers_expired: int = 0
+    orphans: int = 0
+    oldest_ms: int = 0
+    sent: int = 0
+    failed: int = 0
+    pending: int = 0
+    refused: int = 0
+    claim_errors: int = 0
+    read_errors: int = 0
+    deferred: int = 0
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("scan", "claim", "send"), 0.0)
+    )
+
+    def timed(self, phase: str, started: float) -> float:
+        now = time.perf_counter()
+        self.seconds[phase] += now - started
+        return now
+
+    def orphans_seen(self, count: int, age_ms: int) -> None:
+        self.orphans += count
+        if count:
+            self.oldest_ms = max(self.oldest_ms, age_ms)
+
+
 class Reconciler:
-    """Runs reconcile passes: orphan hints, then dead-worker cleanup.
+    """Runs reconcile passes: worker hints, free-connection hints, then dead-worker cleanup.
 
     :param store: the connections table.
     :param sender: where hints go.
     :param janitor: dead-worker cleanup, or None to skip it.
     :param pass_interval_ms: time to the next pass; leases ending before then are hinted now.
+    :param page_size: page size of the gsi_unowned queries.
     :param ledger: claims this process already made (kept across passes and invocations).
+    :param unowned_grace_ms: free connections younger than this are left to the hint whoever
+        freed them sent (default :func:`wsfleet.reconcile.unowned_grace_ms`: one pass).
     """
 
     def __init__(
@@ -325,6 +488,7 @@ class Reconciler:
         clock: Clock = now_ms,
         claim_threads: int = CLAIM_THREADS,
         max_hints_per_pass: int = MAX_HINTS_PER_PASS,
+        unowned_grace_ms: int | None = None,
     ) -> None:
         self.store = store
         self.sender = sender
@@ -334,6 +498,10 @@ class Reconciler:
         self.ledger = ledger
         self._clock = clock
         self.max_hints_per_pass = max_hints_per_pass
+        self.unowned_grace_ms = (
+            default_unowned_grace_ms(pass_interval_ms) if unowned_grace_ms is None
+            else unowned_grace_ms
+        )
         self._claim_pool = ThreadPoolExecutor(claim_threads, thread_name_prefix="claim")
 
     @classmethod
@@ -367,27 +535,168 @@ class Reconciler:
     def run_pass(self) -> PassReport:
         started = self._clock()
         clock_start = time.perf_counter()
-        hints = self.hint_pass(started)
-        cleanup = self.janitor.sweep() if self.janitor is not None else CleanupReport()
+        hints, workers, owned = self._hint_pass(started)
+        cleanup = CleanupReport()
+        if self.janitor is not None:
+            cleanup = self.janitor.sweep(workers, owned)
         elapsed_ms = round((time.perf_counter() - clock_start) * 1000)
         return PassReport(started, elapsed_ms, hints, cleanup)
 
     def hint_pass(self, now: int) -> HintReport:
-        """Query, plan, claim, send."""
+        """Read the workers, hint the connections of lapsed ones and lost free ones."""
+        return self._hint_pass(now)[0]
+
+    def _hint_pass(self, now: int) -> tuple[HintReport, dict[str, WorkerRecord], dict[str, int]]:
+        tally = _Tally()
         started = time.perf_counter()
-        records = self.store.query_orphans(now + self.pass_interval_ms, page_size=self.page_size)
-        plan = plan_hints(
-            records,
+        worker_ids = self.store.list_worker_ids()
+        workers = self.store.get_workers(worker_ids) if worker_ids else {}
+        plan = plan_worker_hints(
+            workers.values(),
             now_ms=now,
             horizon_ms=now + self.pass_interval_ms,
             ledger=self.ledger,
-            max_hints=self.max_hints_per_pass,
         )
-        scanned = time.perf_counter()
-        claimed, refused, errors = self._claim_all(plan.candidates, now)
-        claimed_at = time.perf_counter()
-        failed = self.sender.send_many(self._timed_hints(claimed)) if claimed else []
-        sent = time.perf_counter()
+        tally.timed("scan", started)
+        owned: dict[str, int] = {}
+        budget = self.max_hints_per_pass
+        for hint in plan.hints:
+            if budget <= 0 and not hint.pending:
+                tally.deferred += 1
+                continue
+            budget -= self._hint_worker(hint, now, tally, owned)
+        self._hint_unowned(now, max(0, budget), tally)
+        self.ledger.prune(now)
+        report = HintReport(
+            workers_seen=plan.workers_seen,
+            workers_expired=tally.workers_expired,
+            workers_expiring=plan.expiring,
+            orphans_found=tally.orphans,
+            hints_sent=tally.sent,
+            hints_failed=tally.failed,
+            already_pending=tally.pending,
+            claims_refused=tally.refused,
+            claim_errors=tally.claim_errors,
+            read_errors=tally.read_errors,
+            deferred=tally.deferred,
+            oldest_orphan_age_ms=tally.oldest_ms,
+            scan_ms=round(tally.seconds["scan"] * 1000),
+            claim_ms=round(tally.seconds["claim"] * 1000),
+            send_ms=round(tally.seconds["send"] * 1000),
+        )
+        return report, workers, owned
+
+    def _hint_worker(
+        self, hint: WorkerHint, now: int, tally: _Tally, owned: dict[str, int]
+    ) -> int:
+        """Read one lapsing worker's connections, claim its hints and send them; returns how
+        many hints it tried to send.
+
+        The connections are read before the claim: a worker that owns nothing (it retired
+        cleanly, or every connection was taken over already) costs no write. An orphaned
+        worker whose hints are pending is still read, so OrphansFound and the janitor see
+        what it still owns.
+        """
+        worker = hint.worker
+        if hint.pending and not hint.orphaned:
+            tally.pending += 1
+            return 0
+        started = time.perf_counter()
+        try:
+            entries = [
+                e for e in self.store.owned_by(worker.worker_id) if e.desired_state in _NEEDS_OWNER
+            ]
+        except StoreError as exc:
+            logger.warning(
+                "reading a lapsed worker's connections failed",
+                extra={"worker_id": worker.worker_id, "error": str(exc)},
+            )
+            tally.read_errors += 1
+            return 0
+        finally:
+            started = tally.timed("scan", started)
+        owned[worker.worker_id] = len(entries)
+        if not entries:
+            return 0
+        if hint.orphaned:
+            tally.workers_expired += 1
+            tally.orphans_seen(len(entries), hint.orphan_age_ms(now))
+        if hint.pending:
+            tally.pending += 1
+            return 0
+        if not hint.owed:
+            try:
+                claimed = self.store.claim_worker_hints(
+                    worker, rehint_after_ms=self.ledger.rehint_after_ms
+                )
+            except StoreError as exc:
+                logger.warning(
+                    "worker hint claim failed",
+                    extra={"worker_id": worker.worker_id, "error": str(exc)},
+                )
+                tally.claim_errors += 1
+                return 0
+            finally:
+                started = tally.timed("claim", started)
+            if not claimed:
+                # Another pass claimed this expiry, or the worker renewed: nothing to send.
+                tally.refused += 1
+                self.ledger.remember(worker.pk, worker.expires_at_ms, now)
+                return 0
+        delay = hint.delay_seconds(self._clock())  # claiming may have taken a while
+        failed = self.sender.send_many(Hint(e.pk, e.epoch, delay) for e in entries)
+        tally.timed("send", started)
+        # Unsent hints stay owed under our claim: the next pass sends them without one.
+        self.ledger.remember(worker.pk, worker.expires_at_ms, now, sent=not failed)
+        tally.sent += len(entries) - len(failed)
+        tally.failed += len(failed)
+        if failed:
+            logger.warning(
+                "hints not sent; the next pass sends them again",
+                extra={"worker_id": worker.worker_id, "count": len(failed)},
+            )
+        else:
+            logger.info(
+                "hinted a lapsing worker's connections",
+                extra={
+                    "worker_id": worker.worker_id,
+                    "kind": str(hint.kind),
+                    "connections": len(entries),
+                    "delay_seconds": delay,
+                },
+            )
+        return len(entries)
+
+    def _hint_unowned(self, now: int, budget: int, tally: _Tally) -> None:
+        """Hint free connections whose own hint was most likely lost (free past the grace)."""
+        started = time.perf_counter()
+        before = now - self.unowned_grace_ms
+        entries: list[IndexEntry] = []
+        for shard in range(INDEX_SHARDS):
+            try:
+                entries.extend(self.store.unowned(shard, before, page_size=self.page_size))
+            except StoreError as exc:
+                logger.warning(
+                    "reading free connections failed", extra={"shard": shard, "error": str(exc)}
+                )
+                tally.read_errors += 1
+        plan = plan_unowned(
+            entries,
+            now_ms=now,
+            grace_ms=self.unowned_grace_ms,
+            ledger=self.ledger,
+            max_hints=budget,
+        )
+        started = tally.timed("scan", started)
+        tally.orphans_seen(plan.found, plan.oldest_age_ms)
+        tally.pending += plan.already_pending
+        tally.deferred += plan.deferred
+        claimed = self._claim_all(plan.candidates, now, tally)
+        started = tally.timed("claim", started)
+        failed = self.sender.send_many(Hint(e.pk, e.epoch, 0) for e in claimed) if claimed else []
+        tally.timed("send", started)
+        tally.sent += len(claimed) - len(failed)
+        tally.failed += len(failed)
         if failed:
             withdrawn = self._withdraw_claims(claimed, {h.pk for h in failed})
             logger.warning(
@@ -395,80 +704,49 @@ class Reconciler:
                 extra={"count": len(failed), "withdrawn": withdrawn,
                        "pks": [h.pk for h in failed[:10]]},
             )
-        self.ledger.prune(now)
-        return HintReport(
-            orphans_found=plan.orphans_found,
-            expiring_found=plan.expiring_found,
-            hints_sent=len(claimed) - len(failed),
-            hints_failed=len(failed),
-            already_pending=plan.already_pending,
-            claims_refused=refused,
-            claim_errors=errors,
-            deferred=plan.deferred,
-            oldest_orphan_age_ms=plan.oldest_orphan_age_ms,
-            scan_ms=round((scanned - started) * 1000),
-            claim_ms=round((claimed_at - scanned) * 1000),
-            send_ms=round((sent - claimed_at) * 1000),
-        )
 
-    def _withdraw_claims(self, claimed: list[HintCandidate], unsent: set[str]) -> int:
+    def _withdraw_claims(self, claimed: list[IndexEntry], unsent: set[str]) -> int:
         """Withdraw the claims of hints that were not sent (best effort: a claim left behind
         only delays that hint until it goes stale)."""
         withdrawn = 0
-        for candidate in claimed:
-            if candidate.record.pk not in unsent:
+        for entry in claimed:
+            if entry.pk not in unsent:
                 continue
-            self.ledger.forget(candidate.record.pk)
+            self.ledger.forget(entry.pk)
             try:
-                withdrawn += self.store.withdraw_hint_claim(candidate.record)
+                withdrawn += self.store.withdraw_hint_claim(entry)
             except StoreError as exc:
                 logger.warning(
-                    "hint claim not withdrawn", extra={"pk": candidate.record.pk, "error": str(exc)}
+                    "hint claim not withdrawn", extra={"pk": entry.pk, "error": str(exc)}
                 )
         return withdrawn
 
-    def _timed_hints(self, claimed: list[HintCandidate]) -> list[Hint]:
-        """The hints to send, early ones re-timed: claiming many can take a while."""
-        sent_at = self._clock()
-        return [
-            c.hint
-            if c.orphan
-            else replace(c.hint, delay_seconds=hint_delay_seconds(c.record, sent_at))
-            for c in claimed
-        ]
-
     def _claim_all(
-        self, candidates: tuple[HintCandidate, ...], now: int
-    ) -> tuple[list[HintCandidate], int, int]:
-        """Claim in parallel; returns (claimed, refused count, error count)."""
+        self, candidates: tuple[IndexEntry, ...], now: int, tally: _Tally
+    ) -> list[IndexEntry]:
+        """Claim in parallel; returns the entries claimed (refusals and errors are tallied)."""
 
-        def claim(candidate: HintCandidate) -> bool | None:
+        def claim(entry: IndexEntry) -> bool | None:
             try:
-                return self.store.claim_hint(
-                    candidate.record, rehint_after_ms=self.ledger.rehint_after_ms
-                )
+                return self.store.claim_hint(entry, rehint_after_ms=self.ledger.rehint_after_ms)
             except StoreError as exc:
-                logger.warning(
-                    "hint claim failed", extra={"pk": candidate.record.pk, "error": str(exc)}
-                )
+                logger.warning("hint claim failed", extra={"pk": entry.pk, "error": str(exc)})
                 return None
 
-        claimed: list[HintCandidate] = []
-        refused = errors = 0
-        for candidate, outcome in zip(
-            candidates, self._claim_pool.map(claim, candidates), strict=True
-        ):
+        claimed: list[IndexEntry] = []
+        for entry, outcome in zip(candidates, self._claim_pool.map(claim, candidates), strict=True):
             if outcome is None:
-                errors += 1
+                tally.claim_errors += 1
                 continue
-            # Refused means another pass already claimed this lease expiry (or the lease
-            # moved on): either way nothing to send, and nothing to re-try next pass.
-            self.ledger.remember(candidate.record, now)
+            # Refused means another pass already claimed this free spell (or the connection
+            # was taken meanwhile): either way nothing to send, and nothing to re-try.
+            self.ledger.remember(entry.pk, entry.unowned_since_ms or 0, now)
             if outcome:
-                claimed.append(candidate)
+                claimed.append(entry)
             else:
-                refused += 1
-        return claimed, refused, errors
+                tally.refused += 1
+        return claimed
+
 
 
 # ============================================================================ the invocation
@@ -515,8 +793,9 @@ def publish_pass_metrics(report: PassReport) -> None:
     """One EMF document per pass, so each pass is its own data point."""
     hints, cleanup = report.hints, report.cleanup
     count = MetricUnit.Count
+    metrics.add_metric(name="WorkersExpired", unit=count, value=hints.workers_expired)
+    metrics.add_metric(name="WorkersExpiring", unit=count, value=hints.workers_expiring)
     metrics.add_metric(name="OrphansFound", unit=count, value=hints.orphans_found)
-    metrics.add_metric(name="ExpiringFound", unit=count, value=hints.expiring_found)
     metrics.add_metric(name="HintsSent", unit=count, value=hints.hints_sent)
     metrics.add_metric(name="HintsFailed", unit=count, value=hints.hints_failed)
     metrics.add_metric(name="HintsDeferred", unit=count, value=hints.deferred)
@@ -562,6 +841,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="ReconcilePasses", unit=MetricUnit.Count, value=len(reports))
     return {
         "passes": len(reports),
+        "workers_expired": reports[-1].hints.workers_expired,
         "orphans_found": reports[-1].hints.orphans_found,
         "hints_sent": sum(r.hints.hints_sent for r in reports),
         "hints_failed": sum(r.hints.hints_failed for r in reports),

@@ -1,10 +1,10 @@
-"""The reconciler handler against the embedded moto server: hints, no duplicates, dead workers.
+"""The reconciler (lease model v2) against the embedded moto server: worker hints, early hints,
+free connections past the grace, no duplicates, dead workers, requests per pass.
 
-Leases are short (10 s, heartbeat 2 s, a pass every 2 s) and the lease states are written with
-a LeaseStore whose clock is set in the past, so nothing waits for a lease to run out except the
-one test that checks a delayed hint really lands after its lease expired. That test also pins
-the reconciler's clock, so a slow machine cannot turn its "expiring" lease into an orphan
-before the pass looks at it.
+Workers are registered with ``register_worker`` and their connections acquired through the
+store; the store and the reconciler share a fake clock, so a lease "runs out" when the test
+moves the clock, and nothing waits. What a pass sends is read back from the hint queue, and
+what it asks DynamoDB and SQS is counted with botocore event hooks on its own clients.
 """
 
 from __future__ import annotations
@@ -12,23 +12,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
-from wsfleet.aws import dynamodb_client
+from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, control_queue_name
-from wsfleet.exceptions import ConfigurationError, LeaseConflict
+from wsfleet.exceptions import ConfigurationError, StoreError
 from wsfleet.hints import Hint, HintSender
-from wsfleet.lease import EARLY_HINT_MAX_WAIT_MS, acquire_wait_ms
+from wsfleet.lease import Lease
+from wsfleet.reconcile import HintLedger, dead_worker_grace_ms, rehint_after_ms
 from wsfleet.record import WorkerRecord
-from wsfleet.settings import Settings
-from wsfleet.store import DynamoDBLeaseStore, LeaseStore
+from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.functions import lambda_context, load_function
 
 pytestmark = pytest.mark.integration
@@ -37,88 +38,496 @@ EVENTS = Path(__file__).resolve().parents[2] / "events"
 LEASE_MS = 10_000
 HEARTBEAT_SECONDS = 2
 PASS_MS = 2_000
+GRACE_MS = dead_worker_grace_ms(LEASE_MS)
+REHINT_MS = rehint_after_ms(30)
 
 reconciler_app = load_function("reconciler")
 
 
-@dataclass(frozen=True)
-class Env:
-    """The test's resources plus its control queue prefix."""
+@dataclass
+class FakeClock:
+    """Wall clock in epoch ms that moves only when the test says so (starts at the real now,
+    so SQS queue ages, which the janitor reads, stay comparable)."""
+
+    now: int = field(default_factory=now_ms)
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+class Calls:
+    """Counts the API calls made through the clients it is attached to (botocore hooks):
+    DynamoDB queries by index (``Query:gsi_owner``), everything else by operation; and keeps
+    every SendMessageBatch entry."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.entries: list[dict[str, Any]] = []
+
+    def attach(self, client: Any) -> Any:
+        client.meta.events.register("before-parameter-build", self._seen)
+        return client
+
+    def _seen(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        name = model.name
+        if name == "Query":
+            name = f"Query:{params.get('IndexName', '-')}"
+        if name == "SendMessageBatch":
+            self.entries.extend(params["Entries"])
+        self.counts[name] += 1
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.entries.clear()
+
+    def dynamodb(self) -> dict[str, int]:
+        sqs = {"ListQueues", "ListQueueTags", "GetQueueAttributes", "DeleteQueue",
+               "SendMessageBatch"}
+        return {k: v for k, v in self.counts.items() if k not in sqs}
+
+
+@dataclass
+class Rig:
+    """A reconciler, the store it uses (same clock), and what they called."""
 
     aws: Any
-    control_prefix: str
+    prefix: str
+    clock: FakeClock
+    calls: Calls
+    store: DynamoDBLeaseStore
+    sqs: Any
+    reconciler: Any
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.aws, name)
+    def new_reconciler(self, *, sender: HintSender | None = None) -> Any:
+        """A reconciler as a fresh container builds it (empty ledger and caches)."""
+        janitor = reconciler_app.ControlQueueJanitor(
+            self.sqs, self.store, prefix=self.prefix, grace_ms=GRACE_MS, clock=self.clock
+        )
+        return reconciler_app.Reconciler(
+            self.store,
+            sender or HintSender(self.sqs, self.aws.hint_queue_url),
+            janitor,
+            pass_interval_ms=PASS_MS,
+            page_size=500,
+            ledger=HintLedger(REHINT_MS),
+            clock=self.clock,
+        )
+
+    def run_pass(self, reconciler: Any = None) -> Any:
+        self.calls.reset()
+        return (reconciler or self.reconciler).run_pass()
+
+    def register(self, worker_id: str, *, expires_in_ms: int, queue: bool = False) -> WorkerRecord:
+        """A worker item whose lease ends ``expires_in_ms`` from now (optionally with a control
+        queue, created and tagged the way the worker does it)."""
+        url = ""
+        if queue:
+            url = self.sqs.create_queue(
+                QueueName=control_queue_name(self.prefix, worker_id),
+                tags={WORKER_ID_TAG: worker_id},
+            )["QueueUrl"]
+        now = self.clock()
+        worker = WorkerRecord(
+            worker_id=worker_id,
+            control_queue_url=url,
+            started_at_ms=now,
+            heartbeat_at_ms=now,
+            expires_at_ms=now + expires_in_ms,
+            capacity=1_000,
+        )
+        self.store.register_worker(worker)
+        return worker
+
+    def acquired(self, owner: str, *ids: str) -> dict[str, int]:
+        """START each connection and acquire it for ``owner``; returns pk -> epoch."""
+        epochs = {}
+        for cid in ids:
+            self.store.start(cid, f"wss://up.example/{cid}")
+            record = self.store.acquire(f"CONN#{cid}", owner)
+            epochs[record.pk] = record.lease_epoch
+        return epochs
+
+    def hints(self) -> list[Hint]:
+        """Receive (and delete) every hint visible now (delayed ones are not)."""
+        hints: list[Hint] = []
+        while True:
+            messages = self.sqs.receive_message(
+                QueueUrl=self.aws.hint_queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+            ).get("Messages", [])
+            if not messages:
+                return hints
+            for message in messages:
+                hints.append(Hint.parse(message["Body"]))
+                self.sqs.delete_message(
+                    QueueUrl=self.aws.hint_queue_url, ReceiptHandle=message["ReceiptHandle"]
+                )
+
+    def sent(self) -> dict[str, int]:
+        """pk -> DelaySeconds of every hint the last pass sent."""
+        return {json.loads(e["MessageBody"])["pk"]: e["DelaySeconds"] for e in self.calls.entries}
 
 
 @pytest.fixture
-def env(aws, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    """Short lease settings and a per-test control queue prefix; a cold reconciler each test."""
+def rig(aws: Any) -> Iterator[Rig]:
     prefix = f"r{uuid.uuid4().hex[:8]}-ctl-"
-    monkeypatch.setenv("LEASE_SECONDS", str(LEASE_MS / 1000))
-    monkeypatch.setenv("HEARTBEAT_EVERY", str(HEARTBEAT_SECONDS))
-    monkeypatch.setenv("RECONCILE_PASS_SECONDS", str(PASS_MS / 1000))
-    monkeypatch.setenv("CONTROL_QUEUE_PREFIX", prefix)
-    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "wsfleet-reconciler")
-    reconciler_app.reset_dependencies()
-    yield Env(aws, prefix)
-    reconciler_app.reset_dependencies()
-    sqs = boto3.client("sqs")
+    clock = FakeClock()
+    calls = Calls()
+    sqs = calls.attach(sqs_client())
+    store = DynamoDBLeaseStore(
+        calls.attach(dynamodb_client()), aws.connections_table, lease_ms=LEASE_MS, clock=clock
+    )
+    rig = Rig(aws, prefix, clock, calls, store, sqs, None)
+    rig.reconciler = rig.new_reconciler()
+    yield rig
+    rig.reconciler.close()
     for url in sqs.list_queues(QueueNamePrefix=prefix).get("QueueUrls", []):
         sqs.delete_queue(QueueUrl=url)
 
 
-def store_at(aws: Any, at_ms: int | None = None) -> LeaseStore:
-    """A LeaseStore whose clock reads ``at_ms`` (None: the real clock)."""
-    clock = (lambda: at_ms) if at_ms is not None else now_ms
-    return DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+# ---------------------------------------------------------------- lapsed workers
+def test_an_expired_workers_connections_are_hinted_once_until_the_rehint_interval(
+    rig: Rig,
+) -> None:
+    # GIVEN a worker that crashed (its lease lapsed) owning three connections, and a live one
+    rig.register("crashed", expires_in_ms=LEASE_MS)
+    rig.register("healthy", expires_in_ms=10 * LEASE_MS)
+    crashed = rig.acquired("crashed", "a", "b", "c")
+    rig.acquired("healthy", "h1", "h2")
+    rig.clock.advance(LEASE_MS + 1_000)
+
+    # WHEN a pass runs
+    report = rig.run_pass()
+
+    # THEN the crashed worker's connections are hinted at once with the epochs it held,
+    # the live worker's are not, and the connections were read for that one worker only
+    assert {(h.pk, h.epoch) for h in rig.hints()} == set(crashed.items())
+    assert set(rig.sent().values()) == {0}
+    hints = report.hints
+    assert (hints.workers_expired, hints.orphans_found, hints.hints_sent) == (1, 3, 3)
+    assert hints.oldest_orphan_age_ms == 1_000
+    assert rig.calls.counts["Query:gsi_owner"] == 1
+    assert rig.calls.counts["UpdateItem"] == 1  # the one claim for this worker expiry
+
+    # WHEN the next pass runs, and a cold reconciler's pass after it
+    rig.clock.advance(PASS_MS)
+    warm = rig.run_pass().hints
+    cold_reconciler = rig.new_reconciler()
+    cold = rig.run_pass(cold_reconciler).hints
+    cold_reconciler.close()
+
+    # THEN both still see the orphans but neither hints them again: the warm one skips the
+    # claim (its ledger), the cold one's claim is refused by DynamoDB
+    assert (warm.orphans_found, warm.hints_sent, warm.already_pending) == (3, 0, 1)
+    assert (cold.orphans_found, cold.hints_sent, cold.claims_refused) == (3, 0, 1)
+    assert rig.hints() == []
+
+    # WHEN the re-hint interval has passed and nobody took them
+    rig.clock.advance(REHINT_MS)
+    again = rig.run_pass().hints
+
+    # THEN they are hinted once more
+    assert again.hints_sent == 3
+    assert sorted(h.pk for h in rig.hints()) == sorted(crashed)
 
 
-def scheduler_event() -> dict[str, Any]:
-    return json.loads((EVENTS / "scheduler_reconcile.json").read_text())
+def test_an_early_hint_carries_the_delay_to_the_leases_last_second(rig: Rig) -> None:
+    # GIVEN a worker that stopped renewing: 4.5 s of its lease are left, less than a pass
+    dying = rig.register("dying", expires_in_ms=LEASE_MS)
+    epochs = rig.acquired("dying", "x", "y")
+    rig.clock.now = dying.expires_at_ms - 4_500
+
+    # WHEN a pass runs, THEN nothing: the lease ends beyond its horizon (the next pass, 2 s)
+    report = rig.run_pass().hints
+    assert (report.workers_expiring, report.hints_sent) == (0, 0)
+
+    # WHEN a pass runs 1.5 s before the expiry
+    rig.clock.now = dying.expires_at_ms - 1_500
+    report = rig.run_pass().hints
+
+    # THEN its connections are hinted with a 1 s delay: landing in the last second, after
+    # which the receiving worker waits out the rest (EARLY_HINT_MAX_WAIT_MS)
+    assert (report.workers_expiring, report.hints_sent, report.orphans_found) == (1, 2, 0)
+    assert rig.sent() == dict.fromkeys(epochs, 1)
+
+    # AND the pass after the expiry does not hint the same expiry again
+    rig.clock.now = dying.expires_at_ms + 500
+    after = rig.run_pass().hints
+    assert (after.workers_expired, after.orphans_found, after.hints_sent) == (1, 2, 0)
+    assert rig.calls.entries == []
+
+
+def test_a_live_workers_connections_are_never_hinted(rig: Rig) -> None:
+    # GIVEN a worker renewing every heartbeat
+    worker = rig.register("alive", expires_in_ms=LEASE_MS)
+    rig.acquired("alive", "l1", "l2", "l3")
+    # WHEN passes run for several leases
+    for _ in range(3 * LEASE_MS // PASS_MS):
+        rig.clock.advance(PASS_MS)
+        rig.store.renew_worker(
+            worker.worker_id, expires_at_ms=rig.clock() + LEASE_MS, connection_count=3
+        )
+        report = rig.run_pass().hints
+        # THEN none of its connections is hinted or even read
+        assert (report.workers_expiring, report.hints_sent) == (0, 0)
+        assert rig.calls.counts["Query:gsi_owner"] == 0
+    assert rig.hints() == []
+
+
+def test_a_dead_worker_still_owning_connections_is_hinted_now(rig: Rig) -> None:
+    # GIVEN a worker a peer killed (it took one connection), with one connection left
+    rig.register("killed", expires_in_ms=LEASE_MS)
+    epochs = rig.acquired("killed", "k1", "k2")
+    rig.register("peer", expires_in_ms=100 * LEASE_MS)
+    rig.clock.advance(LEASE_MS + 1)
+    rig.store.acquire("CONN#k1", "peer")  # expired owner: killed, then taken
+    killed = rig.store.get_worker("killed", consistent=True)
+    assert killed is not None and killed.dead
+
+    # WHEN a pass runs, THEN only the connection it still owns is hinted, with no delay
+    report = rig.run_pass().hints
+    assert (report.orphans_found, report.hints_sent) == (1, 1)
+    assert rig.sent() == {"CONN#k2": 0}
+    assert [(h.pk, h.epoch) for h in rig.hints()] == [("CONN#k2", epochs["CONN#k2"])]
+
+
+# ---------------------------------------------------------------- free connections
+def test_a_free_started_connection_past_the_grace_is_hinted_once_and_stopped_ones_never(
+    rig: Rig,
+) -> None:
+    # GIVEN connections that became free at t0 (started, or released by their worker) and
+    # whose hint was lost, one stopped at t0, and one started later
+    rig.register("w", expires_in_ms=100 * LEASE_MS)
+    rig.store.start("lost", "wss://up.example/lost")
+    rig.store.start("stopped", "wss://up.example/stopped")
+    rig.store.stop("CONN#stopped")
+    rig.acquired("w", "released")
+    record = rig.store.get("CONN#released")
+    assert record is not None
+    rig.store.release(Lease.of(record))
+    grace = rig.reconciler.unowned_grace_ms
+    rig.clock.advance(grace)
+    rig.store.start("fresh", "wss://up.example/fresh")
+
+    # WHEN a pass runs exactly at the grace: nothing yet (the releaser's hint may be queued)
+    assert rig.run_pass().hints.hints_sent == 0
+
+    # WHEN one runs a millisecond after it
+    rig.clock.advance(1)
+    report = rig.run_pass().hints
+
+    # THEN the two lost ones are hinted (no delay), not the fresh one, never the stopped one
+    assert sorted(h.pk for h in rig.hints()) == ["CONN#lost", "CONN#released"]
+    assert (report.orphans_found, report.hints_sent) == (2, 2)
+    assert report.oldest_orphan_age_ms == grace + 1
+    assert rig.calls.counts["Query:gsi_unowned"] == 16
+
+    # AND later passes, warm or cold, do not hint them again within the re-hint interval
+    rig.clock.advance(PASS_MS)
+    assert rig.run_pass().hints.hints_sent == 1  # "fresh" is past the grace by now
+    assert [h.pk for h in rig.hints()] == ["CONN#fresh"]
+    cold = rig.new_reconciler()
+    rig.clock.advance(PASS_MS)
+    again = rig.run_pass(cold).hints
+    cold.close()
+    assert (again.orphans_found, again.hints_sent, again.claims_refused) == (3, 0, 3)
+    assert rig.hints() == []
+
+
+# ---------------------------------------------------------------- failed sends
+def test_hints_that_could_not_be_sent_go_out_on_the_next_pass(rig: Rig) -> None:
+    # GIVEN a crashed worker's connection and a free one whose hint was lost
+    rig.register("crashed", expires_in_ms=LEASE_MS)
+    rig.acquired("crashed", "owned")
+    rig.store.start("free", "wss://up.example/free")
+    rig.clock.advance(LEASE_MS + rig.reconciler.unowned_grace_ms + 1)
+    # ... and a pass whose hints cannot be sent (the queue is not reachable)
+    broken = HintSender(rig.sqs, rig.aws.hint_queue_url + "-gone", attempts=1)
+    rig.reconciler.sender = broken
+    first = rig.run_pass().hints
+    assert (first.hints_sent, first.hints_failed) == (0, 2)
+
+    # WHEN the queue is back, well within the re-hint interval
+    rig.reconciler.sender = HintSender(rig.sqs, rig.aws.hint_queue_url)
+    rig.clock.advance(PASS_MS)
+    second = rig.run_pass().hints
+
+    # THEN both go out: the worker's claim was ours (sent without a new claim), the free
+    # connection's claim was withdrawn
+    assert (second.hints_sent, second.hints_failed) == (2, 0)
+    assert sorted(h.pk for h in rig.hints()) == ["CONN#free", "CONN#owned"]
+
+
+def test_a_failed_index_read_costs_that_worker_a_pass_not_the_others(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two crashed workers, and gsi_owner failing for one of them
+    for wid in ("bad", "good"):
+        rig.register(wid, expires_in_ms=LEASE_MS)
+        rig.acquired(wid, f"{wid}-1")
+    rig.clock.advance(LEASE_MS + 1)
+    owned_by = rig.store.owned_by
+
+    def failing(owner: str, **kwargs: Any) -> Any:
+        if owner == "bad":
+            raise StoreError("query on gsi_owner failed: throttled")
+        return owned_by(owner, **kwargs)
+
+    monkeypatch.setattr(rig.store, "owned_by", failing)
+    # WHEN a pass runs, THEN the other worker's connection is hinted all the same
+    report = rig.run_pass().hints
+    assert (report.read_errors, report.hints_sent) == (1, 1)
+    assert [h.pk for h in rig.hints()] == ["CONN#good-1"]
+    # AND once the index answers again, the next pass hints the rest
+    monkeypatch.setattr(rig.store, "owned_by", owned_by)
+    rig.clock.advance(PASS_MS)
+    assert rig.run_pass().hints.hints_sent == 1
+    assert [h.pk for h in rig.hints()] == ["CONN#bad-1"]
+
+
+# ---------------------------------------------------------------- requests per pass
+def test_a_steady_pass_reads_workers_not_connections(rig: Rig) -> None:
+    # GIVEN one live worker owning 200 connections, nothing expired, nothing free
+    rig.register("big", expires_in_ms=100 * LEASE_MS)
+    rig.acquired("big", *(f"c{i:03d}" for i in range(200)))
+    rig.run_pass()  # the first pass looks up the control queues' tags (cached after)
+
+    # WHEN a pass runs
+    rig.clock.advance(PASS_MS)
+    report = rig.run_pass()
+
+    # THEN it made a fixed number of requests: the worker list, one BatchGetItem and the 16
+    # gsi_unowned shards; no connection was read (no gsi_owner, no gsi_state, no GetItem) and
+    # nothing was written or sent
+    assert rig.calls.dynamodb() == {"Query:gsi_workers": 1, "BatchGetItem": 1,
+                                    "Query:gsi_unowned": 16}
+    assert rig.calls.counts["ListQueues"] == 1
+    assert sum(rig.calls.counts.values()) == 19
+    assert report.hints.hints_sent == 0 and report.hints.workers_seen == 1
+
+
+# ---------------------------------------------------------------- dead workers
+def test_a_dead_workers_item_and_queue_go_only_after_its_connections_were_taken(
+    rig: Rig,
+) -> None:
+    # GIVEN a worker that crashed with two STARTED connections and one that was STOPPED
+    # meanwhile (nobody can take that one; it must not keep the item alive forever)
+    rig.register("dead", expires_in_ms=LEASE_MS, queue=True)
+    rig.acquired("dead", "d1", "d2", "d3")
+    rig.store.stop("CONN#d3")
+    rig.register("peer", expires_in_ms=1_000 * LEASE_MS, queue=True)
+    rig.clock.advance(LEASE_MS + GRACE_MS + 1)  # past the janitor's grace
+
+    # WHEN a pass runs while it still owns connections
+    report = rig.run_pass()
+
+    # THEN its connections are hinted and its item and queue stay
+    assert report.hints.hints_sent == 2
+    assert report.cleanup.workers_deleted == 0
+    assert rig.store.get_worker("dead") is not None
+    queues = {u.rsplit("/", 1)[-1] for u in rig.sqs.list_queues(
+        QueueNamePrefix=rig.prefix).get("QueueUrls", [])}
+    assert control_queue_name(rig.prefix, "dead") in queues
+
+    # WHEN a peer took one of them, THEN still nothing goes
+    rig.store.acquire("CONN#d1", "peer")
+    rig.clock.advance(PASS_MS)
+    assert rig.run_pass().cleanup.workers_deleted == 0
+    assert rig.store.get_worker("dead") is not None
+
+    # WHEN the peer took the other one too
+    rig.store.acquire("CONN#d2", "peer")
+    rig.clock.advance(PASS_MS)
+    cleanup = rig.run_pass().cleanup
+
+    # THEN its item and its control queue are deleted; the peer's stay
+    assert (cleanup.workers_deleted, cleanup.queues_deleted) == (1, 1)
+    assert rig.store.get_worker("dead") is None
+    assert rig.store.get_worker("peer") is not None
+    queues = {u.rsplit("/", 1)[-1] for u in rig.sqs.list_queues(
+        QueueNamePrefix=rig.prefix).get("QueueUrls", [])}
+    assert queues == {control_queue_name(rig.prefix, "peer")}
+
+
+def test_a_retired_worker_costs_no_claim_and_goes_after_the_grace(rig: Rig) -> None:
+    # GIVEN a worker that released everything and retired
+    rig.register("retired", expires_in_ms=LEASE_MS, queue=True)
+    rig.store.retire_worker("retired")
+
+    # WHEN passes run within the grace, THEN it is read (it is dead) but nothing is written
+    rig.clock.advance(PASS_MS)
+    report = rig.run_pass()
+    assert (report.hints.workers_expired, report.hints.hints_sent) == (0, 0)
+    assert rig.calls.counts["UpdateItem"] == 0
+    assert report.cleanup.workers_deleted == 0
+
+    # WHEN a pass runs past the grace, THEN its item and queue go
+    rig.clock.advance(GRACE_MS)
+    cleanup = rig.run_pass().cleanup
+    assert (cleanup.workers_deleted, cleanup.queues_deleted) == (1, 1)
+    assert rig.store.get_worker("retired") is None
+
+
+def test_leftover_queues_without_a_worker_item_go_once_past_the_grace(rig: Rig) -> None:
+    # GIVEN a queue nobody registered (tagged) and an untagged one, both created just now
+    sqs = boto3.client("sqs")
+    sqs.create_queue(QueueName=control_queue_name(rig.prefix, "never-registered"),
+                     tags={WORKER_ID_TAG: "never-registered"})
+    sqs.create_queue(QueueName=control_queue_name(rig.prefix, "untagged"))
+    live = rig.register("live", expires_in_ms=3_600_000, queue=True)
+
+    def janitor(clock_ms: int) -> Any:
+        return reconciler_app.ControlQueueJanitor(
+            sqs, rig.store, prefix=rig.prefix, grace_ms=GRACE_MS, clock=lambda: clock_ms
+        )
+
+    # WHEN a janitor looks now, nothing is old enough to be a leftover
+    assert janitor(now_ms()).sweep().queues_deleted == 0
+
+    # WHEN one looks after the grace period (a clock set ahead stands in for waiting)
+    report = janitor(now_ms() + GRACE_MS + 1_000).sweep()
+
+    # THEN both leftovers are deleted; the live worker (whose item is valid for an hour) is not
+    assert (report.queues_seen, report.queues_deleted, report.workers_deleted) == (3, 2, 0)
+    remaining = sqs.list_queues(QueueNamePrefix=rig.prefix).get("QueueUrls", [])
+    assert [u.rsplit("/", 1)[-1] for u in remaining] == [live.control_queue_url.rsplit("/", 1)[-1]]
+
+
+def test_cleanup_work_per_pass_is_capped(rig: Rig) -> None:
+    # GIVEN five dead workers that own nothing and a janitor allowed two deletions per pass
+    for i in range(5):
+        rig.register(f"dead-{i}", expires_in_ms=LEASE_MS, queue=True)
+    rig.clock.advance(LEASE_MS + GRACE_MS + 1)
+    janitor = reconciler_app.ControlQueueJanitor(
+        rig.sqs, rig.store, prefix=rig.prefix, grace_ms=GRACE_MS, clock=rig.clock,
+        max_lookups=4, max_deletions=2,
+    )
+    # WHEN passes run, THEN each removes at most two and together they remove all five
+    deleted = [janitor.sweep().workers_deleted for _ in range(4)]
+    assert deleted == [2, 2, 1, 0]
+    assert rig.sqs.list_queues(QueueNamePrefix=rig.prefix).get("QueueUrls", []) == []
+
+
+# ---------------------------------------------------------------- the Lambda handler
+@pytest.fixture
+def env(aws: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Short lease settings for the handler (real clock); a cold reconciler each test."""
+    monkeypatch.setenv("LEASE_SECONDS", str(LEASE_MS / 1000))
+    monkeypatch.setenv("HEARTBEAT_EVERY", str(HEARTBEAT_SECONDS))
+    monkeypatch.setenv("RECONCILE_PASS_SECONDS", str(PASS_MS / 1000))
+    monkeypatch.setenv("CONTROL_QUEUE_PREFIX", f"r{uuid.uuid4().hex[:8]}-ctl-")
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "wsfleet-reconciler")
+    reconciler_app.reset_dependencies()
+    yield aws
+    reconciler_app.reset_dependencies()
 
 
 def invoke_one_pass() -> dict[str, Any]:
     """One invocation that has time for exactly one pass (the first always runs)."""
-    return reconciler_app.lambda_handler(
-        scheduler_event(), lambda_context("reconciler", timeout_ms=1_000)
-    )
-
-
-def queue_depth(queue_url: str) -> int:
-    """Every message the queue holds: visible, in flight and delayed."""
-    attributes = boto3.client("sqs").get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=[
-            "ApproximateNumberOfMessages",
-            "ApproximateNumberOfMessagesNotVisible",
-            "ApproximateNumberOfMessagesDelayed",
-        ],
-    )["Attributes"]
-    return sum(int(value) for value in attributes.values())
-
-
-def receive_hints(queue_url: str, *, expect: int = 0, wait_seconds: float = 0) -> list[Hint]:
-    """Receive (and delete) hints: everything visible now, or long-poll until ``expect`` came.
-
-    Gives up ``wait_seconds`` after the call (a hint that never comes fails the caller's
-    assertion, it does not hang the test).
-    """
-    sqs = boto3.client("sqs")
-    deadline = time.monotonic() + wait_seconds
-    hints: list[Hint] = []
-    while True:
-        remaining = deadline - time.monotonic()
-        wait = 0 if len(hints) >= expect else max(0, min(20, round(remaining)))
-        messages = sqs.receive_message(
-            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait
-        ).get("Messages", [])
-        for message in messages:
-            hints.append(Hint.parse(message["Body"]))
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
-        if not messages and (len(hints) >= expect or time.monotonic() >= deadline):
-            return hints
+    event = json.loads((EVENTS / "scheduler_reconcile.json").read_text())
+    return reconciler_app.lambda_handler(event, lambda_context("reconciler", timeout_ms=1_000))
 
 
 def emf_documents(stdout: str) -> list[dict[str, Any]]:
@@ -134,143 +543,44 @@ def emf_documents(stdout: str) -> list[dict[str, Any]]:
     return documents
 
 
-@pytest.fixture
-def pinned_now(env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """The handler's reconciler reads a clock stopped at the returned moment; passes of 6 s."""
-    monkeypatch.setenv("RECONCILE_PASS_SECONDS", "6")
-    pinned = now_ms()
-    instance = reconciler_app.Reconciler.from_settings(Settings.from_env(), clock=lambda: pinned)
-    cached = reconciler_app.reconciler
-    reconciler_app.reconciler = lambda: instance
-    yield pinned
-    reconciler_app.reconciler = cached
-    instance.close()
-
-
-# ---------------------------------------------------------------- hints
-def test_a_pass_hints_orphans_now_and_expiring_leases_to_land_in_their_last_second(
-    env, pinned_now: int, capsys: pytest.CaptureFixture[str]
+def test_the_handler_runs_a_pass_and_publishes_its_metrics(
+    env: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # GIVEN connections in every lease state (the pass will run "at" pinned_now, horizon +6 s)
-    now = pinned_now
-    store_at(env).start("free", "wss://up.example/free")  # never acquired: expiry 0
-    for cid in ("crashed", "expiring", "live"):
-        store_at(env).start(cid, f"wss://up.example/{cid}")
-    store_at(env, now - 16_000).acquire("CONN#crashed", "dead-worker")  # expired 6 s ago
-    expiring = store_at(env, now - 5_500).acquire("CONN#expiring", "dying-worker")  # 4.5 s left
-    store_at(env).acquire("CONN#live", "healthy-worker")  # 10 s left: beyond the horizon
-    store_at(env).start("stopped", "wss://up.example/stopped")
-    store_at(env).stop("CONN#stopped")
+    # GIVEN (on the real clock) a worker whose lease ended a minute ago owning two
+    # connections, and a connection free for a minute (its hint was lost)
+    minute_ago = now_ms() - 60_000
+    past = DynamoDBLeaseStore(
+        dynamodb_client(), env.connections_table, lease_ms=LEASE_MS, clock=lambda: minute_ago
+    )
+    past.register_worker(WorkerRecord(
+        worker_id="gone", control_queue_url="", started_at_ms=minute_ago - LEASE_MS,
+        heartbeat_at_ms=minute_ago - LEASE_MS, expires_at_ms=minute_ago,
+    ))
+    for cid in ("g1", "g2", "lost"):
+        past.start(cid, f"wss://up.example/{cid}")
+    past.acquire("CONN#g1", "gone")
+    past.acquire("CONN#g2", "gone")
 
     # WHEN the scheduler invokes the reconciler (sample event) for one pass
     result = invoke_one_pass()
 
-    # THEN both orphans and the expiring lease were hinted, nothing else
-    assert result["passes"] == 1
-    assert result["orphans_found"] == 2
-    assert result["hints_sent"] == 3
-    # ... the orphans' hints are visible at once, the early one is still delayed
-    immediate = receive_hints(env.hint_queue_url)
-    assert sorted(h.pk for h in immediate) == ["CONN#crashed", "CONN#free"]
-    assert queue_depth(env.hint_queue_url) == 1
-    # ... and becomes visible in the lease's last second (4.5 s left: a 4 s delay)
-    (delayed,) = receive_hints(env.hint_queue_url, expect=1, wait_seconds=15)
-    assert delayed.pk == "CONN#expiring"
-    assert delayed.epoch == expiring.lease_epoch
-    # ... so a peer acting on it as the worker does (wait out the rest of the lease, if any,
-    # then acquire) wins the lease without waiting for another pass
-    peer = store_at(env)
-    try:
-        taken = peer.acquire(delayed.pk, "peer-worker")
-    except LeaseConflict as early:
-        wait_ms = acquire_wait_ms(early.current, "peer-worker", now_ms(), EARLY_HINT_MAX_WAIT_MS)
-        assert wait_ms is not None, early.current  # not a live lease: one about to lapse
-        time.sleep(wait_ms / 1000)
-        taken = peer.acquire(delayed.pk, "peer-worker")
-    assert (taken.lease_owner, taken.lease_epoch) == ("peer-worker", expiring.lease_epoch + 1)
-
+    # THEN all three were hinted
+    assert (result["passes"], result["workers_expired"]) == (1, 1)
+    assert (result["orphans_found"], result["hints_sent"]) == (3, 3)
     # AND the pass published its metrics
     (pass_metrics, *_rest) = emf_documents(capsys.readouterr().out)
-    assert pass_metrics["OrphansFound"] == 2
-    assert pass_metrics["ExpiringFound"] == 1
+    assert pass_metrics["WorkersExpired"] == 1
+    assert pass_metrics["WorkersExpiring"] == 0
+    assert pass_metrics["OrphansFound"] == 3
     assert pass_metrics["HintsSent"] == 3
-    assert pass_metrics["OldestOrphanAgeMs"] == 6_000
+    assert pass_metrics["OldestOrphanAgeMs"] >= 60_000
     assert pass_metrics["PassMs"] >= 0
     assert pass_metrics["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "wsfleet"
 
 
-def test_hints_are_not_duplicated_across_passes_warm_or_cold(env) -> None:
-    # GIVEN five orphans and one lease about to expire
-    now = now_ms()
-    orphans = [f"CONN#o{i}" for i in range(5)]
-    for pk in orphans:
-        store_at(env).start(pk.removeprefix("CONN#"), "wss://up.example/o")
-        store_at(env, now - 2 * LEASE_MS).acquire(pk, "dead-worker")
-    store_at(env).start("soon", "wss://up.example/soon")
-    store_at(env, now - LEASE_MS + 500).acquire("CONN#soon", "dying-worker")
-
-    # WHEN several passes run: one invocation with several passes, another warm one, then a
-    # cold container (empty ledger, so only DynamoDB's claim stands between it and a duplicate)
-    multi = reconciler_app.lambda_handler(
-        scheduler_event(), lambda_context("reconciler", timeout_ms=7_000)
-    )
-    warm = invoke_one_pass()
-    reconciler_app.reset_dependencies()
-    cold = invoke_one_pass()
-
-    # THEN every pass saw the orphans, but each was hinted exactly once
-    assert multi["passes"] >= 2
-    assert multi["hints_sent"] == 6
-    assert warm["hints_sent"] == 0 and warm["orphans_found"] >= 5
-    assert cold["hints_sent"] == 0 and cold["orphans_found"] >= 5
-    # ... the queue holds one pending hint per orphan (visible, in flight or delayed)
-    assert queue_depth(env.hint_queue_url) == 6
-    hints = receive_hints(env.hint_queue_url, expect=6, wait_seconds=10)
-    assert sorted(h.pk for h in hints) == sorted([*orphans, "CONN#soon"])
-
-
-def test_a_stale_claim_is_hinted_again(env, monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN an orphan that was hinted, and that hint was consumed without an acquire
-    now = now_ms()
-    store_at(env).start("lost", "wss://up.example/lost")
-    store_at(env, now - 2 * LEASE_MS).acquire("CONN#lost", "dead-worker")
-    assert invoke_one_pass()["hints_sent"] == 1
-    assert [h.pk for h in receive_hints(env.hint_queue_url)] == ["CONN#lost"]
-
-    # WHEN the re-hint interval has passed (a 1 ms interval stands in for the real 60 s)
-    reconciler = reconciler_app.reconciler()
-    monkeypatch.setattr(reconciler.ledger, "rehint_after_ms", 1)
-    time.sleep(0.01)
-
-    # THEN the next pass hints it again, once
-    assert invoke_one_pass()["hints_sent"] == 1
-    assert [h.pk for h in receive_hints(env.hint_queue_url)] == ["CONN#lost"]
-
-
-def test_a_hint_that_could_not_be_sent_goes_out_on_the_next_pass(env, monkeypatch) -> None:
-    # GIVEN an orphan, and a pass whose hint cannot be sent (the queue is not reachable)
-    now = now_ms()
-    store_at(env).start("unsent", "wss://up.example/unsent")
-    store_at(env, now - 2 * LEASE_MS).acquire("CONN#unsent", "dead-worker")
-    reconciler = reconciler_app.reconciler()
-    working = reconciler.sender
-    broken = HintSender(boto3.client("sqs"), env.hint_queue_url + "-gone", attempts=1)
-    monkeypatch.setattr(reconciler, "sender", broken)
-    first = invoke_one_pass()
-    assert (first["hints_sent"], first["hints_failed"]) == (0, 1)
-    assert queue_depth(env.hint_queue_url) == 0
-
-    # WHEN the queue is back, well within the re-hint interval (60 s)
-    monkeypatch.setattr(reconciler, "sender", working)
-
-    # THEN the next pass sends the hint: the failed send withdrew its claim
-    assert invoke_one_pass()["hints_sent"] == 1
-    assert [h.pk for h in receive_hints(env.hint_queue_url)] == ["CONN#unsent"]
-
-
 @pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_a_pass_interval_that_would_hint_live_leases_is_refused(
-    env, monkeypatch: pytest.MonkeyPatch
+    env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # lease 10 s - heartbeat 2 s = 8 s: an 8 s pass would put freshly renewed leases in the window
     monkeypatch.setenv("RECONCILE_PASS_SECONDS", "8")
@@ -279,105 +589,25 @@ def test_a_pass_interval_that_would_hint_live_leases_is_refused(
         invoke_one_pass()
 
 
-# ---------------------------------------------------------------- dead workers
-def make_worker(env: Any, worker_id: str, *, expires_at_ms: int | None, tag: bool = True) -> str:
-    """A control queue (tagged like the worker tags it) and, unless expires is None, its item."""
-    sqs = boto3.client("sqs")
-    name = control_queue_name(env.control_prefix, worker_id)
-    url = sqs.create_queue(QueueName=name, tags={WORKER_ID_TAG: worker_id} if tag else {})[
-        "QueueUrl"
-    ]
-    if expires_at_ms is not None:
-        now = now_ms()
-        store_at(env).register_worker(
-            WorkerRecord(
-                worker_id=worker_id,
-                control_queue_url=url,
-                started_at_ms=now - 600_000,
-                heartbeat_at_ms=expires_at_ms - LEASE_MS,
-                expires_at_ms=expires_at_ms,
-            )
-        )
-    return url
-
-
-def control_queues(env: Any) -> set[str]:
-    urls = boto3.client("sqs").list_queues(QueueNamePrefix=env.control_prefix).get("QueueUrls", [])
-    return {url.rsplit("/", 1)[-1] for url in urls}
-
-
-def test_a_dead_workers_queue_and_item_are_removed_and_live_ones_kept(env) -> None:
-    # GIVEN a live worker, one whose item expired three leases ago (grace is two), one that
-    # missed a single heartbeat, and one that is starting (queue made, item not yet written)
-    now = now_ms()
-    make_worker(env, "live.host-1", expires_at_ms=now + LEASE_MS)
-    make_worker(env, "dead.host-2", expires_at_ms=now - 3 * LEASE_MS)
-    make_worker(env, "late.host-3", expires_at_ms=now - LEASE_MS // 2)
-    make_worker(env, "starting.host-4", expires_at_ms=None)
-    store = store_at(env)
-
-    # WHEN a pass runs
-    result = invoke_one_pass()
-
-    # THEN only the dead worker's queue and item are gone
-    assert result["control_queues_deleted"] == 1
-    assert result["workers_deleted"] == 1
-    prefix = env.control_prefix
-    assert control_queues(env) == {
-        control_queue_name(prefix, w) for w in ("live.host-1", "late.host-3", "starting.host-4")
-    }
-    assert store.get_worker("dead.host-2") is None
-    assert store.get_worker("live.host-1") is not None
-    assert store.get_worker("late.host-3") is not None
-
-    # AND a second pass (warm caches) deletes nothing more
-    again = invoke_one_pass()
-    assert again["control_queues_deleted"] == 0
-    assert len(control_queues(env)) == 3
-
-
-def test_leftover_queues_without_a_worker_item_go_once_past_the_grace(env) -> None:
-    # GIVEN a queue nobody registered (tagged) and an untagged one, both created just now
-    make_worker(env, "never-registered", expires_at_ms=None)
-    make_worker(env, "untagged", expires_at_ms=None, tag=False)
-    live = make_worker(env, "live", expires_at_ms=now_ms() + 3_600_000)
-    store = store_at(env)
-    sqs = boto3.client("sqs")
-
-    def janitor(clock_ms: int) -> Any:
-        return reconciler_app.ControlQueueJanitor(
-            sqs, store, prefix=env.control_prefix, grace_ms=2 * LEASE_MS, clock=lambda: clock_ms
-        )
-
-    # WHEN a janitor looks now, nothing is old enough to be a leftover
-    assert janitor(now_ms()).sweep().queues_deleted == 0
-    assert len(control_queues(env)) == 3
-
-    # WHEN one looks after the grace period (a clock set ahead stands in for waiting)
-    report = janitor(now_ms() + 2 * LEASE_MS + 1_000).sweep()
-
-    # THEN both leftovers are deleted; the live worker (whose item is valid for an hour) is not
-    assert (report.queues_seen, report.queues_deleted, report.workers_deleted) == (3, 2, 0)
-    assert control_queues(env) == {live.rsplit("/", 1)[-1]}
-
-
-def test_cleanup_work_per_pass_is_capped(env) -> None:
-    # GIVEN five dead workers and a janitor allowed two deletions and four lookups per pass
-    for i in range(5):
-        make_worker(env, f"dead-{i}", expires_at_ms=now_ms() - 3 * LEASE_MS)
-    janitor = reconciler_app.ControlQueueJanitor(
-        boto3.client("sqs"),
-        store_at(env),
-        prefix=env.control_prefix,
-        grace_ms=2 * LEASE_MS,
-        max_lookups=4,
-        max_deletions=2,
+def test_a_multi_pass_invocation_hints_each_orphan_once(env: Any) -> None:
+    # GIVEN (real clock) a worker whose lease ended a minute ago owning three connections
+    minute_ago = now_ms() - 60_000
+    past = DynamoDBLeaseStore(
+        dynamodb_client(), env.connections_table, lease_ms=LEASE_MS, clock=lambda: minute_ago
     )
-    # WHEN passes run, THEN each removes at most two and together they remove all five
-    deleted = []
-    for _ in range(4):
-        report = janitor.sweep()
-        assert report.queues_deleted <= 2
-        deleted.append(report.workers_deleted)
-    assert deleted == [2, 2, 1, 0]
-    assert control_queues(env) == set()
+    past.register_worker(WorkerRecord(
+        worker_id="gone", control_queue_url="", started_at_ms=minute_ago,
+        heartbeat_at_ms=minute_ago, expires_at_ms=minute_ago,
+    ))
+    for cid in ("m1", "m2", "m3"):
+        past.start(cid, f"wss://up.example/{cid}")
+        past.acquire(f"CONN#{cid}", "gone")
+    # WHEN one invocation runs several passes (2 s apart)
+    started = time.monotonic()
+    result = reconciler_app.lambda_handler(
+        json.loads((EVENTS / "scheduler_reconcile.json").read_text()),
+        lambda_context("reconciler", timeout_ms=9_000),
+    )
+    # THEN every pass saw the orphans but they were hinted once
+    assert result["passes"] >= 2, time.monotonic() - started
+    assert (result["orphans_found"], result["hints_sent"]) == (3, 3)

@@ -1,6 +1,7 @@
-"""wsfleet.reconcile dead-worker decisions: which control queues and worker items go.
+"""wsfleet.reconcile dead-worker decisions: which worker items and control queues go.
 
-Pure: queues as listed, worker items as read, and a clock reading in; verdicts out.
+Pure: worker items as read, whether gsi_owner shows them owning anything, queues as listed,
+and a clock reading in; verdicts out.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from wsfleet.reconcile import (
     CleanupAction,
     ControlQueue,
     QueueVerdict,
+    WorkerVerdict,
     dead_worker_grace_ms,
     judge_control_queue,
+    judge_worker_item,
     plan_cleanup,
+    plan_worker_cleanup,
     queue_name_of,
     worker_id_from_queue_name,
 )
@@ -32,7 +36,9 @@ def queue(
     return ControlQueue(BASE + (name or f"{PREFIX}{worker_id}"), worker_id, created)
 
 
-def worker(worker_id: str, *, expires: int, queue_name: str | None = None) -> WorkerRecord:
+def worker(
+    worker_id: str, *, expires: int, queue_name: str | None = None, dead_at: int | None = None
+) -> WorkerRecord:
     return WorkerRecord(
         worker_id=worker_id,
         control_queue_url="https://sqs.us-east-1.amazonaws.com/123456789012/"
@@ -40,6 +46,7 @@ def worker(worker_id: str, *, expires: int, queue_name: str | None = None) -> Wo
         started_at_ms=NOW - 3_600_000,
         heartbeat_at_ms=expires - LEASE_MS,
         expires_at_ms=expires,
+        dead_at_ms=dead_at,
     )
 
 
@@ -47,23 +54,53 @@ def test_grace_is_two_leases() -> None:
     assert dead_worker_grace_ms(20_000) == 40_000
 
 
-# ---------------------------------------------------------------- one queue
+# ---------------------------------------------------------------- worker items
 @pytest.mark.parametrize(
-    ("expires", "verdict"),
+    ("expires", "dead_at", "owns", "verdict"),
     [
-        (NOW + 5_000, QueueVerdict.KEEP),  # alive
-        (NOW - 1, QueueVerdict.KEEP),  # just missed a heartbeat: maybe paused, not dead
-        (NOW - GRACE, QueueVerdict.KEEP),  # exactly at the grace boundary
-        (NOW - GRACE - 1, QueueVerdict.DELETE_WORKER),  # expired for longer than the grace
+        (NOW + 5_000, None, None, WorkerVerdict.KEEP),  # alive
+        (NOW - 1, None, False, WorkerVerdict.KEEP),  # just missed a heartbeat: maybe paused
+        (NOW - GRACE, None, False, WorkerVerdict.KEEP),  # exactly at the grace boundary
+        (NOW - GRACE, NOW - 1, False, WorkerVerdict.KEEP),  # killed, but ended within the grace
+        (NOW - GRACE - 1, None, None, WorkerVerdict.CHECK_OWNED),  # past it: ask gsi_owner
+        (NOW - GRACE - 1, None, True, WorkerVerdict.KEEP),  # still owns connections
+        (NOW - GRACE - 1, None, False, WorkerVerdict.DELETE),  # gone and owns nothing
+        (NOW - GRACE - 1, NOW - 5, True, WorkerVerdict.KEEP),  # killed, not all taken yet
+        (NOW - GRACE - 1, NOW - 5, False, WorkerVerdict.DELETE),
     ],
 )
-def test_a_queue_with_its_worker_item_follows_the_item_expiry(
-    expires: int, verdict: QueueVerdict
+def test_a_worker_item_goes_only_past_the_grace_and_once_it_owns_nothing(
+    expires: int, dead_at: int | None, owns: bool | None, verdict: WorkerVerdict
 ) -> None:
-    # The worker item compares by queue *name*: endpoints spell the host differently.
+    item = worker("w1", expires=expires, dead_at=dead_at)
+    assert judge_worker_item(item, now_ms=NOW, grace_ms=GRACE, owns_connections=owns) is verdict
+
+
+def test_the_worker_cleanup_picks_the_longest_gone_first_and_caps_per_pass() -> None:
+    workers = [
+        worker("alive", expires=NOW + 1_000),
+        worker("recent", expires=NOW - GRACE + 10),
+        worker("gone-2", expires=NOW - GRACE - 2_000),
+        worker("gone-1", expires=NOW - GRACE - 9_000, dead_at=NOW - GRACE),
+        worker("gone-3", expires=NOW - GRACE - 1),
+    ]
+    picked, deferred = plan_worker_cleanup(workers, now_ms=NOW, grace_ms=GRACE, max_deletions=2)
+    assert [w.worker_id for w in picked] == ["gone-1", "gone-2"]
+    assert deferred == 1
+
+
+# ---------------------------------------------------------------- one queue
+@pytest.mark.parametrize(
+    "expires",
+    [NOW + 5_000, NOW - 1, NOW - GRACE - 1, NOW - 100 * GRACE],
+)
+def test_a_queue_named_by_its_worker_item_is_kept_whatever_the_item_says(expires: int) -> None:
+    # It goes together with the item (judge_worker_item), never before: the item may have to
+    # outlive its lease while its connections are taken over. The item compares by queue
+    # *name*: endpoints spell the host differently.
     assert (
         judge_control_queue(queue("w1"), worker("w1", expires=expires), now_ms=NOW, grace_ms=GRACE)
-        is verdict
+        is QueueVerdict.KEEP
     )
 
 
@@ -106,10 +143,10 @@ def test_a_queue_whose_worker_item_names_another_queue_is_a_leftover() -> None:
 
 
 # ---------------------------------------------------------------- a whole pass
-def test_plan_deletes_dead_workers_with_their_items_and_leftovers_without() -> None:
+def test_plan_deletes_leftover_queues_only() -> None:
     queues = [
         queue("alive"),
-        queue("dead"),
+        queue("dead"),  # its item goes first (with this queue): see the worker cleanup
         queue("orphan-queue", created=NOW - GRACE - 10),
         queue("starting", created=NOW - 10),
         queue("unknown"),  # no item, age not known yet
@@ -120,26 +157,24 @@ def test_plan_deletes_dead_workers_with_their_items_and_leftovers_without() -> N
     }
     plan = plan_cleanup(queues, workers, now_ms=NOW, grace_ms=GRACE, max_deletions=10)
     assert plan.actions == (
-        CleanupAction(BASE + f"{PREFIX}dead", "dead", QueueVerdict.DELETE_WORKER),
-        CleanupAction(BASE + f"{PREFIX}orphan-queue", None, QueueVerdict.DELETE_QUEUE),
+        CleanupAction(BASE + f"{PREFIX}orphan-queue", QueueVerdict.DELETE_QUEUE),
     )
     assert [q.worker_id for q in plan.need_age] == ["unknown"]
-    assert plan.kept == 2
+    assert plan.kept == 3
     assert plan.deferred == 0
 
 
 def test_plan_caps_deletions_per_pass() -> None:
-    queues = [queue(f"dead{i}") for i in range(5)]
-    workers = {f"dead{i}": worker(f"dead{i}", expires=NOW - GRACE - 1) for i in range(5)}
-    plan = plan_cleanup(queues, workers, now_ms=NOW, grace_ms=GRACE, max_deletions=2)
-    assert [a.worker_id for a in plan.actions] == ["dead0", "dead1"]
+    queues = [queue(f"left{i}", created=NOW - GRACE - 1) for i in range(5)]
+    plan = plan_cleanup(queues, {}, now_ms=NOW, grace_ms=GRACE, max_deletions=2)
+    assert [a.queue_url for a in plan.actions] == [BASE + f"{PREFIX}left{i}" for i in range(2)]
     assert plan.deferred == 3
 
 
 def test_plan_with_no_queue_worker_id_judges_by_age_only() -> None:
     q = ControlQueue(BASE + "app-ctl-", None, NOW - GRACE - 1)
     plan = plan_cleanup([q], {}, now_ms=NOW, grace_ms=GRACE, max_deletions=1)
-    assert plan.actions == (CleanupAction(q.url, None, QueueVerdict.DELETE_QUEUE),)
+    assert plan.actions == (CleanupAction(q.url, QueueVerdict.DELETE_QUEUE),)
 
 
 # ---------------------------------------------------------------- names

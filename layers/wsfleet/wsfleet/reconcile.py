@@ -1,38 +1,54 @@
-"""Reconcile pass planning: which connections get a hint and when, which workers are dead.
+"""Reconcile pass planning (lease model v2): which workers' connections to hint and when, which
+free connections lost their hint, which dead workers' items and queues may go.
 
 This is the reconciler's functional core. It reads no clock and does no I/O: the Lambda
-(``functions/reconciler/app.py``) queries DynamoDB and lists SQS queues, feeds the results in
-with ``now_ms``, and carries out the plan that comes back.
+(``functions/reconciler/app.py``) reads the worker items and two cold indexes, feeds the
+results in with ``now_ms``, and carries out the plan that comes back.
 
-Hints
-    A pass reads every STARTED connection whose lease expires before the *horizon*
-    (``now + pass interval``, the moment the next pass will look again):
+Why workers, not connections
+    A connection is alive while its owner's worker lease is (:mod:`wsfleet.lease`), so the
+    only thing that can expire is a worker. A pass reads every worker item (gsi_workers, then
+    BatchGetItem) and asks the connection indexes only about the few workers that need it and
+    about connections that have been free for a while; it never reads all connections, so its
+    cost follows the number of workers and orphans, not the size of the fleet.
 
-    * **orphans** (``lease_expires_at_ms < now``) get a hint with no delay;
-    * leases **expiring before the horizon** get a hint delayed to land in the last second
-      before the expiry (:func:`wsfleet.lease.hint_delay_seconds`; the receiving worker waits
-      out the rest), so a crashed worker's connections are picked up one lease after the
-      crash rather than one lease plus one pass.
+Worker hints (:func:`plan_worker_hints`)
+    * a worker whose lease **expired** (``expires_at_ms < now``), or that is **dead**
+      (``dead_at_ms`` set: killed by a peer, or retired) and still owns connections: every
+      connection it owns gets a hint with no delay;
+    * a worker whose lease ends **before the horizon** (``now + pass interval``, where the next
+      pass looks again): its connections get hints delayed to land in the last second before
+      the expiry (:func:`wsfleet.lease.hint_delay_seconds`; the receiving worker waits out the
+      rest, :func:`wsfleet.lease.takeover_verdict`), so a crashed worker's connections are
+      taken one lease (+ 1 s) after its last renewal, not a lease plus a pass.
 
-    No flooding: a hint is *claimed* in DynamoDB once per ``(pk, lease expiry)``
-    (:meth:`wsfleet.store.LeaseStore.claim_hint`) before it is sent, and is sent again only
-    after :func:`rehint_after_ms`. The :class:`HintLedger` remembers what this process already
-    claimed, so a warm reconciler does not repeat the claim write for every pending orphan on
-    every pass; DynamoDB stays the arbiter between concurrent reconcilers.
+    No flooding: the hints of one worker are claimed with one conditional write per lease
+    expiry (:meth:`wsfleet.store.LeaseStore.claim_worker_hints`) and sent again only after
+    :func:`rehint_after_ms`.
+
+Free connections (:func:`plan_unowned`)
+    A STARTED connection without an owner sits in gsi_unowned since it became free. Whoever
+    freed it sent a hint (the router at START, the releaser at a hand-off), so the reconciler
+    hints only connections free for longer than :func:`unowned_grace_ms`: their hint was most
+    likely lost. Each is claimed once per free spell (:meth:`LeaseStore.claim_hint`).
+
+The ledger
+    :class:`HintLedger` remembers what this process claimed, so a warm reconciler does not
+    repeat the claim write for every pending worker or free connection on every pass;
+    DynamoDB's claim stays the arbiter between concurrent or cold reconcilers.
 
 Orphan age
-    ``OldestOrphanAgeMs`` measures how long a connection has gone without an owner. For an
-    expired lease that is ``now - lease_expires_at_ms``. A free lease (never acquired, or
-    released) has expiry 0, which would read as "orphaned since 1970"; its age is measured from
-    ``updated_at_ms`` instead (set by START, restart and release, i.e. the moment it became
-    free), falling back to ``created_at_ms``.
+    ``OldestOrphanAgeMs`` is how long a connection has gone without a live owner: for a free
+    one ``now - unowned_since_ms``; for one owned by an expired or dead worker
+    ``now - worker.expires_at_ms`` (:func:`worker_ended_at_ms`).
 
-Dead workers
-    Every worker owns a control queue ``<prefix><worker id>`` tagged with its worker id and a
-    worker item with a heartbeat-renewed ``expires_at_ms``. A worker that crashed leaves both
-    behind. :func:`judge_control_queue` decides, per queue, whether to keep it or delete it
-    (and the worker item), with a grace period so a worker that is still starting up (queue
-    created, item not yet written) or briefly paused is never cleaned up under its feet.
+Dead workers (:func:`judge_worker_item`, :func:`judge_control_queue`)
+    A worker item goes only when its lease ended more than :func:`dead_worker_grace_ms` ago
+    *and* gsi_owner shows it owns nothing: a missing owner item reads as "take it" to a peer,
+    but the reconciler finds a dead worker's connections through that item, so it must outlive
+    them. Its control queue goes with it. A control queue whose worker item is gone (or names
+    another queue) is deleted once it is older than the grace (a worker creates its queue
+    before it writes its item).
 """
 
 from __future__ import annotations
@@ -40,30 +56,37 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Generic, Protocol, TypeVar
 
-from .hints import Hint
-from .lease import hint_delay_seconds, is_expired, is_worker_alive, will_expire_before
-from .record import ConnectionRecord, WorkerRecord
+from .lease import hint_delay_seconds
+from .record import WorkerRecord
 
 __all__ = [
     "DEFAULT_REHINT_FLOOR_MS",
     "CleanupAction",
     "CleanupPlan",
     "ControlQueue",
-    "HintCandidate",
+    "FreeEntry",
     "HintLedger",
-    "HintPlan",
     "QueueVerdict",
+    "UnownedPlan",
+    "WorkerHint",
+    "WorkerHintKind",
+    "WorkerHintPlan",
+    "WorkerVerdict",
     "dead_worker_grace_ms",
     "judge_control_queue",
+    "judge_worker_item",
     "next_pass_at_ms",
-    "orphan_age_ms",
-    "orphan_since_ms",
     "plan_cleanup",
-    "plan_hints",
+    "plan_unowned",
+    "plan_worker_cleanup",
+    "plan_worker_hints",
     "queue_name_of",
     "rehint_after_ms",
     "should_run_another_pass",
+    "unowned_grace_ms",
+    "worker_ended_at_ms",
     "worker_id_from_queue_name",
 ]
 
@@ -71,7 +94,7 @@ __all__ = [
 DEFAULT_REHINT_FLOOR_MS = 60_000
 
 
-# ============================================================================ hint planning
+# ============================================================================ timing rules
 
 
 def rehint_after_ms(
@@ -83,7 +106,7 @@ def rehint_after_ms(
     a worker tries to acquire; a worker that dies mid-acquire makes it visible again after
     that. Twice the visibility timeout (at least ``floor_ms``) leaves room for one redelivery
     before a fresh hint is added, so a hint that *is* being worked on is never doubled, while a
-    lost hint (dropped by a worker that got it too early, or never sent) still gets a successor.
+    lost hint (never sent, or dropped) still gets a successor.
 
     >>> rehint_after_ms(30)
     60000
@@ -93,146 +116,20 @@ def rehint_after_ms(
     return max(floor_ms, int(2 * visibility_timeout_seconds * 1000))
 
 
-def orphan_since_ms(record: ConnectionRecord) -> int:
-    """When the connection lost (or never had) an owner; see the module docstring."""
-    if record.lease_expires_at_ms > 0:
-        return record.lease_expires_at_ms
-    return record.updated_at_ms or record.created_at_ms
+def unowned_grace_ms(pass_interval_ms: int) -> int:
+    """How long a STARTED connection may be free before the reconciler hints it: one pass.
 
+    Its first hint came from whoever freed it (the router right after START, the releaser right
+    after a release) and is normally acted on within a second. A connection still free a whole
+    pass later has most likely lost that hint (a failed send, a releaser that crashed in
+    between), so a lost hint costs at most two pass intervals (20 s by default, about the
+    crash failover time). Longer graces delay that; shorter ones double hints that are merely
+    queued. Being wrong costs one extra hint per connection and free spell (the claim).
 
-def orphan_age_ms(record: ConnectionRecord, now_ms: int) -> int:
-    """How long an orphan has been without an owner (0 for a lease that is still live)."""
-    if not is_expired(record, now_ms):
-        return 0
-    return max(0, now_ms - orphan_since_ms(record))
-
-
-class HintLedger:
-    """The hints this process already claimed, so a pass does not re-claim them every time.
-
-    Keyed by pk; an entry matches while the connection still shows the same lease expiry and
-    epoch it had when claimed and the claim is younger than ``rehint_after_ms``. It is an
-    optimisation only: forgetting (a cold start) costs one refused claim write per pending
-    orphan, never a duplicate hint, because :meth:`LeaseStore.claim_hint` decides.
-
-    :param rehint_after_ms: age at which an entry stops counting (see :func:`rehint_after_ms`).
-    :param max_entries: memory bound; the oldest entries are dropped beyond it.
+    >>> unowned_grace_ms(10_000)
+    10000
     """
-
-    def __init__(self, rehint_after_ms: int, *, max_entries: int = 200_000) -> None:
-        if rehint_after_ms <= 0:
-            raise ValueError("rehint_after_ms must be positive")
-        self.rehint_after_ms = rehint_after_ms
-        self.max_entries = max_entries
-        self._claims: dict[str, tuple[int, int, int]] = {}  # pk -> (expiry, epoch, claimed_at)
-
-    def __len__(self) -> int:
-        return len(self._claims)
-
-    def is_pending(self, record: ConnectionRecord, now_ms: int) -> bool:
-        """A hint for exactly this lease was claimed recently enough to still be pending."""
-        entry = self._claims.get(record.pk)
-        if entry is None:
-            return False
-        expiry, epoch, claimed_at = entry
-        return (
-            expiry == record.lease_expires_at_ms
-            and epoch == record.lease_epoch
-            and now_ms - claimed_at < self.rehint_after_ms
-        )
-
-    def remember(self, record: ConnectionRecord, now_ms: int) -> None:
-        """Note a claim for this lease (ours, or one DynamoDB says someone else made)."""
-        self._claims.pop(record.pk, None)  # re-insert at the end: dict order = claim order
-        self._claims[record.pk] = (record.lease_expires_at_ms, record.lease_epoch, now_ms)
-        if len(self._claims) > self.max_entries:
-            for pk in list(self._claims)[: len(self._claims) - self.max_entries]:
-                del self._claims[pk]
-
-    def forget(self, pk: str) -> None:
-        self._claims.pop(pk, None)
-
-    def prune(self, now_ms: int) -> int:
-        """Drop entries too old to suppress anything; returns how many were dropped."""
-        stale = [
-            pk
-            for pk, (_, _, claimed_at) in self._claims.items()
-            if now_ms - claimed_at >= self.rehint_after_ms
-        ]
-        for pk in stale:
-            del self._claims[pk]
-        return len(stale)
-
-
-@dataclass(frozen=True)
-class HintCandidate:
-    """A connection a pass wants to hint: claim it, then send ``hint``."""
-
-    record: ConnectionRecord
-    hint: Hint
-    orphan: bool  # expired now (delay 0) rather than expiring before the horizon
-
-
-@dataclass(frozen=True)
-class HintPlan:
-    """What one pass found and what it should claim and send.
-
-    ``candidates`` are in query order (oldest expiry first) and cut at ``max_hints``; the rest
-    are counted in ``deferred`` and picked up by the next pass.
-    """
-
-    candidates: tuple[HintCandidate, ...] = ()
-    orphans_found: int = 0
-    expiring_found: int = 0
-    already_pending: int = 0
-    deferred: int = 0
-    oldest_orphan_age_ms: int = 0
-
-
-def plan_hints(
-    records: Iterable[ConnectionRecord],
-    *,
-    now_ms: int,
-    horizon_ms: int,
-    ledger: HintLedger | None = None,
-    max_hints: int | None = None,
-) -> HintPlan:
-    """Turn the records of an orphan query into hint candidates.
-
-    Records that are not STARTED or whose lease outlives ``horizon_ms`` are ignored (the GSI
-    query should not return them; this keeps the plan right whatever it is given). Orphans
-    get ``delay_seconds=0``; leases expiring before the horizon get a delay that lands just
-    after their expiry. The hint carries the epoch the pass saw, so a worker can tell a hint
-    for a lease that has since been re-acquired.
-
-    >>> from wsfleet.record import ConnectionRecord
-    >>> r = ConnectionRecord.new("a", "wss://x", 0).with_changes(lease_expires_at_ms=12_500)
-    >>> plan_hints([r], now_ms=10_000, horizon_ms=20_000).candidates[0].hint.delay_seconds
-    3
-    """
-    candidates: list[HintCandidate] = []
-    orphans = expiring = pending = deferred = oldest = 0
-    for record in records:
-        if not will_expire_before(record, horizon_ms):
-            continue
-        orphan = is_expired(record, now_ms)
-        if orphan:
-            orphans += 1
-            oldest = max(oldest, orphan_age_ms(record, now_ms))
-        else:
-            expiring += 1
-        if ledger is not None and ledger.is_pending(record, now_ms):
-            pending += 1
-            continue
-        if max_hints is not None and len(candidates) >= max_hints:
-            deferred += 1
-            continue
-        delay = 0 if orphan else hint_delay_seconds(record, now_ms)
-        candidates.append(HintCandidate(record, Hint(record.pk, record.lease_epoch, delay), orphan))
-    return HintPlan(tuple(candidates), orphans, expiring, pending, deferred, oldest)
-
-
-# ============================================================================ pass timing
+    return pass_interval_ms
 
 
 def next_pass_at_ms(first_pass_at_ms: int, interval_ms: int, now_ms: int) -> int:
@@ -266,17 +163,318 @@ def should_run_another_pass(
     return remaining_ms - wait_ms - expected_pass_ms >= margin_ms
 
 
+# ============================================================================ the ledger
+
+
+class HintLedger:
+    """The hint claims this process made, so a pass does not re-claim them every time.
+
+    Keyed by item key (``WORKER#<id>`` for a worker's hints, ``CONN#<id>`` for a free
+    connection) and a *version*: the worker's ``expires_at_ms``, or the connection's
+    ``unowned_since_ms``. A worker that renewed, or a connection freed again, is a new version
+    and is not suppressed. An entry stops counting ``rehint_after_ms`` after the claim, like
+    the claim in DynamoDB. It is an optimisation only: forgetting (a cold start) costs one
+    refused claim write, never a duplicate hint.
+
+    A claim whose hints could not all be sent is remembered as *owed* (``sent=False``): the
+    claim in DynamoDB is still ours, so the next pass sends that worker's hints again without
+    a new claim (which DynamoDB would refuse until the claim is stale). A cold container does
+    not know it owes them; they then go out once that claim is stale (``rehint_after_ms``).
+
+    :param rehint_after_ms: age at which an entry stops counting (see :func:`rehint_after_ms`).
+    :param max_entries: memory bound; the oldest entries are dropped beyond it.
+    """
+
+    def __init__(self, rehint_after_ms: int, *, max_entries: int = 200_000) -> None:
+        if rehint_after_ms <= 0:
+            raise ValueError("rehint_after_ms must be positive")
+        self.rehint_after_ms = rehint_after_ms
+        self.max_entries = max_entries
+        self._claims: dict[str, tuple[int, int, bool]] = {}  # key -> (version, at, sent)
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    def _fresh(self, key: str, version: int, now_ms: int) -> tuple[int, int, bool] | None:
+        entry = self._claims.get(key)
+        if entry is None or entry[0] != version or now_ms - entry[1] >= self.rehint_after_ms:
+            return None
+        return entry
+
+    def is_pending(self, key: str, version: int, now_ms: int) -> bool:
+        """Hints for exactly this version were claimed and sent recently enough to count."""
+        entry = self._fresh(key, version, now_ms)
+        return entry is not None and entry[2]
+
+    def is_owed(self, key: str, version: int, now_ms: int) -> bool:
+        """We hold a fresh claim for this version whose hints were not all sent."""
+        entry = self._fresh(key, version, now_ms)
+        return entry is not None and not entry[2]
+
+    def remember(self, key: str, version: int, now_ms: int, *, sent: bool = True) -> None:
+        """Note a claim (ours, or one DynamoDB says someone else made: ``sent`` then)."""
+        previous = self._claims.pop(key, None)  # re-insert at the end: dict order = claim order
+        claimed_at = now_ms
+        if previous is not None and previous[0] == version and not previous[2]:
+            claimed_at = previous[1]  # settling an owed claim: it still dates from the claim
+        self._claims[key] = (version, claimed_at, sent)
+        if len(self._claims) > self.max_entries:
+            for stale in list(self._claims)[: len(self._claims) - self.max_entries]:
+                del self._claims[stale]
+
+    def forget(self, key: str) -> None:
+        self._claims.pop(key, None)
+
+    def prune(self, now_ms: int) -> int:
+        """Drop entries too old to suppress anything; returns how many were dropped."""
+        stale = [
+            key
+            for key, (_, claimed_at, _) in self._claims.items()
+            if now_ms - claimed_at >= self.rehint_after_ms
+        ]
+        for key in stale:
+            del self._claims[key]
+        return len(stale)
+
+
+# ============================================================================ worker hints
+
+
+def worker_ended_at_ms(worker: WorkerRecord) -> int:
+    """When a worker's lease ended (or ends): its expiry, or its death if that came first.
+
+    A peer kills only an expired worker, and a retiring worker sets both to the same moment,
+    so this is ``expires_at_ms`` in practice, the attribute the store's delete condition
+    checks.
+    """
+    if worker.dead_at_ms is not None:
+        return min(worker.expires_at_ms, worker.dead_at_ms)
+    return worker.expires_at_ms
+
+
+class WorkerHintKind(StrEnum):
+    """Why a worker's connections are hinted."""
+
+    EXPIRED = "expired"  # lease lapsed, not (yet) killed: hint now
+    DEAD = "dead"  # killed or retired: whatever it still owns is hinted now
+    EXPIRING = "expiring"  # lease ends before the next pass: early hint
+
+
+@dataclass(frozen=True)
+class WorkerHint:
+    """A worker whose connections a pass should look at.
+
+    ``pending``: this process claimed and sent this expiry's hints recently (the pass still
+    reads an orphaned worker's connections for OrphansFound and the janitor, but sends
+    nothing). ``owed``: we hold the claim, the sending failed: send without a new claim.
+    """
+
+    worker: WorkerRecord
+    kind: WorkerHintKind
+    pending: bool = False
+    owed: bool = False
+
+    @property
+    def orphaned(self) -> bool:
+        """Its connections have no live owner already (not merely about to lose it)."""
+        return self.kind is not WorkerHintKind.EXPIRING
+
+    def delay_seconds(self, now_ms: int) -> int:
+        """The hint delay at the moment of sending: 0 for orphans, else the last second."""
+        if self.orphaned:
+            return 0
+        return hint_delay_seconds(self.worker.expires_at_ms, now_ms)
+
+    def orphan_age_ms(self, now_ms: int) -> int:
+        """How long its connections have been without a live owner (0 while it lives)."""
+        if not self.orphaned:
+            return 0
+        return max(0, now_ms - worker_ended_at_ms(self.worker))
+
+
+@dataclass(frozen=True)
+class WorkerHintPlan:
+    """The workers of one pass to look at, most urgent first: orphaned ones by how long ago
+    their lease ended, then the expiring ones by how soon."""
+
+    hints: tuple[WorkerHint, ...] = ()
+    workers_seen: int = 0
+    expired: int = 0
+    dead: int = 0
+    expiring: int = 0
+
+
+def _hint_kind(worker: WorkerRecord, now_ms: int, horizon_ms: int) -> WorkerHintKind | None:
+    if worker.dead:
+        return WorkerHintKind.DEAD
+    if worker.expires_at_ms < now_ms:
+        return WorkerHintKind.EXPIRED
+    if worker.expires_at_ms < horizon_ms:
+        return WorkerHintKind.EXPIRING
+    return None
+
+
+def plan_worker_hints(
+    workers: Iterable[WorkerRecord],
+    *,
+    now_ms: int,
+    horizon_ms: int,
+    ledger: HintLedger | None = None,
+) -> WorkerHintPlan:
+    """Pick the workers whose connections need hints (see the module docstring).
+
+    A worker whose lease ends exactly at the horizon is left to the next pass, which starts
+    then. A live worker renewing every heartbeat never shows up here: its lease always ends
+    more than ``lease - heartbeat`` ahead, and the pass interval is shorter than that
+    (:meth:`wsfleet.settings.Settings.check_reconcile_pass`).
+
+    >>> w = WorkerRecord(worker_id="w", control_queue_url="", started_at_ms=0,
+    ...                  heartbeat_at_ms=0, expires_at_ms=12_500)
+    >>> (hint,) = plan_worker_hints([w], now_ms=10_000, horizon_ms=20_000).hints
+    >>> hint.kind.value, hint.delay_seconds(10_000)
+    ('expiring', 2)
+    """
+    hints: list[WorkerHint] = []
+    seen = 0
+    counts = dict.fromkeys(WorkerHintKind, 0)
+    for worker in workers:
+        seen += 1
+        kind = _hint_kind(worker, now_ms, horizon_ms)
+        if kind is None:
+            continue
+        counts[kind] += 1
+        version = worker.expires_at_ms
+        pending = ledger is not None and ledger.is_pending(worker.pk, version, now_ms)
+        owed = ledger is not None and ledger.is_owed(worker.pk, version, now_ms)
+        hints.append(WorkerHint(worker, kind, pending, owed))
+    hints.sort(key=lambda h: (not h.orphaned, worker_ended_at_ms(h.worker), h.worker.worker_id))
+    return WorkerHintPlan(
+        tuple(hints),
+        seen,
+        counts[WorkerHintKind.EXPIRED],
+        counts[WorkerHintKind.DEAD],
+        counts[WorkerHintKind.EXPIRING],
+    )
+
+
+# ============================================================================ free connections
+
+
+class FreeEntry(Protocol):
+    """A connection as gsi_unowned shows it (:class:`wsfleet.store.IndexEntry` is one)."""
+
+    @property
+    def pk(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def unowned_since_ms(self) -> int | None: ...
+
+
+E = TypeVar("E", bound=FreeEntry)
+
+
+@dataclass(frozen=True)
+class UnownedPlan(Generic[E]):
+    """What the free-connection half of a pass should claim (in query order, cut at the
+    budget; the rest are counted in ``deferred`` and picked up by the next pass)."""
+
+    candidates: tuple[E, ...] = ()
+    found: int = 0
+    already_pending: int = 0
+    deferred: int = 0
+    oldest_age_ms: int = 0
+
+
+def plan_unowned(
+    entries: Iterable[E],
+    *,
+    now_ms: int,
+    grace_ms: int,
+    ledger: HintLedger | None = None,
+    max_hints: int | None = None,
+) -> UnownedPlan[E]:
+    """Turn gsi_unowned entries into hint candidates: free for longer than ``grace_ms`` and
+    not claimed by this process recently. (The query already asks for ``since < now - grace``;
+    the check here keeps the plan right whatever it is given.)
+    """
+    candidates: list[E] = []
+    found = pending = deferred = oldest = 0
+    for entry in entries:
+        since = entry.unowned_since_ms
+        if since is None or now_ms - since <= grace_ms:
+            continue
+        found += 1
+        oldest = max(oldest, now_ms - since)
+        if ledger is not None and ledger.is_pending(entry.pk, since, now_ms):
+            pending += 1
+            continue
+        if max_hints is not None and len(candidates) >= max_hints:
+            deferred += 1
+            continue
+        candidates.append(entry)
+    return UnownedPlan(tuple(candidates), found, pending, deferred, oldest)
+
+
 # ============================================================================ dead workers
 
 
 def dead_worker_grace_ms(lease_ms: int) -> int:
-    """How long past its item's expiry (or its queue's creation) a worker counts as dead.
+    """How long past its lease's end (or its queue's creation) a worker counts as gone.
 
-    Two leases: by then every lease the worker held has expired and, with the self-fence,
-    its sockets are closed, so deleting its control queue can no longer lose a STOP that
-    mattered.
+    Two leases: by then every peer has seen the lease lapse and, with the self-fence, its
+    sockets are long closed, so deleting its control queue cannot lose a STOP that mattered,
+    and a paused worker that comes back finds itself dead rather than deleted.
     """
     return 2 * lease_ms
+
+
+class WorkerVerdict(StrEnum):
+    """What to do with one worker item."""
+
+    KEEP = "keep"  # alive, or ended less than the grace ago
+    CHECK_OWNED = "check_owned"  # past the grace: ask gsi_owner whether it owns anything
+    DELETE = "delete"  # past the grace and owns nothing: delete it (and its control queue)
+
+
+def judge_worker_item(
+    worker: WorkerRecord, *, now_ms: int, grace_ms: int, owns_connections: bool | None = None
+) -> WorkerVerdict:
+    """A worker item is deleted only when its lease ended more than ``grace_ms`` ago AND it
+    owns no connection (``owns_connections``; None: not known yet -> CHECK_OWNED).
+
+    Its connections are found through it (the reconciler lists them by owner once it sees the
+    lease has lapsed), so the item must outlive them.
+
+    >>> w = WorkerRecord(worker_id="w", control_queue_url="", started_at_ms=0,
+    ...                  heartbeat_at_ms=0, expires_at_ms=1_000)
+    >>> [judge_worker_item(w, now_ms=n, grace_ms=500, owns_connections=o).value
+    ...  for n, o in ((1_500, False), (1_501, None), (1_501, True), (1_501, False))]
+    ['keep', 'check_owned', 'keep', 'delete']
+    """
+    if worker_ended_at_ms(worker) + grace_ms >= now_ms:
+        return WorkerVerdict.KEEP
+    if owns_connections is None:
+        return WorkerVerdict.CHECK_OWNED
+    return WorkerVerdict.KEEP if owns_connections else WorkerVerdict.DELETE
+
+
+def plan_worker_cleanup(
+    workers: Iterable[WorkerRecord], *, now_ms: int, grace_ms: int, max_deletions: int
+) -> tuple[tuple[WorkerRecord, ...], int]:
+    """The worker items past the grace, longest gone first, at most ``max_deletions`` (the
+    rest wait a pass); returns them and how many were deferred."""
+    gone = sorted(
+        (
+            w
+            for w in workers
+            if judge_worker_item(w, now_ms=now_ms, grace_ms=grace_ms) is not WorkerVerdict.KEEP
+        ),
+        key=lambda w: (worker_ended_at_ms(w), w.worker_id),
+    )
+    return tuple(gone[:max_deletions]), max(0, len(gone) - max_deletions)
 
 
 def queue_name_of(queue_url: str) -> str:
@@ -320,18 +518,16 @@ class ControlQueue:
 class QueueVerdict(StrEnum):
     """What to do with one control queue."""
 
-    KEEP = "keep"  # its worker is alive, or may still be starting
-    NEED_AGE = "need_age"  # no live owner found: decide once the queue's age is known
-    DELETE_WORKER = "delete_worker"  # worker expired long ago: delete its queue and its item
-    DELETE_QUEUE = "delete_queue"  # nobody owns it any more: delete the queue only
+    KEEP = "keep"  # its worker item names it (it goes with the item), or it may be starting
+    NEED_AGE = "need_age"  # no worker item names it: decide once the queue's age is known
+    DELETE_QUEUE = "delete_queue"  # nobody owns it and it is older than the grace
 
 
 @dataclass(frozen=True)
 class CleanupAction:
-    """Delete ``queue_url``; also delete the item of ``worker_id`` when it is set."""
+    """Delete the leftover control queue ``queue_url``."""
 
     queue_url: str
-    worker_id: str | None
     verdict: QueueVerdict
 
 
@@ -344,19 +540,16 @@ def judge_control_queue(
 ) -> QueueVerdict:
     """Decide one control queue's fate from its worker item.
 
-    * Worker item present and its queue is this one: alive (or expired less than
-      ``grace_ms`` ago) -> KEEP; expired longer -> DELETE_WORKER.
-    * Worker item present but naming another queue: this queue is a leftover -> judged by
-      age like an unowned queue (the item belongs to whatever that other queue is).
-    * No worker item (or no worker id): the worker may be between creating its queue and
-      writing its item, so the queue is deleted only once it is older than ``grace_ms``;
-      NEED_AGE asks the caller to look up the creation time first.
+    * Worker item present and its queue is this one: KEEP. The queue is deleted together with
+      the item (:func:`judge_worker_item`), never before: the item may have to outlive its
+      lease while its connections are taken over.
+    * Worker item present but naming another queue, or no worker item (or no worker id): the
+      worker may be between creating its queue and writing its item, so the queue is deleted
+      only once it is older than ``grace_ms``; NEED_AGE asks the caller to look up the
+      creation time first.
     """
-    owns_queue = worker is not None and queue_name_of(worker.control_queue_url) == queue.name
-    if worker is not None and owns_queue:
-        if is_worker_alive(worker, now_ms - grace_ms):
-            return QueueVerdict.KEEP
-        return QueueVerdict.DELETE_WORKER
+    if worker is not None and queue_name_of(worker.control_queue_url) == queue.name:
+        return QueueVerdict.KEEP
     if queue.created_at_ms is None:
         return QueueVerdict.NEED_AGE
     if queue.created_at_ms + grace_ms < now_ms:
@@ -366,7 +559,7 @@ def judge_control_queue(
 
 @dataclass(frozen=True)
 class CleanupPlan:
-    """The deletions of one pass and the queues whose age must be looked up first."""
+    """The queue deletions of one pass and the queues whose age must be looked up first."""
 
     actions: tuple[CleanupAction, ...] = ()
     need_age: tuple[ControlQueue, ...] = ()
@@ -396,6 +589,5 @@ def plan_cleanup(
         elif len(actions) >= max_deletions:
             deferred += 1
         else:
-            item_owner = queue.worker_id if verdict is QueueVerdict.DELETE_WORKER else None
-            actions.append(CleanupAction(queue.url, item_owner, verdict))
+            actions.append(CleanupAction(queue.url, verdict))
     return CleanupPlan(tuple(actions), tuple(need_age), kept, deferred)
