@@ -222,6 +222,33 @@ def test_restart_while_the_stopped_session_still_owns_it(store, clock):
     assert store.get(pk).unowned_since_ms == clock.now
 
 
+@pytest.mark.parametrize("how", ["expired", "killed", "deleted"])
+def test_restart_drops_an_owner_whose_lease_is_over(store, clock, how):
+    # GIVEN a STOPPED connection still owned by a worker that will never release it
+    pk = started(store)
+    register(store, clock, "w1")
+    lease = Lease.of(store.acquire(pk, "w1"))
+    store.stop(pk)
+    clock.advance(LEASE_MS + 1)
+    if how == "killed":
+        assert store.kill_worker("w1")
+    elif how == "deleted":
+        assert store.delete_worker("w1", dead_before_ms=clock.now)
+    # WHEN it is STARTed again
+    result = store.start("c1", URL)
+    # THEN the owner is gone, the connection is free and findable in gsi_unowned, the old
+    # owner is dead for good and its late writes are fenced
+    assert result.restarted and result.record.lease_owner == ""
+    assert indexes(store) == expected(unowned=[pk], STARTED=[pk])
+    worker = store.get_worker("w1", consistent=True)
+    assert worker is None or worker.dead
+    with pytest.raises(WorkerDead):
+        store.renew_worker("w1", expires_at_ms=clock.now + LEASE_MS, connection_count=0)
+    with pytest.raises(LeaseLost):
+        store.release(lease)
+    assert store.acquire(pk, "w2").lease_epoch == 2
+
+
 def test_stopped_items_get_a_ttl_and_restarted_ones_lose_it(ttl_store, clock):
     store = ttl_store
     pk = started(store)

@@ -143,26 +143,40 @@ class InMemoryLeaseStore(LeaseStore):
                 return StartResult(record, created=True)
             if current.desired_state is DesiredState.STARTED:
                 return StartResult(current)
-            # A session still ending owns it: it joins gsi_unowned only at that release.
-            keys, removed = index_keys(
-                current.pk, DesiredState.STARTED, owned=bool(current.lease_owner), since_ms=now
-            )
-            item = {
-                **self._items[record.pk],
-                "desired_state": DesiredState.STARTED.value,
-                "ws_url": ws_url,
-                "updated_at_ms": now,
-                "resume": resume,
-                "last_seq": current.last_seq if current.ws_url == ws_url else 0,
-                **keys,
-            }
-            for name in (
-                "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
-                *removed,
-            ):
-                item.pop(name, None)
-            self._items[record.pk] = item
-            return StartResult(ConnectionRecord.from_item(item), restarted=True)
+        # Outside the lock: it may kill the owner (see LeaseStore._owner_is_over).
+        owner_over = bool(current.lease_owner) and self._owner_is_over(current.lease_owner)
+        with self._lock:
+            changed = _record(self._items.get(record.pk)) != current
+            if not changed:
+                return self._restart(current, ws_url, resume, now, owner_over)
+        return self.start(connection_id, ws_url, resume=resume)  # it changed meanwhile: again
+
+    def _restart(
+        self, current: ConnectionRecord, ws_url: str, resume: bool, now: int, owner_over: bool
+    ) -> StartResult:
+        """STOPPED/FAILED -> STARTED (the caller holds the lock)."""
+        owner = "" if owner_over else current.lease_owner
+        keys, removed = index_keys(
+            current.pk, DesiredState.STARTED, owned=bool(owner), since_ms=now
+        )
+        if not owner:
+            removed = (*removed, "lease_owner")
+        item = {
+            **self._items[current.pk],
+            "desired_state": DesiredState.STARTED.value,
+            "ws_url": ws_url,
+            "updated_at_ms": now,
+            "resume": resume,
+            "last_seq": current.last_seq if current.ws_url == ws_url else 0,
+            **keys,
+        }
+        for name in (
+            "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
+            *removed,
+        ):
+            item.pop(name, None)
+        self._items[current.pk] = item
+        return StartResult(ConnectionRecord.from_item(item), restarted=True)
 
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
         now = self._clock()

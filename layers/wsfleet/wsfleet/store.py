@@ -223,6 +223,19 @@ class LeaseStore(ABC):
             latest = _startable(pk, refused.current)
         raise LeaseConflict(f"{pk} was taken by {latest.lease_owner!r} meanwhile", latest)
 
+    def _owner_is_over(self, owner: str) -> bool:
+        """The owner of a STOPPED connection being restarted can no longer release it: dead,
+        gone, or expired (then killed here, so it can never wake up and stream it again).
+
+        A session still ending owns a restarted connection until it releases it, and it joins
+        gsi_unowned then; an owner that is over never releases (its item may even be deleted,
+        so no reconcile pass would list it), so the restart drops it instead.
+        """
+        verdict, _ = takeover_verdict(self.get_worker(owner, consistent=True), self._clock(), 0)
+        if verdict is TakeoverVerdict.KILL:
+            return self.kill_worker(owner)
+        return verdict is TakeoverVerdict.TAKE
+
     # ------------------------------------------------------------------ primitives
     @abstractmethod
     def _take_write(
@@ -551,9 +564,10 @@ class DynamoDBLeaseStore(LeaseStore):
             raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
         if current.desired_state is DesiredState.STARTED:
             return StartResult(current)
-        keys, removed = index_keys(
-            current.pk, DesiredState.STARTED, owned=bool(current.lease_owner), since_ms=now
-        )
+        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
+        keys, removed = index_keys(current.pk, DesiredState.STARTED, owned=keep_owner, since_ms=now)
+        if current.lease_owner and not keep_owner:
+            removed = (*removed, "lease_owner")
         try:
             item = self._update(
                 current.pk,
@@ -569,8 +583,7 @@ class DynamoDBLeaseStore(LeaseStore):
                     "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
                     *removed,
                 ),
-                # The owner condition keeps the index keys right: a session still ending
-                # owns it, and it joins gsi_unowned only when that session releases it.
+                # The owner condition keeps the index keys right.
                 condition="#desired_state IN (:stopped, :failed) AND "
                 + ("#lease_owner = :seen_owner" if current.lease_owner
                    else "attribute_not_exists(#lease_owner)"),
