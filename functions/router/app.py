@@ -2,7 +2,8 @@
 
 The router only records intent. START writes (or keeps) a STARTED connection item and sends an
 SQS hint so an idle worker picks it up at once; STOP flips the item to STOPPED and the owning
-worker learns of it through its control queue or its next renewal. DynamoDB is the source of
+worker learns of it through its control queue (or, should that message be lost, its next sweep
+of the connections it owns). DynamoDB is the source of
 truth: a lost hint only delays pickup until the reconciler's next pass, so a hint that cannot
 be sent is logged and counted (``HintSendFailed``) but never fails the request.
 
@@ -18,6 +19,11 @@ Routes (REST API, IAM-authorised; request and response bodies are JSON):
 * ``GET /connections/{id}``: the connection view (200) or 404.
 * ``GET /connections?state=STARTED|STOPPED|FAILED&limit=1..100&next_token=...``: one page,
   ``{"items": [view, ...], "next_token": str | null}``.
+
+A view's ``lease`` is ``{"state": "free"|"held"|"expired", "owner", "epoch",
+"expires_in_ms"}``. Connection items carry no expiry (lease model v2): a connection is held
+while its owner's worker lease is, so a view of an owned connection costs one more read (the
+owner's worker item; one BatchGetItem for a whole page).
 
 Decisions worth knowing:
 
@@ -58,6 +64,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestValidationError,
 )
 from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -72,8 +79,10 @@ from wsfleet.clock import now_ms
 from wsfleet.exceptions import ConfigurationError, ConnectionNotFound, StoreError
 from wsfleet.hints import Hint, HintSender
 from wsfleet.record import (
+    INDEX_SHARDS,
     ConnectionRecord,
     DesiredState,
+    WorkerRecord,
     connection_id_from_pk,
     connection_pk,
     is_valid_connection_id,
@@ -86,8 +95,13 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_JSON_DEPTH",
     "ApiError",
+    "ConnectionOutcome",
+    "ConnectionPageView",
+    "ConnectionView",
     "Dependencies",
     "EventRequest",
+    "FailuresView",
+    "LeaseView",
     "StartRequest",
     "UnreadableJson",
     "app",
@@ -193,6 +207,78 @@ class StartRequest(BaseModel):
     resume: StrictBool = True
 
 
+# ---------------------------------------------------------------------- response models
+# Documentation only (docs/openapi.json): the routes build plain dicts (connection_view), and
+# tests/integration/test_router.py checks that every view validates against these models.
+class LeaseView(BaseModel):
+    """Who holds the connection. A connection has no expiry of its own: it is ``held`` while
+    its owner's worker lease runs, ``expired`` once that lease is over (a peer may take it
+    over), ``free`` when nobody owns it. ``expires_in_ms``: until the owner's worker lease
+    lapses (0 once it has), null while free. ``epoch`` counts acquisitions (kept when free)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: Literal["free", "held", "expired"]
+    owner: str | None
+    epoch: int
+    expires_in_ms: int | None
+
+
+class FailuresView(BaseModel):
+    """Crash-loop breaker: failures counted at checkpoint ``at_seq``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int
+    at_seq: int | None
+
+
+class ConnectionView(BaseModel):
+    """One connection (``ws_url`` with query values masked)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connection_id: str
+    desired_state: DesiredState
+    ws_url: str
+    resume: bool
+    last_seq: int
+    lease: LeaseView
+    stop_reason: str | None
+    last_error: str | None
+    failures: FailuresView
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class ConnectionOutcome(ConnectionView):
+    """A START or STOP answer: the connection and what this request did."""
+
+    outcome: Literal["created", "restarted", "already_started", "stopped", "already_stopped"]
+
+
+class ConnectionPageView(BaseModel):
+    """``GET /connections``: follow ``next_token`` until it is null."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[ConnectionView]
+    next_token: str | None
+
+
+def _documents(status: HTTPStatus, model: type[BaseModel]) -> dict[int, OpenAPIResponse]:
+    return {
+        status.value: {
+            "description": model.__doc__ or "",
+            "content": {"application/json": {"model": model}},
+        }
+    }
+
+
+_OUTCOME = {**_documents(HTTPStatus.OK, ConnectionOutcome)}
+_CREATED_OR_OUTCOME = {**_documents(HTTPStatus.CREATED, ConnectionOutcome), **_OUTCOME}
+
+
 class ApiError(Exception):
     """A refusal with its HTTP status, message and the request field it is about."""
 
@@ -204,25 +290,34 @@ class ApiError(Exception):
 
 
 # ---------------------------------------------------------------------- views (pure)
-def lease_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
-    """The ``lease`` object of a connection view (:func:`wsfleet.lease.lease_state`)."""
+def lease_view(record: ConnectionRecord, owner: WorkerRecord | None, now: int) -> dict[str, Any]:
+    """The ``lease`` object of a connection view.
+
+    A connection carries no expiry of its own (lease model v2): it is alive while its owner's
+    worker lease is, so ``owner`` is that worker's item (None when free, or when the item is
+    gone) and state and time left come from :func:`wsfleet.lease.lease_state` and
+    :func:`wsfleet.lease.lease_expires_in_ms`.
+    """
     return {
-        "state": lease_rules.lease_state(record, now).value,
+        "state": lease_rules.lease_state(record, owner, now).value,
         "owner": record.lease_owner or None,
         "epoch": record.lease_epoch,
-        "expires_in_ms": lease_rules.lease_expires_in_ms(record, now),
+        "expires_in_ms": lease_rules.lease_expires_in_ms(record, owner, now),
     }
 
 
-def connection_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
-    """The JSON shape of one connection (``ws_url`` redacted: query values masked)."""
+def connection_view(
+    record: ConnectionRecord, owner: WorkerRecord | None, now: int
+) -> dict[str, Any]:
+    """The JSON shape of one connection (``ws_url`` redacted: query values masked); ``owner``
+    is the worker item of ``record.lease_owner`` (see :func:`lease_view`)."""
     return {
         "connection_id": record.connection_id,
         "desired_state": record.desired_state.value,
         "ws_url": redact_url(record.ws_url),
         "resume": record.resume,
         "last_seq": record.last_seq,
-        "lease": lease_view(record, now),
+        "lease": lease_view(record, owner, now),
         "stop_reason": record.stop_reason,
         "last_error": record.last_error,
         # Crash-loop breaker: failures counted at checkpoint at_seq (FAILED once it tripped).
@@ -230,6 +325,12 @@ def connection_view(record: ConnectionRecord, now: int) -> dict[str, Any]:
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }
+
+
+def _owner_of(store: LeaseStore, record: ConnectionRecord) -> WorkerRecord | None:
+    """The owner's worker item: one GetItem, and only when the connection is owned."""
+    return store.get_worker(record.lease_owner) if record.lease_owner else None
+
 
 # ---------------------------------------------------------------------- JSON reading
 class UnreadableJson(ValueError):
@@ -303,9 +404,12 @@ def _refuse_constant(literal: str) -> None:
     raise UnreadableJson(f"{literal} is not a JSON number")
 
 
-def encode_next_token(key: dict[str, Any]) -> str:
-    """An opaque page token: the GSI's LastEvaluatedKey as unpadded urlsafe base64 JSON."""
-    raw = json.dumps(key, default=_json_number, separators=(",", ":"), sort_keys=True)
+def encode_next_token(next_key: dict[str, Any], state: DesiredState) -> str:
+    """An opaque page token: where the listing of ``state`` stopped (the store's ``next_key``:
+    the gsi_state shard and that shard's LastEvaluatedKey, or None to start the shard from its
+    beginning) as unpadded urlsafe base64 JSON."""
+    payload = {"state": state.value, "shard": next_key["shard"], "key": next_key.get("key")}
+    raw = json.dumps(payload, default=_json_number, separators=(",", ":"), sort_keys=True)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -316,37 +420,46 @@ def _json_number(value: object) -> int:
 
 
 def decode_next_token(token: str, state: DesiredState) -> dict[str, Any]:
-    """The start key inside ``token``; ApiError(400) unless it is one this API issued for
-    ``state``. Checked field by field so a forged token cannot reach DynamoDB as a bad key.
+    """The store's start key inside ``token``; ApiError(400) unless it is one this API issued
+    for ``state``. Checked field by field so a forged token cannot reach DynamoDB as a bad
+    key: ``shard`` an int in 0..INDEX_SHARDS-1, ``key`` null or exactly the gsi_state key of
+    a connection in that shard (``{"pk": "CONN#<id>", "state_shard": "<STATE>#<nn>"}``).
     """
     malformed = ApiError(HTTPStatus.BAD_REQUEST, "next_token is malformed", "next_token")
     if len(token) > _MAX_TOKEN_CHARS:
         raise malformed
     try:
         raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        key = parse_json(raw)
+        payload = parse_json(raw)
     except (binascii.Error, ValueError):  # ValueError: non-ASCII token text, UnreadableJson
         raise malformed from None
-    if not isinstance(key, dict) or set(key) != {"pk", "desired_state", "lease_expires_at_ms"}:
+    if not isinstance(payload, dict) or set(payload) != {"state", "shard", "key"}:
         raise malformed
-    key_state, expiry = key["desired_state"], key["lease_expires_at_ms"]
-    try:
-        connection_pk_field(key, what="next_token")
-    except ValueError:
-        raise malformed from None
-    if type(expiry) is not int or expiry < 0:
+    token_state, shard, key = payload["state"], payload["shard"], payload["key"]
+    if token_state not in {s.value for s in DesiredState}:
         raise malformed
-    if key_state != state.value:
+    if type(shard) is not int or not 0 <= shard < INDEX_SHARDS:
+        raise malformed
+    if key is not None:
+        if not isinstance(key, dict) or set(key) != {"pk", "state_shard"}:
+            raise malformed
+        try:
+            connection_pk_field(key, what="next_token")
+        except ValueError:
+            raise malformed from None
+        if key["state_shard"] != f"{token_state}#{shard:02d}":
+            raise malformed
+    if token_state != state.value:
         raise ApiError(
             HTTPStatus.BAD_REQUEST,
             f"next_token belongs to another state than {state}",
             "next_token",
         )
-    return key
+    return {"shard": shard, "key": key}
 
 
 # ---------------------------------------------------------------------- routes
-@app.post("/events")
+@app.post("/events", responses=_CREATED_OR_OUTCOME)
 def post_event(body: EventRequest) -> JsonResponse:
     """The article's single endpoint: START or STOP by ``event_type``."""
     if body.event_type == "STOP":
@@ -356,42 +469,52 @@ def post_event(body: EventRequest) -> JsonResponse:
     return _start(body.connection_id, body.ws_url, resume=True)
 
 
-@app.put("/connections/<connection_id>")
+@app.put("/connections/<connection_id>", responses=_CREATED_OR_OUTCOME)
 def put_connection(connection_id: ConnectionId, body: StartRequest) -> JsonResponse:
     return _start(connection_id, body.ws_url, resume=body.resume)
 
 
-@app.delete("/connections/<connection_id>")
+@app.delete("/connections/<connection_id>", responses=_OUTCOME)
 def delete_connection(connection_id: ConnectionId) -> JsonResponse:
     return _stop(connection_id)
 
 
-@app.get("/connections/<connection_id>")
+@app.get("/connections/<connection_id>", responses=_documents(HTTPStatus.OK, ConnectionView))
 def get_connection(connection_id: ConnectionId) -> JsonResponse:
-    record = dependencies().store.get(connection_pk(connection_id))
+    store = dependencies().store
+    record = store.get(connection_pk(connection_id))
     if record is None:
         raise ConnectionNotFound(connection_pk(connection_id))
-    return _json(HTTPStatus.OK, connection_view(record, now_ms()))
+    owner = _owner_of(store, record)
+    return _json(HTTPStatus.OK, connection_view(record, owner, now_ms()))
 
 
-@app.get("/connections")
+@app.get("/connections", responses=_documents(HTTPStatus.OK, ConnectionPageView))
 def list_connections(
     state: Annotated[StateFilter, Query()] = DesiredState.STARTED,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
     next_token: Annotated[str | None, Query()] = None,
 ) -> JsonResponse:
-    """One page of connections in ``state``, oldest lease expiry first.
+    """One page of connections in ``state`` (in no particular order).
 
     Follow ``next_token`` until it is null; a page may be short (even empty) before the end.
+    The lease state of the whole page costs one BatchGetItem of its distinct owners' worker
+    items.
     """
     start_key = decode_next_token(next_token, state) if next_token else None
-    page = dependencies().store.list_connections(state, limit=limit, start_key=start_key)
+    store = dependencies().store
+    page = store.list_connections(state, limit=limit, start_key=start_key)
+    owner_ids = sorted({record.lease_owner for record in page.records if record.lease_owner})
+    owners = store.get_workers(owner_ids) if owner_ids else {}
     now = now_ms()
     return _json(
         HTTPStatus.OK,
         {
-            "items": [connection_view(record, now) for record in page.records],
-            "next_token": encode_next_token(page.next_key) if page.next_key else None,
+            "items": [
+                connection_view(record, owners.get(record.lease_owner), now)
+                for record in page.records
+            ],
+            "next_token": encode_next_token(page.next_key, state) if page.next_key else None,
         },
     )
 
@@ -409,27 +532,34 @@ def _start(connection_id: str, ws_url: str, *, resume: bool) -> Response:
         raise ApiError(
             HTTPStatus.CONFLICT, "connection changed concurrently; retry", "connection_id"
         ) from None
-    record, now = result.record, now_ms()
+    record = result.record
+    owner = _owner_of(deps.store, record)
+    now = now_ms()
+    lease_state = lease_rules.lease_state(record, owner, now)
     if result.created or result.restarted:
         outcome = "created" if result.created else "restarted"
         metrics.add_metric(name="ConnectionsStarted", unit=MetricUnit.Count, value=1)
     else:
         outcome = "already_started"
-    needs_hint = result.created or result.restarted or lease_rules.is_acquirable(record, now)
+    # A nudge for an already STARTED connection only if no live worker holds it (free, or its
+    # owner's lease lapsed): a hint for a held one would only cost a refused acquire.
+    needs_hint = (
+        result.created or result.restarted or lease_state is not lease_rules.LeaseState.HELD
+    )
     logger.info(
         "start",
         extra={
             "connection_id": connection_id,
             "outcome": outcome,
             "ws_url": redact_url(record.ws_url),
-            "lease_state": lease_rules.lease_state(record, now).value,
+            "lease_state": lease_state.value,
             "hint": needs_hint,
         },
     )
     if needs_hint:
         _send_hint(deps.hints, record)
     status = HTTPStatus.CREATED if result.created else HTTPStatus.OK
-    return _json(status, {**connection_view(record, now), "outcome": outcome})
+    return _json(status, {**connection_view(record, owner, now), "outcome": outcome})
 
 
 def _send_hint(sender: HintSender, record: ConnectionRecord) -> None:
@@ -448,13 +578,15 @@ def _send_hint(sender: HintSender, record: ConnectionRecord) -> None:
 
 
 def _stop(connection_id: str) -> Response:
-    result = dependencies().store.stop(connection_pk(connection_id))
+    store = dependencies().store
+    result = store.stop(connection_pk(connection_id))
     record, stopped_now = result.record, result.stopped
     if stopped_now:
         metrics.add_metric(name="ConnectionsStopped", unit=MetricUnit.Count, value=1)
     outcome = "stopped" if stopped_now else "already_stopped"
     logger.info("stop", extra={"connection_id": connection_id, "outcome": outcome})
-    return _json(HTTPStatus.OK, {**connection_view(record, now_ms()), "outcome": outcome})
+    view = connection_view(record, _owner_of(store, record), now_ms())
+    return _json(HTTPStatus.OK, {**view, "outcome": outcome})
 
 
 # ---------------------------------------------------------------------- errors

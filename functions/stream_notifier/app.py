@@ -1,18 +1,22 @@
 """Stream notifier Lambda: deliver STOP to the worker that owns the connection, at once.
 
 The ConnectionsTable stream (NEW_AND_OLD_IMAGES) feeds this function through an event source
-mapping whose FilterCriteria pass only changes of ``desired_state`` to STOPPED. Without it a
-STOP would take effect at the owner's next heartbeat (the renewal is refused); with it the
-owner hears about it in milliseconds on its own control queue.
+mapping whose FilterCriteria pass only changes of ``desired_state`` to STOPPED. This is the
+primary STOP path: the owner hears about it in milliseconds on its own control queue. Without
+it a STOP would take effect at the owner's next sweep of the connections it owns
+(``WORKER_SWEEP_SECONDS``) or its next checkpoint write (refused once STOPPED), whichever
+comes first.
 
 Per record (Powertools ``BatchProcessor``, partial batch responses):
 
 1. Re-check that it is a transition to STOPPED (the filter is configuration, this is code);
-   anything else is ignored.
-2. Read ``lease_owner`` and ``lease_epoch`` from the new image. No owner, or a lease that has
-   already expired (a STOPPED lease can no longer be renewed): nothing to tell anyone.
-3. Look up the owner's worker item. Missing or expired: nothing is sent; the lease lapses and
-   STOPPED connections are never re-acquired.
+   anything else is ignored (:func:`stopped_connection`).
+2. Read ``lease_owner`` and ``lease_epoch`` from the new image. No ``lease_owner`` (the
+   attribute is absent while a connection is free): nothing to tell anyone.
+3. Read the owner's worker item (one GetItem): a connection holds no expiry of its own, it is
+   alive while its owner's worker lease is (lease model v2). Missing, without a control
+   queue, lapsed or dead: nothing is sent (:func:`delivery_outcome`); that worker's sessions
+   are fenced already, and a STOPPED connection is never acquired again.
 4. Send ``{"type": "STOP", "pk", "epoch"}`` to the worker's control queue. A failed send
    raises inside the record handler, so only that record is reported in
    ``batchItemFailures`` and retried (a duplicate STOP is harmless: the worker checks the
@@ -44,14 +48,15 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import Clock, now_ms
 from wsfleet.control import StopCommand
-from wsfleet.lease import is_expired, is_worker_alive
-from wsfleet.record import CONNECTION_PREFIX, ConnectionRecord, DesiredState
+from wsfleet.lease import LeaseState, lease_state
+from wsfleet.record import CONNECTION_PREFIX, ConnectionRecord, DesiredState, WorkerRecord
 from wsfleet.settings import Settings
 from wsfleet.store import LeaseStore
 
 __all__ = [
     "Outcome",
     "StopNotifier",
+    "delivery_outcome",
     "lambda_handler",
     "notifier",
     "reset_dependencies",
@@ -69,8 +74,8 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"  # STOP sent to the owner's control queue
     IGNORED = "ignored"  # not a transition to STOPPED
     NO_OWNER = "no_owner"  # nobody held the lease
-    LEASE_EXPIRED = "lease_expired"  # the holder has already lost it (or fenced itself)
-    WORKER_GONE = "worker_gone"  # owner has no live worker item / control queue
+    LEASE_EXPIRED = "lease_expired"  # the owner's worker lease lapsed or was killed: fenced
+    WORKER_GONE = "worker_gone"  # the owner has no worker item, or no control queue in it
 
     @property
     def skipped(self) -> bool:
@@ -86,7 +91,7 @@ def stopped_connection(record: DynamoDBRecord) -> ConnectionRecord | None:
     """The new image as a record if this stream record turns a connection STOPPED, else None.
 
     A transition is an INSERT or MODIFY whose new image is STOPPED and whose old image is
-    absent or not STOPPED. Heartbeats, checkpoints, releases and REMOVEs are not.
+    absent or not STOPPED. Acquires, checkpoints, releases, worker items and REMOVEs are not.
     """
     if record.event_name not in (DynamoDBRecordEventName.INSERT, DynamoDBRecordEventName.MODIFY):
         return None
@@ -101,6 +106,25 @@ def stopped_connection(record: DynamoDBRecord) -> ConnectionRecord | None:
     if not str(new_image.get("pk", "")).startswith(CONNECTION_PREFIX):
         return None
     return ConnectionRecord.from_item(new_image)
+
+
+def delivery_outcome(
+    connection: ConnectionRecord, owner: WorkerRecord | None, now_ms: int
+) -> Outcome:
+    """Whether a STOP of ``connection`` goes to its owner: DELIVERED means send it.
+
+    ``owner`` is the worker item named by ``connection.lease_owner`` (None if there is none).
+    Only a live owner (:func:`wsfleet.lease.lease_state` says ``held``) with a control queue
+    is told; any other owner has no session left that could still stream.
+    """
+    state = lease_state(connection, owner, now_ms)
+    if state is LeaseState.FREE:
+        return Outcome.NO_OWNER
+    if owner is None or not owner.control_queue_url:
+        return Outcome.WORKER_GONE
+    if state is LeaseState.EXPIRED:
+        return Outcome.LEASE_EXPIRED
+    return Outcome.DELIVERED
 
 
 class StopNotifier:
@@ -121,13 +145,11 @@ class StopNotifier:
         if connection is None:
             return Outcome.IGNORED
         if not connection.lease_owner:
-            return Outcome.NO_OWNER
-        now = self._clock()
-        if is_expired(connection, now):
-            return Outcome.LEASE_EXPIRED
+            return Outcome.NO_OWNER  # free: not worth a read
         worker = self.store.get_worker(connection.lease_owner)
-        if worker is None or not worker.control_queue_url or not is_worker_alive(worker, now):
-            return Outcome.WORKER_GONE
+        outcome = delivery_outcome(connection, worker, self._clock())
+        if outcome is not Outcome.DELIVERED or worker is None:
+            return outcome
         command = StopCommand(connection.pk, connection.lease_epoch)
         self._sqs.send_message(QueueUrl=worker.control_queue_url, MessageBody=command.body())
         logger.info(

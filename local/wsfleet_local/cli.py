@@ -373,15 +373,13 @@ def _status_table(rows: list[Any], source: str) -> Table:
 
 
 def _read_rows(api: str | None, table_name: str | None, region: str | None, states: list[str]):
-    from .client import ConnectionRow, scan_table
+    from .client import ConnectionRow, read_table
 
     if table_name:
         import boto3
 
         client = boto3.session.Session(region_name=region).client("dynamodb")
-        items, _workers = scan_table(client, table_name)
-        now_ms = int(time.time() * 1000)
-        rows = [ConnectionRow.from_item(item, now_ms) for item in items]
+        rows, _workers = read_table(client, table_name, int(time.time() * 1000))
         return [row for row in rows if row.desired_state in states], f"table {table_name}"
     client = _api_client(api, region)
     rows = [

@@ -6,10 +6,11 @@ SigV4 (service ``execute-api``) using the caller's normal AWS credentials (profi
 the region taken from the ``*.execute-api.<region>.amazonaws.com`` host unless given.
 
 :class:`ConnectionRow` is one line of ``wsfleet status``, built from either source:
-:meth:`ConnectionRow.from_api` (the router's JSON view) or :meth:`ConnectionRow.from_item`
-(a raw table item, for ``--table``, which needs only ``dynamodb:Scan`` and so also works when
-the API is down); :func:`scan_table` also returns the ``WORKER#`` items (for
-:class:`wsfleet.record.WorkerRecord`).
+:meth:`ConnectionRow.from_api` (the router's JSON view, whose ``lease`` the router already
+worked out) or :func:`read_table` (a scan of the table, for ``--table``, which needs only
+``dynamodb:Scan`` and so also works when the API is down). A connection item carries no expiry
+(lease model v2): its lease state comes from its owner's ``WORKER#`` item, which the same
+scan returns, through the one set of rules the router uses (:func:`wsfleet.lease.lease_state`).
 
 Example::
 
@@ -32,13 +33,20 @@ from typing import Any
 
 from wsfleet import lease as lease_rules
 from wsfleet.exceptions import WsfleetError
-from wsfleet.record import CONNECTION_PREFIX, WORKER_PREFIX, ConnectionRecord, DesiredState
+from wsfleet.record import (
+    CONNECTION_PREFIX,
+    WORKER_PREFIX,
+    ConnectionRecord,
+    DesiredState,
+    WorkerRecord,
+)
 
 __all__ = [
     "ApiClient",
     "ApiError",
     "ConnectionRow",
     "is_loopback_url",
+    "read_table",
     "scan_table",
 ]
 
@@ -208,25 +216,23 @@ class ConnectionRow:
         )
 
     @classmethod
-    def from_record(cls, record: ConnectionRecord, now_ms: int) -> ConnectionRow:
-        """From a connection record, with the lease rules the router applies."""
+    def from_record(
+        cls, record: ConnectionRecord, owner: WorkerRecord | None, now_ms: int
+    ) -> ConnectionRow:
+        """From a connection record and its owner's worker item (None when free or gone),
+        with the lease rules the router applies."""
         return cls(
             connection_id=record.connection_id,
             desired_state=str(record.desired_state),
             owner=record.lease_owner or None,
             epoch=record.lease_epoch,
-            lease_state=lease_rules.lease_state(record, now_ms).value,
-            lease_left_ms=lease_rules.lease_expires_in_ms(record, now_ms),
+            lease_state=lease_rules.lease_state(record, owner, now_ms).value,
+            lease_left_ms=lease_rules.lease_expires_in_ms(record, owner, now_ms),
             last_seq=record.last_seq,
             stop_reason=record.stop_reason,
             last_error=record.last_error,
             failures=record.failure_count,
         )
-
-    @classmethod
-    def from_item(cls, item: Mapping[str, Any], now_ms: int) -> ConnectionRow:
-        """From a deserialised connection item (``--table`` mode)."""
-        return cls.from_record(ConnectionRecord.from_item(item), now_ms)
 
     @property
     def streaming(self) -> bool:
@@ -248,6 +254,20 @@ class ConnectionRow:
         if self.failures:
             text += f" ({self.failures} failures at one checkpoint)"
         return text
+
+
+def read_table(
+    client: Any, table: str, now_ms: int
+) -> tuple[list[ConnectionRow], dict[str, WorkerRecord]]:
+    """One row per connection item of ``table`` and the worker records by id (one consistent
+    scan), each row's lease judged by its owner's worker item as of ``now_ms``."""
+    connection_items, worker_items = scan_table(client, table)
+    workers = {w.worker_id: w for w in map(WorkerRecord.from_item, worker_items)}
+    rows = []
+    for item in connection_items:
+        record = ConnectionRecord.from_item(item)
+        rows.append(ConnectionRow.from_record(record, workers.get(record.lease_owner), now_ms))
+    return rows, workers
 
 
 def scan_table(client: Any, table: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

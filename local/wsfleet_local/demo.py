@@ -3,7 +3,7 @@
 The scenario, on a :class:`~wsfleet_local.fleet.LocalFleet` with short timings:
 
 1. open M simulated streams through the REST API (START) and wait until all stream;
-2. **crash**: SIGKILL the busiest worker; its leases expire and the reconciler's early hints
+2. **crash**: SIGKILL the busiest worker; its worker lease expires and the reconciler's early hints
    make peers resume every stream from its checkpoint (ECS would then replace the task: the
    slot is restarted with a new worker id);
 3. **deploy**: SIGTERM the busiest remaining worker; it drains (final checkpoints, released
@@ -43,7 +43,7 @@ from rich.text import Text
 from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 
 from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
-from .client import ApiClient, ConnectionRow, scan_table
+from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
 from .simulator import SessionRecord, first_frame_after
 
@@ -135,12 +135,10 @@ class _Monitor:
         self.console.print(f"[{time.monotonic() - self.started:5.1f}s] {message}", highlight=False)
 
     def snapshot(self, *, with_sessions: bool = False) -> Snapshot:
-        items, worker_items = scan_table(self.ddb, self.fleet.resources.connections_table)
-        now_ms = int(time.time() * 1000)
-        rows = {
-            row.connection_id: row for row in (ConnectionRow.from_item(i, now_ms) for i in items)
-        }
-        workers = {w.worker_id: w for w in (WorkerRecord.from_item(i) for i in worker_items)}
+        table_rows, workers = read_table(
+            self.ddb, self.fleet.resources.connections_table, int(time.time() * 1000)
+        )
+        rows = {row.connection_id: row for row in table_rows}
         sessions: dict[str, list[SessionRecord]] = {}
         if with_sessions:
             for record in self.fleet.simulator.sessions():
@@ -247,7 +245,8 @@ def _busiest_slot(
 
 
 def _finished(row: ConnectionRow) -> bool:
-    """STOPPED and nobody streams it: released, or (owner self-fenced) its lease has lapsed."""
+    """STOPPED and nobody streams it: released, or (owner self-fenced) its owner's worker
+    lease has lapsed."""
     return row.desired_state == DesiredState.STOPPED and row.lease_state != "held"
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from wsfleet.aws import dynamodb_client, sqs_client
+from wsfleet.clock import now_ms
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease
-from wsfleet.record import DesiredState, connection_pk
+from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet_local.functions import lambda_context, load_function
 
@@ -84,9 +85,19 @@ def token_of(text: str) -> str:
 
 
 def invoke(router: Any, event: dict[str, Any]) -> Reply:
+    """Run one event; a successful answer must match the response model docs/openapi.json
+    documents for it."""
     response = router.lambda_handler(event, lambda_context("router"))
     assert response["multiValueHeaders"]["Content-Type"] == ["application/json"]
-    return Reply(response["statusCode"], json.loads(response["body"]))
+    reply = Reply(response["statusCode"], json.loads(response["body"]))
+    if 200 <= reply.status < 300:
+        if "items" in reply.body:
+            router.ConnectionPageView.model_validate(reply.body)
+        elif "outcome" in reply.body:
+            router.ConnectionOutcome.model_validate(reply.body)
+        else:
+            router.ConnectionView.model_validate(reply.body)
+    return reply
 
 
 def start(router: Any, connection_id: str, ws_url: str = URL) -> Reply:
@@ -151,6 +162,23 @@ def hints(aws):
                 )
 
     return drain
+
+
+def register(store: LeaseStore, worker_id: str, *, lease_ms: int = 20_000) -> WorkerRecord:
+    """A worker item whose lease runs ``lease_ms`` from now (negative: lapsed already)."""
+    now = now_ms()
+    worker = WorkerRecord(
+        worker_id=worker_id, control_queue_url=f"http://q/{worker_id}", started_at_ms=now,
+        heartbeat_at_ms=now, expires_at_ms=now + lease_ms,
+    )
+    store.register_worker(worker)
+    return worker
+
+
+@pytest.fixture
+def worker_a(store: LeaseStore) -> WorkerRecord:
+    """A live worker: connections it acquires are held."""
+    return register(store, "worker-a")
 
 
 def all_items(aws) -> list[dict[str, Any]]:
@@ -288,7 +316,7 @@ def test_put_with_resume_false_is_stored(router, store):
     assert store.get(connection_pk("c1")).resume is False
 
 
-def test_restart_of_a_live_connection_leaves_its_lease_untouched(router, store, hints):
+def test_restart_of_a_live_connection_leaves_its_lease_untouched(router, store, hints, worker_a):
     assert start(router, "c1").status == 201
     held = store.acquire(connection_pk("c1"), owner="worker-a")
     store.checkpoint(Lease.of(held), 42)
@@ -302,9 +330,7 @@ def test_restart_of_a_live_connection_leaves_its_lease_untouched(router, store, 
     assert reply.body["lease"]["owner"] == "worker-a"
     assert reply.body["last_seq"] == 42
     after = store.get(connection_pk("c1"))
-    assert (after.lease_owner, after.lease_epoch, after.lease_expires_at_ms) == (
-        held.lease_owner, held.lease_epoch, held.lease_expires_at_ms,
-    )
+    assert (after.lease_owner, after.lease_epoch) == (held.lease_owner, held.lease_epoch)
     assert after.ws_url == URL  # a START never re-points a running connection
     assert after.last_seq == 42
     assert hints() == []  # a held lease needs no hint
@@ -319,6 +345,22 @@ def test_repeated_start_without_a_live_lease_hints_again(router, hints, capsys):
     assert reply.body["outcome"] == "already_started"
     assert hints() == [Hint(connection_pk("c1")), Hint(connection_pk("c1"))]
     assert emitted_metrics(capsys.readouterr().out).get("ConnectionsStarted") == 1
+
+
+def test_start_hints_a_connection_whose_owner_lease_lapsed(router, store, hints):
+    # GIVEN a STARTED connection owned by a worker whose lease has lapsed (it crashed)
+    assert start(router, "c1").status == 201
+    register(store, "worker-gone", lease_ms=-1_000)
+    store.acquire(connection_pk("c1"), owner="worker-gone")
+    hints()
+    # WHEN it is STARTed again
+    reply = start(router, "c1")
+    # THEN nothing moves, but the view says expired and a nudge goes out
+    assert (reply.status, reply.body["outcome"]) == (200, "already_started")
+    assert reply.body["lease"] == {
+        "state": "expired", "owner": "worker-gone", "epoch": 1, "expires_in_ms": 0,
+    }
+    assert hints() == [Hint(connection_pk("c1"))]
 
 
 def test_start_after_stop_restarts(router, store, hints):
@@ -421,7 +463,7 @@ def test_stop_is_idempotent(router, store, capsys):
     assert emitted_metrics(capsys.readouterr().out).get("ConnectionsStopped") == 1
 
 
-def test_stop_leaves_a_held_lease_to_its_owner(router, store):
+def test_stop_leaves_a_held_lease_to_its_owner(router, store, worker_a):
     assert start(router, "c1").status == 201
     held = store.acquire(connection_pk("c1"), owner="worker-a")
 
@@ -432,7 +474,7 @@ def test_stop_leaves_a_held_lease_to_its_owner(router, store):
 
 
 # ---------------------------------------------------------------------- GET
-def test_get_shows_the_lease_state(router, store):
+def test_get_shows_the_lease_state(router, store, worker_a):
     assert start(router, "c1").status == 201
     store.acquire(connection_pk("c1"), owner="worker-a")
 
@@ -446,6 +488,26 @@ def test_get_shows_the_lease_state(router, store):
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
         "stop_reason", "last_error", "failures", "created_at_ms", "updated_at_ms",
     }
+
+
+@pytest.mark.parametrize(
+    ("owner", "lease_ms", "kill"),
+    [("worker-lapsed", -1_000, False), ("worker-killed", 20_000, True), ("worker-gone", 0, False)],
+    ids=["lapsed", "killed", "item-gone"],
+)
+def test_get_shows_expired_once_the_owners_worker_lease_is_over(
+    router, store, owner, lease_ms, kill
+):
+    assert start(router, "c1").status == 201
+    if lease_ms:
+        register(store, owner, lease_ms=lease_ms)
+    store.acquire(connection_pk("c1"), owner=owner)
+    if kill:  # retire_worker: dead for good, whatever its expiry said
+        store.retire_worker(owner)
+
+    lease = invoke(router, api_event("GET", "/connections/c1")).body["lease"]
+
+    assert lease == {"state": "expired", "owner": owner, "epoch": 1, "expires_in_ms": 0}
 
 
 def test_get_of_an_unknown_connection_is_404(router, aws):
@@ -480,6 +542,61 @@ def test_list_pages_through_every_connection(router):
 
     assert sorted(seen) == [f"c{index}" for index in range(5)]
     assert pages >= 3
+
+
+def test_list_pages_across_every_index_shard_without_repeats(router):
+    # 40 connections spread over the 16 gsi_state shards; pages of 3 end mid-shard and at
+    # shard boundaries alike.
+    ids = [f"c{index:02d}" for index in range(40)]
+    for connection_id in ids:
+        assert start(router, connection_id).status == 201
+    seen: list[str] = []
+    token: str | None = None
+    while True:
+        reply = list_page(router, limit="3", **({"next_token": token} if token else {}))
+        assert reply.status == 200, reply.body
+        seen.extend(item["connection_id"] for item in reply.body["items"])
+        token = reply.body["next_token"]
+        if token is None:
+            break
+
+    assert sorted(seen) == ids  # each exactly once
+
+
+def test_list_shows_each_items_lease_with_one_batch_read_of_its_owners(router, store, aws):
+    # GIVEN connections held by a live worker, by a lapsed one, and a free one
+    for connection_id in ("held-1", "held-2", "lapsed", "free"):
+        assert start(router, connection_id).status == 201
+    register(store, "worker-a")
+    register(store, "worker-b", lease_ms=-1_000)
+    for connection_id, owner in (("held-1", "worker-a"), ("held-2", "worker-a"),
+                                 ("lapsed", "worker-b")):
+        store.acquire(connection_pk(connection_id), owner=owner)
+    requests: list[tuple[str, dict[str, Any]]] = []
+    client = router.dependencies().store._client
+    client.meta.events.register(
+        "provide-client-params.dynamodb.*",
+        lambda params, model, **_: requests.append((model.name, dict(params))),
+    )
+    # WHEN one page lists them all
+    reply = list_page(router, limit="10")
+    # THEN every item shows its own lease state
+    leases = {item["connection_id"]: item["lease"] for item in reply.body["items"]}
+    assert {cid: lease["state"] for cid, lease in leases.items()} == {
+        "held-1": "held", "held-2": "held", "lapsed": "expired", "free": "free",
+    }
+    assert 0 < leases["held-1"]["expires_in_ms"] <= 20_000
+    assert leases["free"]["expires_in_ms"] is None
+    # AND the owners were read once each, in one BatchGetItem, and no GetItem was made
+    worker_reads = [
+        params for op, params in requests if op == "BatchGetItem"
+        and any(key["pk"]["S"].startswith("WORKER#")
+                for table in params["RequestItems"].values() for key in table["Keys"])
+    ]
+    (batch,) = worker_reads
+    (keys,) = [table["Keys"] for table in batch["RequestItems"].values()]
+    assert sorted(key["pk"]["S"] for key in keys) == ["WORKER#worker-a", "WORKER#worker-b"]
+    assert not [op for op, _ in requests if op == "GetItem"]
 
 
 def test_list_filters_by_state(router):
@@ -602,8 +719,7 @@ BAD_INPUTS = [
      400, "next_token"),
     ("list-token-number-beyond-dynamodb",
      api_event("GET", "/connections", query={"next_token": token_of(
-         '{"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": '
-         + str(10**40) + "}")}),
+         '{"state": "STARTED", "shard": ' + str(10**40) + ', "key": null}')}),
      400, "next_token"),
     ("path-id-unicode", api_event("GET", "/connections/caf\u00e9"), 422, "connection_id"),
     ("path-id-very-long", api_event("DELETE", "/connections/" + "x" * 10_000), 422,

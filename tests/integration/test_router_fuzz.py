@@ -202,14 +202,25 @@ def _token(text: str) -> str:
     return base64.urlsafe_b64encode(text.encode("utf-8", "surrogatepass")).decode().rstrip("=")
 
 
-# Page tokens: forged keys of the right shape (numbers in and out of range), other JSON,
-# deep nesting, and text that is not base64 at all.
+# Page tokens: forged ones of the right shape (shards and keys in and out of range, keys of
+# other shards or states), other JSON, deep nesting, and text that is not base64 at all.
 forged_keys = st.fixed_dictionaries(
     {
-        "pk": st.one_of(valid_ids.map("CONN#".__add__), any_text),
-        # Mostly the default state's, so a forged key gets past the state check to DynamoDB.
-        "desired_state": st.sampled_from(["STARTED", "STARTED", "STOPPED", "started", ""]),
-        "lease_expires_at_ms": numbers,
+        # Mostly the default state's, so a forged token gets past the state check to DynamoDB.
+        "state": st.sampled_from(["STARTED", "STARTED", "STOPPED", "started", ""]),
+        "shard": st.one_of(st.integers(min_value=-2, max_value=18), numbers),
+        "key": st.one_of(
+            st.none(),
+            st.fixed_dictionaries(
+                {
+                    "pk": st.one_of(valid_ids.map("CONN#".__add__), any_text),
+                    "state_shard": st.one_of(
+                        st.integers(min_value=0, max_value=17).map(lambda n: f"STARTED#{n:02d}"),
+                        any_text,
+                    ),
+                }
+            ),
+        ),
     }
 )
 tokens = st.one_of(

@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 
 import boto3
 import pytest
+from boto3.dynamodb.types import TypeDeserializer
 
 from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
-from wsfleet.record import WorkerRecord
+from wsfleet.record import ConnectionRecord, WorkerRecord, index_keys
 from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import find_template, load_template, provision_resources
 from wsfleet_local.functions import lambda_context, load_function
@@ -161,8 +162,9 @@ def sequence_numbers(sample: str) -> list[str]:
     return [record["dynamodb"]["SequenceNumber"] for record in event["Records"]]
 
 
-# The stream samples' live leases expire in 2100 (not at the moment the samples were written),
-# so each one shows its path on whatever day it is invoked.
+# A connection item carries no expiry (lease model v2): its owner is alive while the owner's
+# worker item is, registered here on today's clock, so each sample shows its path on whatever
+# day it is invoked.
 def test_stream_samples_on_todays_clock(invoke: Any) -> None:
     # GIVEN worker-a alive with a working control queue; worker-b alive but its queue gone
     # (mid-restart), the setup README describes for the partial-failure sample
@@ -177,10 +179,36 @@ def test_stream_samples_on_todays_clock(invoke: Any) -> None:
     batch = "stream_batch_partial_failure"
     assert failed_ids(invoke(batch)) == [sequence_numbers(batch)[1]]
     assert drain(queue_a) == [StopCommand("CONN#ticker-btc-eur", 5).body()]
-    # records that are not STOP transitions (a heartbeat, an INSERT, a TTL REMOVE) send nothing
+    # records that are not STOP transitions (a checkpoint, a release, an INSERT, a TTL REMOVE)
+    # send nothing
     for sample in ("stream_ignored_modify", "stream_insert", "stream_remove_ttl"):
         assert invoke(sample) == {"batchItemFailures": []}, sample
     assert drain(queue_a) == []
+
+
+@pytest.mark.parametrize("sample", sorted(p.stem for p in EVENTS.glob("stream_*.json")))
+def test_stream_sample_images_are_v2_connection_items(sample: str) -> None:
+    # Each image is what the store would have written: no per-connection expiry, no
+    # lease_owner while free (an empty index key is invalid), and exactly the index keys
+    # index_keys() derives for its state and ownership.
+    deserializer = TypeDeserializer()
+    for record in json.loads((EVENTS / f"{sample}.json").read_text())["Records"]:
+        for name in ("NewImage", "OldImage"):
+            raw = record["dynamodb"].get(name)
+            if raw is None:
+                continue
+            image = {k: deserializer.deserialize(v) for k, v in raw.items()}
+            connection = ConnectionRecord.from_item(image)
+            assert "lease_expires_at_ms" not in image, (sample, name)
+            assert image.get("lease_owner", "x") != "", (sample, name)
+            keys, removed = index_keys(
+                connection.pk,
+                connection.desired_state,
+                owned=bool(connection.lease_owner),
+                since_ms=connection.unowned_since_ms or 0,
+            )
+            assert {k: image.get(k) for k in keys} == keys, (sample, name)
+            assert not set(removed) & set(image), (sample, name)
 
 
 def test_remove_sample_is_a_ttl_deletion() -> None:

@@ -1,9 +1,9 @@
 """The STOP notifier handler against the embedded moto server.
 
 Two kinds of input: the checked-in samples in ``events/`` (written at 2026-01-01, the notifier's
-clock is pinned to that moment; their live leases expire in 2100 so that they also show their
-path on today's clock, see test_sample_events.py) and the real ConnectionsTable stream, read from
-moto with GetRecords and turned into the event Lambda would deliver.
+clock is pinned to that moment; whether an owner is alive is its worker item, registered here)
+and the real ConnectionsTable stream, read from moto with GetRecords and turned into the event
+Lambda would deliver.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from wsfleet_local.functions import lambda_context, load_function
 pytestmark = pytest.mark.integration
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
-#: When the sample events were "written" (their live leases run until 2100).
+#: When the sample events were "written".
 EVENT_NOW_MS = 1_767_225_600_000
 LEASE_MS = 4_000
 
@@ -173,7 +173,7 @@ def test_sample_partial_failure_reports_only_the_record_that_failed(
     failing = event["Records"][1]
     assert failing["dynamodb"]["NewImage"]["lease_owner"] == {"S": "worker-b"}
 
-    # WHEN the batch (STOP for worker-a, STOP for worker-b, a heartbeat) is handled
+    # WHEN the batch (STOP for worker-a, STOP for worker-b, a checkpoint) is handled
     response = invoke(event)
 
     # THEN exactly the worker-b record is reported for retry, the rest went through

@@ -1,4 +1,6 @@
-"""The worker role's DynamoDB write limits match what LeaseStore actually writes (issue #11, 8).
+"""The worker role's DynamoDB write limits match what LeaseStore actually writes (issue #11, 8;
+lease model v2: no per-connection renewal, the worker's own lease on its worker item, and the
+kill of a lapsed peer's worker item on the takeover path).
 
 template.yaml lets the worker role Put/UpdateItem only the attributes listed under
 ``dynamodb:Attributes`` (per leading key: ``CONN#*``, ``WORKER#*``), so it cannot rewrite
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from wsfleet.aws import dynamodb_client
+from wsfleet.clock import now_ms
 from wsfleet.lease import Lease
 from wsfleet.record import WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore
@@ -60,12 +63,20 @@ def worker_write_limits() -> dict[str, set[str]]:
 
 
 def test_every_worker_write_names_only_attributes_the_template_allows(aws):
-    client = dynamodb_client()
-    setup = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=60_000)
-    for cid in ("a", "b", "c"):
+    # GIVEN connections the router started, and a peer worker whose lease has lapsed while it
+    # owned one of them (written by a separate client: these are not the worker's requests)
+    setup = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table, lease_ms=60_000)
+    for cid in ("a", "b", "c", "d", "e", "f"):
         setup.start(cid, f"wss://example.com/{cid}")
+    now = now_ms()
+    setup.register_worker(WorkerRecord(
+        worker_id="w0", control_queue_url="http://q0", started_at_ms=now - 120_000,
+        heartbeat_at_ms=now - 61_000, expires_at_ms=now - 1_000,
+    ))
+    setup.acquire(connection_pk("d"), "w0")
 
-    # GIVEN a store whose requests are recorded (the router's start above is not the worker's)
+    # AND a store whose requests are recorded
+    client = dynamodb_client()
     requests: list[tuple[str, dict[str, Any]]] = []
     client.meta.events.register(
         "provide-client-params.dynamodb.*",
@@ -75,29 +86,58 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
         client, aws.connections_table, lease_ms=60_000, stopped_retention_ms=86_400_000
     )
 
-    # WHEN it makes every write the worker makes
+    # WHEN it makes every write the worker makes: its own lease...
+    store.register_worker(WorkerRecord(
+        worker_id="w1", control_queue_url="http://q", started_at_ms=now, heartbeat_at_ms=now,
+        expires_at_ms=now + 60_000, capacity=100,
+    ))
+    store.renew_worker("w1", expires_at_ms=now_ms() + 60_000, connection_count=1)
+    # ... a free connection: acquire, re-take (its own earlier attempt), checkpoint, errors
     lease = Lease.of(store.acquire(connection_pk("a"), "w1"))
-    lease = store.renew(lease)
-    lease = store.renew(lease, last_seq=3)
+    lease = Lease.of(store.acquire(connection_pk("a"), "w1"))
     store.checkpoint(lease, 4)
     store.record_error(lease, "upstream closed 1011")
-    store.release(lease, last_seq=5)
+    store.note_failure(lease, "crashed", count=1, at_seq=4)
+    store.release(lease, last_seq=5)  # hand-off: free and STARTED (gsi_unowned)
+    # ... the endings: STOPPED by the holder, FAILED by the breaker, released after a STOP
     store.mark_stopped(Lease.of(store.acquire(connection_pk("b"), "w1")), "done", last_seq=1)
-    store.release(Lease.of(store.acquire(connection_pk("c"), "w1")))
-    store.register_worker(WorkerRecord(
-        worker_id="w1", control_queue_url="http://q", started_at_ms=1, heartbeat_at_ms=1,
-        expires_at_ms=2, connection_count=0,
-    ))
-    store.heartbeat_worker("w1", expires_at_ms=3, connection_count=1)
+    failed = Lease.of(store.acquire(connection_pk("c"), "w1"))
+    store.mark_failed(failed, "poison", count=3, at_seq=0, last_seq=0)
+    stopped = Lease.of(store.acquire(connection_pk("e"), "w1"))
+    setup.stop(connection_pk("e"))
+    store.release(stopped, last_seq=2)  # not knowing of the STOP: refused once, then released
+    known = Lease.of(store.acquire(connection_pk("f"), "w1"))
+    setup.stop(connection_pk("f"))
+    store.release(known, stopped=True)
+    # ... a takeover from the lapsed peer: the kill, then the take
+    taken = store.acquire(connection_pk("d"), "w1")
+    assert (taken.lease_owner, store.get_worker("w0", consistent=True).dead) == ("w1", True)
+    # ... and the end of its own lease
+    store.retire_worker("w1")
 
     # THEN each Put/UpdateItem names only attributes the template allows under its key
     limits = worker_write_limits()
-    writes = [(op, p) for op, p in requests if op in ("PutItem", "UpdateItem")]
-    assert {op for op, _ in writes} == {"PutItem", "UpdateItem"}
+    writes = [(op, p) for op, p in requests if op in ("PutItem", "UpdateItem", "DeleteItem")]
+    assert {op for op, _ in writes} == {"PutItem", "UpdateItem"}  # workers never delete items
     for operation, params in writes:
         pk = (params.get("Key") or params.get("Item"))["pk"]["S"]
         allowed = limits["CONN#*" if pk.startswith("CONN#") else "WORKER#*"]
         assert request_attributes(params) <= allowed, (operation, request_attributes(params))
     # AND the lists hold nothing the worker never writes (a stale grant is a wider grant)
-    written = set().union(*(request_attributes(p) for _, p in writes))
-    assert set().union(*limits.values()) == written
+    for key, prefix in (("CONN#*", "CONN#"), ("WORKER#*", "WORKER#")):
+        written = set().union(*(
+            request_attributes(p) for _, p in writes
+            if (p.get("Key") or p.get("Item"))["pk"]["S"].startswith(prefix)
+        ))
+        assert limits[key] == written, key
+
+
+def test_the_worker_role_may_not_delete_items() -> None:
+    role = load_template(ROOT / "template.yaml")["Resources"]["WorkerTaskRole"]["Properties"]
+    actions = {
+        action
+        for policy in role["Policies"]
+        for statement in policy["PolicyDocument"]["Statement"]
+        for action in statement["Action"]
+    }
+    assert "dynamodb:DeleteItem" not in actions

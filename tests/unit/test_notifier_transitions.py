@@ -23,9 +23,8 @@ from wsfleet_local.backend import load_template
 from wsfleet_local.functions import load_function
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
-#: The sample events are written at 2026-01-01T00:00:00Z. Their live leases expire in 2100
-#: (events/ are also run with the real clock, under `sam local invoke` and in
-#: tests/integration/test_sample_events.py), so a lapsed lease is made by moving the clock.
+#: The sample events are written at 2026-01-01T00:00:00Z. A connection item carries no expiry
+#: (lease model v2): whether its owner is alive is the owner's worker item, made here.
 EVENT_NOW_MS = 1_767_225_600_000
 
 notifier_app = load_function("stream_notifier")
@@ -64,13 +63,16 @@ class Outbox:
         return {"MessageId": "m"}
 
 
-def live_worker(worker_id: str, url: str, *, expires: int = EVENT_NOW_MS + 60_000) -> WorkerRecord:
+def live_worker(
+    worker_id: str, url: str, *, expires: int = EVENT_NOW_MS + 60_000, dead_at: int | None = None
+) -> WorkerRecord:
     return WorkerRecord(
         worker_id=worker_id,
         control_queue_url=url,
         started_at_ms=EVENT_NOW_MS - 3_600_000,
         heartbeat_at_ms=EVENT_NOW_MS,
         expires_at_ms=expires,
+        dead_at_ms=dead_at,
     )
 
 
@@ -91,7 +93,7 @@ def test_the_stop_modify_sample_is_a_transition_carrying_owner_and_epoch() -> No
 
 
 @pytest.mark.parametrize("name", ["stream_ignored_modify.json", "stream_insert.json"])
-def test_heartbeats_releases_and_started_inserts_are_not_transitions(name: str) -> None:
+def test_checkpoints_releases_and_started_inserts_are_not_transitions(name: str) -> None:
     for raw in records(name):
         assert notifier_app.stopped_connection(record(raw)) is None
 
@@ -129,27 +131,35 @@ def test_a_stop_goes_to_the_owners_control_queue() -> None:
     assert outbox.sent == [("q://worker-a", StopCommand("CONN#ticker-btc-usd", 3).body())]
 
 
-def test_nothing_is_sent_when_nobody_holds_the_lease() -> None:
+@pytest.mark.parametrize("owner", [None, ""], ids=["absent", "empty"])
+def test_nothing_is_sent_when_nobody_holds_the_lease(owner: str | None) -> None:
+    # v2 items have no lease_owner while free; an empty one means the same.
     (raw,) = records("stream_stop_modify.json")
     raw = copy.deepcopy(raw)
-    raw["dynamodb"]["NewImage"]["lease_owner"] = {"S": ""}
+    image = raw["dynamodb"]["NewImage"]
+    del image["lease_owner"]
+    if owner is not None:
+        image["lease_owner"] = {"S": owner}
     outbox = Outbox()
     notifier = make_notifier({"worker-a": live_worker("worker-a", "q://a")}, outbox)
     assert notifier.handle(record(raw)) is Outcome.NO_OWNER
     assert outbox.sent == []
 
 
-def test_nothing_is_sent_when_the_lease_already_expired() -> None:
-    # A STOPPED lease can no longer be renewed, so once it lapsed its holder is fenced.
+@pytest.mark.parametrize(
+    "owner",
+    [
+        live_worker("worker-a", "q://a", expires=EVENT_NOW_MS - 1),  # stopped renewing
+        live_worker("worker-a", "q://a", dead_at=EVENT_NOW_MS - 5),  # killed by a peer, retired
+    ],
+    ids=["lapsed", "dead"],
+)
+def test_nothing_is_sent_when_the_owners_worker_lease_is_over(owner: WorkerRecord) -> None:
+    # The connection lives by its owner's worker lease: once that is over, the owner's
+    # sessions are fenced and there is nobody to tell.
     (raw,) = records("stream_stop_modify.json")
-    expiry = int(raw["dynamodb"]["NewImage"]["lease_expires_at_ms"]["N"])
     outbox = Outbox()
-    notifier = make_notifier(
-        {"worker-a": live_worker("worker-a", "q://a", expires=expiry + 60_000)},
-        outbox,
-        now=expiry + 1,
-    )
-    assert notifier.handle(record(raw)) is Outcome.LEASE_EXPIRED
+    assert make_notifier({"worker-a": owner}, outbox).handle(record(raw)) is Outcome.LEASE_EXPIRED
     assert outbox.sent == []
 
 
@@ -157,18 +167,41 @@ def test_nothing_is_sent_when_the_lease_already_expired() -> None:
     "workers",
     [
         {},  # no worker item
-        {"worker-a": live_worker("worker-a", "q://a", expires=EVENT_NOW_MS - 1)},  # expired
         {"worker-a": live_worker("worker-a", "")},  # no control queue registered
+        {"worker-b": live_worker("worker-b", "q://b")},  # a live worker, but not the owner
     ],
-    ids=["missing", "expired", "no-queue"],
+    ids=["missing", "no-queue", "another-worker"],
 )
-def test_nothing_is_sent_when_the_owner_has_no_live_worker(
+def test_nothing_is_sent_when_the_owner_has_no_worker_item_or_queue(
     workers: dict[str, WorkerRecord],
 ) -> None:
     (raw,) = records("stream_stop_modify.json")
     outbox = Outbox()
     assert make_notifier(workers, outbox).handle(record(raw)) is Outcome.WORKER_GONE
     assert outbox.sent == []
+
+
+# ---------------------------------------------------------------- delivery_outcome (pure)
+@pytest.mark.parametrize(
+    ("owner_id", "worker", "expected"),
+    [
+        ("", None, Outcome.NO_OWNER),
+        ("", live_worker("w", "q://w"), Outcome.NO_OWNER),
+        ("w", None, Outcome.WORKER_GONE),
+        ("w", live_worker("w", ""), Outcome.WORKER_GONE),
+        ("w", live_worker("w", "", expires=EVENT_NOW_MS - 1), Outcome.WORKER_GONE),
+        ("w", live_worker("w", "q://w", expires=EVENT_NOW_MS - 1), Outcome.LEASE_EXPIRED),
+        ("w", live_worker("w", "q://w", dead_at=EVENT_NOW_MS), Outcome.LEASE_EXPIRED),
+        ("w", live_worker("w", "q://w", expires=EVENT_NOW_MS), Outcome.DELIVERED),  # last ms
+        ("w", live_worker("w", "q://w"), Outcome.DELIVERED),
+    ],
+)
+def test_delivery_outcome(owner_id: str, worker: WorkerRecord | None, expected: Outcome) -> None:
+    (raw,) = records("stream_stop_modify.json")
+    connection = notifier_app.stopped_connection(record(raw))
+    assert connection is not None
+    connection = connection.with_changes(lease_owner=owner_id)
+    assert notifier_app.delivery_outcome(connection, worker, EVENT_NOW_MS) is expected
 
 
 def test_a_failed_send_raises_so_only_that_record_is_retried() -> None:
@@ -203,8 +236,8 @@ def _failed_by_the_breaker(raw: dict[str, Any]) -> dict[str, Any]:
     raw = copy.deepcopy(raw)
     new = raw["dynamodb"]["NewImage"]
     new["desired_state"] = {"S": "FAILED"}
-    new["lease_owner"] = {"S": ""}
-    new["lease_expires_at_ms"] = {"N": "0"}
+    new["state_shard"] = {"S": new["state_shard"]["S"].replace("STOPPED", "FAILED")}
+    del new["lease_owner"]
     raw["dynamodb"]["OldImage"]["desired_state"] = {"S": "STARTED"}
     return raw
 
@@ -228,6 +261,9 @@ def test_stopping_a_failed_connection_tells_nobody() -> None:
     stopped = _failed_by_the_breaker(raw)
     stopped["dynamodb"]["OldImage"] = copy.deepcopy(stopped["dynamodb"]["NewImage"])
     stopped["dynamodb"]["NewImage"]["desired_state"] = {"S": "STOPPED"}
+    stopped["dynamodb"]["NewImage"]["state_shard"] = {
+        "S": raw["dynamodb"]["NewImage"]["state_shard"]["S"]
+    }
     outbox = Outbox()
     notifier = make_notifier({"worker-a": live_worker("worker-a", "q://a")}, outbox)
     # THEN it is a transition, but nobody holds the lease: nothing is sent

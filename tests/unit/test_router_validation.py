@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from wsfleet.exceptions import ConnectionNotFound, StoreError
-from wsfleet.record import ConnectionRecord, DesiredState
+from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord
 from wsfleet.settings import Settings
 from wsfleet.store import StartResult
 from wsfleet_local.functions import lambda_context, load_function
@@ -36,31 +36,45 @@ def record(**changes: Any) -> ConnectionRecord:
 
 
 # ---------------------------------------------------------------------- views
+def worker(**changes: Any) -> WorkerRecord:
+    """The owner's worker item: its lease runs to ``expires_at_ms``."""
+    fields: dict[str, Any] = {
+        "worker_id": "w1", "control_queue_url": "q://w1", "started_at_ms": 0,
+        "heartbeat_at_ms": NOW, "expires_at_ms": NOW + 1500,
+    }
+    return WorkerRecord(**{**fields, **changes})
+
+
 class TestLeaseView:
     def test_free(self):
-        assert router.lease_view(record(), NOW) == {
+        assert router.lease_view(record(), None, NOW) == {
             "state": "free", "owner": None, "epoch": 0, "expires_in_ms": None,
         }
 
     def test_released_lease_is_free_but_keeps_its_epoch(self):
-        view = router.lease_view(record(lease_epoch=4), NOW)
+        view = router.lease_view(record(lease_epoch=4), None, NOW)
         assert (view["state"], view["epoch"]) == ("free", 4)
 
-    def test_held(self):
-        held = record(lease_owner="w1", lease_epoch=2, lease_expires_at_ms=NOW + 1500)
-        assert router.lease_view(held, NOW) == {
+    def test_held_while_the_owners_worker_lease_runs(self):
+        held = record(lease_owner="w1", lease_epoch=2)
+        assert router.lease_view(held, worker(), NOW) == {
             "state": "held", "owner": "w1", "epoch": 2, "expires_in_ms": 1500,
         }
 
-    def test_expired(self):
-        stale = record(lease_owner="w1", lease_epoch=2, lease_expires_at_ms=NOW - 1)
-        assert router.lease_view(stale, NOW) == {
+    @pytest.mark.parametrize(
+        "owner",
+        [worker(expires_at_ms=NOW - 1), worker(dead_at_ms=NOW - 5), None],
+        ids=["lapsed", "killed", "item-gone"],
+    )
+    def test_expired_once_the_owner_is_not_alive(self, owner):
+        stale = record(lease_owner="w1", lease_epoch=2)
+        assert router.lease_view(stale, owner, NOW) == {
             "state": "expired", "owner": "w1", "epoch": 2, "expires_in_ms": 0,
         }
 
 
 def test_connection_view_redacts_the_url_and_lists_every_field():
-    view = router.connection_view(record(last_seq=9, stop_reason=None), NOW)
+    view = router.connection_view(record(last_seq=9, stop_reason=None), None, NOW)
 
     assert view["ws_url"] == "wss://stream.example.com/feed?token=***"
     assert view["connection_id"] == "c1"
@@ -74,24 +88,30 @@ def test_connection_view_redacts_the_url_and_lists_every_field():
 
 
 # ---------------------------------------------------------------------- page tokens
-KEY = {"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": Decimal(0)}
+#: What DynamoDBLeaseStore.list_connections returns as next_key: the gsi_state shard it
+#: stopped in and that shard's LastEvaluatedKey (None: start the shard from its beginning).
+KEY = {"pk": "CONN#c1", "state_shard": "STARTED#03"}
+NEXT = {"shard": 3, "key": KEY}
 
 
 def token_of(payload: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
 
 
+def payload(**changes: Any) -> dict[str, Any]:
+    return {"state": "STARTED", "shard": 3, "key": KEY, **changes}
+
+
 class TestPageToken:
-    def test_round_trip(self):
-        token = router.encode_next_token(KEY)
+    @pytest.mark.parametrize("next_key", [NEXT, {"shard": 15, "key": None}], ids=["key", "shard"])
+    def test_round_trip(self, next_key):
+        token = router.encode_next_token(next_key, DesiredState.STARTED)
         assert "=" not in token
-        assert router.decode_next_token(token, DesiredState.STARTED) == {
-            "pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": 0,
-        }
+        assert router.decode_next_token(token, DesiredState.STARTED) == next_key
 
     def test_fractional_numbers_cannot_be_encoded(self):
         with pytest.raises(TypeError):
-            router.encode_next_token({**KEY, "lease_expires_at_ms": Decimal("1.5")})
+            router.encode_next_token({"shard": Decimal("1.5"), "key": None}, DesiredState.STARTED)
 
     @pytest.mark.parametrize(
         "token",
@@ -100,18 +120,31 @@ class TestPageToken:
             "a" * 5000,
             token_of(["CONN#c1"]),
             token_of({"pk": "CONN#c1"}),
-            token_of({**KEY, "lease_expires_at_ms": 0, "extra": 1}),
-            token_of({"pk": "WORKER#w1", "desired_state": "STARTED", "lease_expires_at_ms": 0}),
-            token_of({"pk": "CONN#a b", "desired_state": "STARTED", "lease_expires_at_ms": 0}),
-            token_of({"pk": 7, "desired_state": "STARTED", "lease_expires_at_ms": 0}),
-            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": "0"}),
-            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": True}),
-            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": -1}),
+            # v1 tokens (gsi_desired_state_lease keys) are not v2 tokens
+            token_of({"pk": "CONN#c1", "desired_state": "STARTED", "lease_expires_at_ms": 0}),
+            token_of({**payload(), "extra": 1}),
+            token_of({"shard": 3, "key": KEY}),
+            token_of(payload(state="RUNNING")),
+            token_of(payload(state=None)),
+            token_of(payload(shard=16)),
+            token_of(payload(shard=-1)),
+            token_of(payload(shard="3")),
+            token_of(payload(shard=True)),
+            token_of(payload(shard=3.0)),
+            token_of(payload(key=["CONN#c1"])),
+            token_of(payload(key={"pk": "CONN#c1"})),
+            token_of(payload(key={**KEY, "extra": 1})),
+            token_of(payload(key={**KEY, "pk": "WORKER#w1"})),
+            token_of(payload(key={**KEY, "pk": "CONN#a b"})),
+            token_of(payload(key={**KEY, "pk": 7})),
+            token_of(payload(key={**KEY, "state_shard": "STARTED#04"})),  # not its shard
+            token_of(payload(key={**KEY, "state_shard": "STOPPED#03"})),  # not its state
+            token_of(payload(key={**KEY, "state_shard": 3})),
             base64.urlsafe_b64encode(b"\xff\xfe").decode(),
             # Issue #11 finding 6: these reached json.loads / boto3 and answered 500.
             base64.urlsafe_b64encode(b"[" * 3000).decode(),
-            token_of({**KEY, "lease_expires_at_ms": 10**40}),
-            token_of({**KEY, "lease_expires_at_ms": float("nan")}),
+            token_of(payload(shard=10**40)),
+            token_of(payload(shard=float("nan"))),
         ],
     )
     def test_malformed_tokens_are_a_400_on_next_token(self, token):
@@ -121,8 +154,9 @@ class TestPageToken:
         assert caught.value.field == "next_token"
         assert caught.value.message == "next_token is malformed"
 
-    def test_token_of_another_state_is_refused(self):
-        token = router.encode_next_token(KEY)
+    @pytest.mark.parametrize("next_key", [NEXT, {"shard": 0, "key": None}], ids=["key", "shard"])
+    def test_token_of_another_state_is_refused(self, next_key):
+        token = router.encode_next_token(next_key, DesiredState.STARTED)
         with pytest.raises(router.ApiError) as caught:
             router.decode_next_token(token, DesiredState.STOPPED)
         assert "another state" in caught.value.message

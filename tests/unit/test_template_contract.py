@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from wsfleet.record import INDEX_SHARDS, WORKER_INDEX_VALUE
 from wsfleet.settings import ENVIRONMENT
-from wsfleet.store import GSI_NAME
+from wsfleet.store import OWNER_INDEX, STATE_INDEX, UNOWNED_INDEX, WORKERS_INDEX
 from wsfleet_local.backend import load_template
 from wsfleet_worker.config import WORKER_ENVIRONMENT
 
@@ -28,8 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CTL_QUEUES = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-ctl-*"
 CTL_PREFIX = {"Fn::Sub": "${AWS::StackName}-ctl-"}
 TABLE = "ConnectionsTable.Arn"
-GSI = "${ConnectionsTable.Arn}/index/gsi_desired_state_lease"
+INDEXES = (OWNER_INDEX, UNOWNED_INDEX, STATE_INDEX, WORKERS_INDEX)
+#: Policy Resource of one index of the connections table.
+INDEX = {name: f"${{ConnectionsTable.Arn}}/index/{name}" for name in INDEXES}
 WORKER_ITEMS_ONLY = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["WORKER#*"]}}
+CONNECTION_ITEMS_ONLY = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["CONN#*"]}}
 
 
 # ------------------------------------------------------------------------------------- loading
@@ -103,25 +107,47 @@ def conditions(resources: Mapping[str, Any], role: str, action: str) -> list[Any
 
 
 # ============================================================================ tables and queues
-def test_connections_table_keys_index_stream_and_ttl(resources: dict[str, Any]) -> None:
+def test_connections_table_keys_indexes_stream_and_ttl(resources: dict[str, Any]) -> None:
     table = props(resources, "ConnectionsTable")
 
     assert table["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"}]
     assert {(a["AttributeName"], a["AttributeType"]) for a in table["AttributeDefinitions"]} == {
         ("pk", "S"),
-        ("desired_state", "S"),
-        ("lease_expires_at_ms", "N"),
+        ("lease_owner", "S"),
+        ("unowned_shard", "S"),
+        ("unowned_since_ms", "N"),
+        ("state_shard", "S"),
+        ("worker_index", "S"),
     }
-    (index,) = table["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == GSI_NAME == "gsi_desired_state_lease"
-    assert index["KeySchema"] == [
-        {"AttributeName": "desired_state", "KeyType": "HASH"},
-        {"AttributeName": "lease_expires_at_ms", "KeyType": "RANGE"},
+    indexes = {index["IndexName"]: index for index in table["GlobalSecondaryIndexes"]}
+    assert set(indexes) == set(INDEXES)
+    assert indexes[OWNER_INDEX]["KeySchema"] == [
+        {"AttributeName": "lease_owner", "KeyType": "HASH"}
     ]
-    assert index["Projection"] == {"ProjectionType": "ALL"}
+    # the sweep and the reconciler read the epoch and the desired state from the index
+    assert indexes[OWNER_INDEX]["Projection"] == {
+        "ProjectionType": "INCLUDE", "NonKeyAttributes": ["lease_epoch", "desired_state"],
+    }
+    assert indexes[UNOWNED_INDEX]["KeySchema"] == [
+        {"AttributeName": "unowned_shard", "KeyType": "HASH"},
+        {"AttributeName": "unowned_since_ms", "KeyType": "RANGE"},
+    ]
+    assert indexes[UNOWNED_INDEX]["Projection"] == {
+        "ProjectionType": "INCLUDE", "NonKeyAttributes": ["lease_epoch"],
+    }
+    assert indexes[STATE_INDEX]["KeySchema"] == [
+        {"AttributeName": "state_shard", "KeyType": "HASH"},
+        {"AttributeName": "pk", "KeyType": "RANGE"},
+    ]
+    assert indexes[WORKERS_INDEX]["KeySchema"] == [
+        {"AttributeName": "worker_index", "KeyType": "HASH"}
+    ]
+    for name in (STATE_INDEX, WORKERS_INDEX):
+        assert indexes[name]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
     assert table["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
     assert table["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
     assert table["BillingMode"] == "PAY_PER_REQUEST"
+    assert (INDEX_SHARDS, WORKER_INDEX_VALUE) == (16, "WORKER")  # what the comments describe
 
 
 def test_messages_table_keys_and_ttl(resources: dict[str, Any]) -> None:
@@ -429,13 +455,16 @@ def test_dockerfile_runs_the_worker_as_the_task_expects() -> None:
 EXPECTED_GRANTS = {
     "RouterRole": {
         ("dynamodb:GetItem", TABLE),
+        ("dynamodb:BatchGetItem", TABLE),
         ("dynamodb:PutItem", TABLE),
         ("dynamodb:UpdateItem", TABLE),
-        ("dynamodb:Query", GSI),
+        ("dynamodb:Query", INDEX[STATE_INDEX]),
         ("sqs:SendMessage", "HintQueue.Arn"),
     },
     "ReconcilerRole": {
-        ("dynamodb:Query", GSI),
+        ("dynamodb:Query", INDEX[OWNER_INDEX]),
+        ("dynamodb:Query", INDEX[UNOWNED_INDEX]),
+        ("dynamodb:Query", INDEX[WORKERS_INDEX]),
         ("dynamodb:GetItem", TABLE),
         ("dynamodb:BatchGetItem", TABLE),
         ("dynamodb:UpdateItem", TABLE),
@@ -457,10 +486,9 @@ EXPECTED_GRANTS = {
         ("sqs:SendMessage", "StreamNotifierFailureQueue.Arn"),
     },
     "WorkerTaskRole": {
-        *{
-            (f"dynamodb:{a}", TABLE)
-            for a in ("GetItem", "PutItem", "UpdateItem", "DeleteItem", "BatchGetItem")
-        },
+        # No DeleteItem: a worker retires its item; the reconciler deletes it later.
+        *{(f"dynamodb:{a}", TABLE) for a in ("GetItem", "PutItem", "UpdateItem", "BatchGetItem")},
+        ("dynamodb:Query", INDEX[OWNER_INDEX]),  # its sweep
         ("dynamodb:BatchWriteItem", "MessagesTable.Arn"),
         ("dynamodb:PutItem", "MessagesTable.Arn"),
         # Only what the worker calls (HintPoller, HintSender, ControlChannel): no
@@ -489,13 +517,44 @@ def test_each_component_gets_exactly_the_actions_it_calls(
     [
         ("ReconcilerRole", "dynamodb:DeleteItem"),
         ("StreamNotifierRole", "dynamodb:GetItem"),
-        ("WorkerTaskRole", "dynamodb:DeleteItem"),
     ],
 )
 def test_item_deletes_and_notifier_reads_are_limited_to_worker_items(
     resources: dict[str, Any], role: str, action: str
 ) -> None:
     assert conditions(resources, role, action) == [WORKER_ITEMS_ONLY]
+
+
+def test_router_writes_only_connection_items_and_reads_workers_only_for_the_view(
+    resources: dict[str, Any],
+) -> None:
+    for action in ("dynamodb:PutItem", "dynamodb:UpdateItem"):
+        assert conditions(resources, "RouterRole", action) == [CONNECTION_ITEMS_ONLY]
+    for action in ("dynamodb:GetItem", "dynamodb:BatchGetItem"):
+        assert conditions(resources, "RouterRole", action) == [
+            CONNECTION_ITEMS_ONLY, WORKER_ITEMS_ONLY,
+        ]
+
+
+def test_the_throttle_alarm_covers_the_table_and_every_index(resources: dict[str, Any]) -> None:
+    alarm = alarms(resources)["ConnectionsTableThrottleAlarm"]
+    stats = [m for m in alarm["Metrics"] if "MetricStat" in m]
+    watched = set()
+    for query in stats:
+        metric = query["MetricStat"]["Metric"]
+        dims = {d["Name"]: d["Value"] for d in metric["Dimensions"]}
+        assert dims.pop("TableName") == {"Ref": "ConnectionsTable"}
+        watched.add((metric["MetricName"], dims.get("GlobalSecondaryIndexName")))
+        assert query["ReturnData"] is False
+    assert watched == {("ReadThrottleEvents", None), ("WriteThrottleEvents", None)} | {
+        ("WriteThrottleEvents", name) for name in INDEXES
+    }
+    assert len(stats) <= 10  # CloudWatch's limit of metrics per alarm
+    (total,) = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert total["ReturnData"] is True
+    assert sorted(re.findall(r"FILL\((\w+), 0\)", total["Expression"])) == sorted(
+        q["Id"] for q in stats
+    )
 
 
 @pytest.mark.parametrize(
@@ -737,12 +796,13 @@ def test_deploy_doc_covers_every_parameter_alarm_and_output(template: dict[str, 
 #: runs every worker-side LeaseStore write against the moto server and checks the attribute
 #: names of each request against these lists, so the three (store, test, template) move together.
 WORKER_CONNECTION_ATTRIBUTES = {
-    "pk", "desired_state", "expires_at", "last_error", "last_seq", "lease_epoch",
-    "lease_expires_at_ms", "lease_owner", "stop_reason", "updated_at_ms",
+    "pk", "desired_state", "expires_at", "failure_count", "failure_seq", "hinted_at_ms",
+    "hinted_since_ms", "last_error", "last_seq", "lease_epoch", "lease_owner", "state_shard",
+    "stop_reason", "unowned_shard", "unowned_since_ms", "updated_at_ms",
 }
 WORKER_ITEM_ATTRIBUTES = {
-    "pk", "connection_count", "control_queue_url", "expires_at_ms", "heartbeat_at_ms",
-    "started_at_ms", "worker_id",
+    "pk", "capacity", "connection_count", "control_queue_url", "dead_at_ms", "expires_at_ms",
+    "heartbeat_at_ms", "started_at_ms", "worker_id", "worker_index",
 }
 
 
@@ -770,8 +830,10 @@ def test_worker_writes_to_the_connections_table_are_limited_by_key_and_attribute
     # them would lift the limit for everything), and ws_url is never writable by the worker.
     limits = worker_write_limits(resources)
     assert limits == {"CONN#*": WORKER_CONNECTION_ATTRIBUTES, "WORKER#*": WORKER_ITEM_ATTRIBUTES}
-    for key in ("ws_url", "resume", "created_at_ms", "hinted_at_ms"):
+    for key in ("ws_url", "resume", "created_at_ms"):
         assert key not in limits["CONN#*"]
+    # the reconciler's hint claim on a worker item is not the worker's to write
+    assert "hinted_expiry_ms" not in limits["WORKER#*"]
     put_on_connections = [
         s for s in statements(resources, "WorkerTaskRole")
         if "dynamodb:PutItem" in as_list(s["Action"]) and _resource_key(s["Resource"]) == TABLE
