@@ -72,7 +72,8 @@ def serve(frame_bytes: int) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from wsfleet.hints import Hint, HintSender
+    from wsfleet.hint_sender import HintSender
+    from wsfleet.hints import Hint
     from wsfleet.settings import ENVIRONMENT
     from wsfleet_local.backend import EmbeddedBackend
 

@@ -172,7 +172,7 @@ def queue_depth(sqs: Any, url: str) -> int:
 def run_one(backend: Any, scenario: str, items: int) -> Run:
     from wsfleet.aws import dynamodb_client, sqs_client
     from wsfleet.clock import now_ms
-    from wsfleet.hints import HintSender
+    from wsfleet.hint_sender import HintSender
     from wsfleet.reconcile import HintLedger
     from wsfleet.store import DynamoDBLeaseStore
     from wsfleet_local.functions import load_function

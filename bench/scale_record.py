@@ -252,7 +252,8 @@ class _EmulatedReconciler:
 def _start_directly(fleet: Any, ids: list[str]) -> None:
     """START the way the router does (store.start + a hint), for a checkout whose router is
     not v2 yet; before the window, so it costs the recording nothing."""
-    from wsfleet.hints import Hint, HintSender
+    from wsfleet.hint_sender import HintSender
+    from wsfleet.hints import Hint
     from wsfleet.record import connection_pk
     from wsfleet.store import DynamoDBLeaseStore
 

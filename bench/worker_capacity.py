@@ -114,7 +114,8 @@ def create_connections(dynamodb: Any, table: str, ids: list[str], sim_url: str) 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from wsfleet.hints import Hint, HintSender
+    from wsfleet.hint_sender import HintSender
+    from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
     from wsfleet_local.backend import EmbeddedBackend
 

@@ -55,7 +55,8 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import Clock, now_ms
 from wsfleet.control import WORKER_ID_TAG
 from wsfleet.exceptions import StoreError
-from wsfleet.hints import Hint, HintSender
+from wsfleet.hint_sender import HintSender
+from wsfleet.hints import Hint
 from wsfleet.reconcile import (
     CleanupAction,
     ControlQueue,

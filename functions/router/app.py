@@ -77,7 +77,8 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.bodies import connection_pk_field, json_nesting_depth
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import ConfigurationError, ConnectionNotFound, StoreError
-from wsfleet.hints import Hint, HintSender
+from wsfleet.hint_sender import HintSender
+from wsfleet.hints import Hint
 from wsfleet.record import (
     INDEX_SHARDS,
     ConnectionRecord,

@@ -41,7 +41,8 @@ from typing import Any, TypeVar
 import boto3
 import pytest
 
-from wsfleet.hints import Hint, HintSender
+from wsfleet.hint_sender import HintSender
+from wsfleet.hints import Hint
 from wsfleet.lease import is_worker_alive
 from wsfleet.messages import MessageStore
 from wsfleet.record import INDEX_SHARDS, ConnectionRecord, connection_id_from_pk, connection_pk

@@ -25,7 +25,8 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, control_queue_name
 from wsfleet.exceptions import ConfigurationError, StoreError
-from wsfleet.hints import Hint, HintSender
+from wsfleet.hint_sender import HintSender
+from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet.reconcile import HintLedger, dead_worker_grace_ms, rehint_after_ms
 from wsfleet.record import WorkerRecord

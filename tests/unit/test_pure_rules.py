@@ -40,24 +40,10 @@ def loaded_after_import(module: str) -> list[str]:
     [
         "wsfleet.lease",
         "wsfleet.record",
-        pytest.param(
-            "wsfleet.reconcile",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="imports wsfleet.hints (Hint), which imports botocore.exceptions at "
-                "module level for its SQS sender; on v2-store it does not import at all yet "
-                "(it still imports is_expired/will_expire_before, gone from wsfleet.lease)",
-            ),
-        ),
-        pytest.param(
-            "wsfleet_worker.protocol",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="imports wsfleet.backoff (botocore.exceptions at module level for "
-                "is_ambiguous/is_throttling; protocol only uses the pure backoff()) and "
-                "wsfleet.hints (botocore.exceptions for its SQS sender)",
-            ),
-        ),
+        "wsfleet.reconcile",
+        "wsfleet.hints",
+        "wsfleet.backoff",
+        "wsfleet_worker.protocol",
         "wsfleet_worker.checkpoint",
     ],
 )

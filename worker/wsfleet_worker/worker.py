@@ -66,7 +66,8 @@ from wsfleet.exceptions import (
     LeaseError,
     WsfleetError,
 )
-from wsfleet.hints import Hint, HintSender
+from wsfleet.hint_sender import HintSender
+from wsfleet.hints import Hint
 from wsfleet.lease import Lease, is_ours
 from wsfleet.messages import MessageStore
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_id_from_pk

@@ -21,7 +21,7 @@ _EXPORTS = {
     "StoreError": "exceptions",
     "WsfleetError": "exceptions",
     "Hint": "hints",
-    "HintSender": "hints",
+    "HintSender": "hint_sender",
     "Lease": "lease",
     "ConnectionRecord": "record",
     "DesiredState": "record",
