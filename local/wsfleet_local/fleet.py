@@ -107,6 +107,12 @@ class FleetTimings:
     drain_timeout_seconds: float = 5.0
     #: Queue long-poll waits of the workers: bound how long a drain waits for a poll to end.
     queue_wait_seconds: int = 2
+    #: CHECKPOINT_SECONDS: short locally, so a run shows checkpoints being written between
+    #: hand-offs (production: 600 s; the ratio to the lease matters less than seeing them).
+    checkpoint_seconds: float = 10.0
+    #: WORKER_SWEEP_SECONDS: the STOP fallback and the repair of connections kept without a
+    #: session (production: 30 s).
+    sweep_seconds: float = 5.0
     max_connections: int = 100
 
     def __post_init__(self) -> None:
@@ -373,6 +379,7 @@ class LocalFleet:
         return {
             "LeaseSeconds": _number(t.lease_seconds),
             "HeartbeatSeconds": _number(t.heartbeat_seconds),
+            "CheckpointSeconds": _number(t.checkpoint_seconds),
             "ReconcilePassSeconds": _number(t.pass_seconds),
             "MaxConnectionsPerTask": t.max_connections,
             "AllowedUpstreamHosts": "127.0.0.1,localhost",
@@ -538,6 +545,7 @@ class LocalFleet:
             "WORKER_HINT_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_CONTROL_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_METRICS_FLUSH_SECONDS": "10",
+            "WORKER_SWEEP_SECONDS": _number(t.sweep_seconds),
             **self.extra_worker_env,
         }
 
@@ -732,6 +740,8 @@ _FUNCTION_VARIABLES = frozenset(
         "HINT_QUEUE_URL",
         "LEASE_SECONDS",
         "HEARTBEAT_EVERY",
+        "CHECKPOINT_SECONDS",
+        "WORKER_SWEEP_SECONDS",
         "WORKER_ID",
         "CONTROL_QUEUE_PREFIX",
         "CONTROL_QUEUE_SENDER_ARNS",
