@@ -48,7 +48,6 @@ pytestmark = pytest.mark.integration
 REGION = "us-east-1"
 RACERS = 32
 ROUNDS = 100
-LEASE_MS = 20_000
 #: Long enough that a poll still pending after the checks proves it was not blocking them.
 LONG_POLL_SECONDS = 20
 #: Lets a poll submitted on another thread reach the server before the test acts. If it has
@@ -75,19 +74,18 @@ def now_ms() -> int:
 
 
 def try_acquire(dynamodb: Any, table: str, pk: str, owner: str) -> str:
-    """One racer's conditional lease acquire: "won", "lost", or a description of a failure."""
-    now = now_ms()
+    """One racer's conditional acquire of a free connection (the lease model's free path:
+    no owner yet), which also moves the item between indexes: "won", "lost", or a failure."""
     try:
         dynamodb.update_item(
             TableName=table,
             Key={"pk": {"S": pk}},
-            UpdateExpression="SET lease_owner = :me, lease_expires_at_ms = :until "
-            "ADD lease_epoch :one",
-            ConditionExpression="attribute_not_exists(lease_owner) OR lease_expires_at_ms < :now",
+            UpdateExpression="SET lease_owner = :me, updated_at_ms = :now "
+            "REMOVE unowned_shard, unowned_since_ms ADD lease_epoch :one",
+            ConditionExpression="attribute_not_exists(lease_owner)",
             ExpressionAttributeValues={
                 ":me": {"S": owner},
-                ":until": {"N": str(now + LEASE_MS)},
-                ":now": {"N": str(now)},
+                ":now": {"N": str(now_ms())},
                 ":one": {"N": "1"},
             },
         )
@@ -185,11 +183,16 @@ def test_racing_conditional_updates_have_exactly_one_winner_per_round(
     for thread in threads:
         thread.start()
 
-    # WHEN every round starts from a free lease (alternately: never leased / expired) and all race
+    # WHEN every round starts from a free connection (alternately: never held / released, in
+    # gsi_unowned) and all race
     for round_ in range(ROUNDS):
         item = {"pk": {"S": pk}}
         if round_ % 2:
-            item |= {"lease_owner": {"S": ""}, "lease_expires_at_ms": {"N": "0"}}
+            item |= {
+                "lease_epoch": {"N": str(round_)},
+                "unowned_shard": {"S": "07"},
+                "unowned_since_ms": {"N": str(now_ms())},
+            }
         setup.put_item(TableName=table, Item=item)
         go.wait()
         done.wait()
@@ -311,20 +314,27 @@ def test_query_protocol_long_poll_on_an_empty_queue_ends_empty(
 # ----------------------------------------------------------------- (d) resources
 
 
-def test_connections_table_has_the_lease_index_and_a_readable_stream(
+def test_connections_table_has_the_lease_indexes_and_a_readable_stream(
     embedded: EmbeddedBackend, resources: Resources
 ) -> None:
     dynamodb = make_client(embedded.endpoint_url, "dynamodb")
     streams = make_client(embedded.endpoint_url, "dynamodbstreams")
 
     table = dynamodb.describe_table(TableName=resources.connections_table)["Table"]
-    [index] = table["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == "gsi_desired_state_lease"
-    assert index["KeySchema"] == [
-        {"AttributeName": "desired_state", "KeyType": "HASH"},
-        {"AttributeName": "lease_expires_at_ms", "KeyType": "RANGE"},
-    ]
-    assert index["Projection"]["ProjectionType"] == "ALL"
+    indexes = {i["IndexName"]: i for i in table["GlobalSecondaryIndexes"]}
+    assert sorted(indexes) == ["gsi_owner", "gsi_state", "gsi_unowned", "gsi_workers"]
+    keys = {name: [k["AttributeName"] for k in i["KeySchema"]] for name, i in indexes.items()}
+    assert keys == {
+        "gsi_owner": ["lease_owner"],
+        "gsi_state": ["state_shard", "pk"],
+        "gsi_unowned": ["unowned_shard", "unowned_since_ms"],
+        "gsi_workers": ["worker_index"],
+    }
+    projections = {name: i["Projection"]["ProjectionType"] for name, i in indexes.items()}
+    assert projections == {
+        "gsi_owner": "INCLUDE", "gsi_state": "KEYS_ONLY", "gsi_unowned": "INCLUDE",
+        "gsi_workers": "KEYS_ONLY",
+    }  # fmt: skip
     assert table["StreamSpecification"]["StreamViewType"] == "NEW_AND_OLD_IMAGES"
     assert table["LatestStreamArn"] == resources.stream_arn
 

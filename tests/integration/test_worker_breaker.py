@@ -115,7 +115,7 @@ def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_
         assert record.lease_epoch <= MAX_FAILURES
         assert upstream.connects == MAX_FAILURES
         # AND the router's view shows it, and the listing by state finds it
-        view = load_function("router").connection_view(record, 0)
+        view = load_function("router").connection_view(record, None, 0)
         assert view["desired_state"] == "FAILED"
         assert view["failures"] == {"count": MAX_FAILURES, "at_seq": record.failure_seq}
         listed = fleet.store.list_connections(DesiredState.FAILED).records

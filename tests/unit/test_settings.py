@@ -29,6 +29,7 @@ def test_every_variable_is_read():
         "RECONCILE_PAGE_SIZE": "10", "ALLOWED_UPSTREAM_HOSTS": " Example.com, 127.0.0.1 ,",
         "ALLOW_INSECURE_WS": "true",
         "CONTROL_QUEUE_SENDER_ARNS": "arn:aws:iam::1:role/N",
+        "CHECKPOINT_SECONDS": "30",
     }
     assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
@@ -38,6 +39,7 @@ def test_every_variable_is_read():
     assert (s.seq_field, s.resume_param, s.message_flush_ms) == ("n", "offset", 50)
     assert s.allowed_upstream_hosts == ("example.com", "127.0.0.1")
     assert s.allow_insecure_ws is True
+    assert s.checkpoint_ms == 30_000
     assert s.control_queue_sender_arns == "arn:aws:iam::1:role/N"  # ARNs keep their case
     assert s.require_hint_queue_url() == "http://q"
 
