@@ -102,6 +102,12 @@ def _steps(quick: bool) -> list[Step]:
     # Memory bounded in bytes: one worker, many sessions, a flood of maximum-size frames.
     steps.append(Step("flood", "flood-50", lambda d: run_flood(
         connections=50, window=30 if quick else 60)))
+    # Frames stored per second per worker vCPU, and the worker's profile (dynalite tables).
+    if dynalite_available():
+        from .throughput import run_throughput
+
+        steps.append(Step("throughput", "throughput-100", lambda d: run_throughput(
+            run_dir=d, connections=100, window=15 if quick else 30)))
     steps.append(Step("compat", "compat-dynalite", lambda d: run_compat()))
     # Partition-key heat: 100 connections on 2 workers, every cadence / 10, a 2-minute window
     # (two checkpoint periods at CHECKPOINT_SECONDS / 10); SCALE.md beside the v1 baseline.

@@ -9,6 +9,7 @@ ValidationException for one oversized item.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import boto3
 import pytest
@@ -19,6 +20,7 @@ from wsfleet.messages import (
     BATCH_WRITE_LIMIT,
     Message,
     MessageStore,
+    batch_write_body,
     local_sk,
     seq_sk,
 )
@@ -255,3 +257,70 @@ def test_module_examples_hold():
     from wsfleet import messages
 
     assert doctest.testmod(messages).failed == 0
+
+
+# ---------------------------------------------------------------- the request body
+MIXED = [
+    Message("CONN#a", seq_sk(1), 'q "quoted" \\ \n \x01 \u00e9\u8a9e\U0001f600', 1_700_000_000_123,
+            "w\u00e9", 4, seq=1),
+    Message("CONN#a", local_sk(4, 5, 1), b"\xff\x00binary", 1_700_000_000_124, "w1", 4),
+    Message("CONN#a", seq_sk(2), "x" * 10, 1, "w1", 4, seq=2).as_marker(500_000),
+    Message("CONN#a", local_sk(4, 6, 2), "", 1, "w1", 4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("retention_days", [0, 30])
+def test_the_prebuilt_body_is_what_botocore_would_send(client, retention_days):
+    # GIVEN frames of every kind: escapes, non-ASCII, binary, a marker, empty data
+    store = store_for(client, retention_days=retention_days)
+    items = [(m, store.expires_at(m.received_at_ms)) for m in MIXED]
+    request = [{"PutRequest": {"Item": m.to_wire(ttl)}} for m, ttl in items]
+    operation = client.meta.service_model.operation_model("BatchWriteItem")
+    # WHEN botocore's own serializer (validation included) builds the request
+    botocore_request = client._serializer.inner.serialize_to_request(
+        {"RequestItems": {TABLE: request}}, operation
+    )
+    # THEN the body put_batch sends instead is the same bytes
+    assert batch_write_body(TABLE, items) == botocore_request["body"]
+
+
+def test_the_prebuilt_body_goes_only_with_the_request_it_was_built_for(client):
+    store_for(client)
+    serializer = client._serializer
+    operation = client.meta.service_model.operation_model("BatchWriteItem")
+    request = [{"PutRequest": {"Item": MIXED[0].to_wire(None)}}]
+    serializer.prepare(TABLE, request, b"{}")
+    try:
+        same = serializer.serialize_to_request({"RequestItems": {TABLE: request}}, operation)
+        copy = [dict(r) for r in request]
+        other = serializer.serialize_to_request({"RequestItems": {TABLE: copy}}, operation)
+    finally:
+        serializer.clear()
+    assert same["body"] == b"{}"
+    assert json.loads(other["body"])["RequestItems"][TABLE] == copy
+    assert store_for(client)._prebuilt is serializer  # wrapped once per client
+
+
+def test_writes_with_the_prebuilt_body_are_stubbed_like_any_other(client):
+    # The Stubber checks the parameters the client was called with: the real items
+    with Stubber(client) as stub:
+        stub.add_response(
+            "batch_write_item", {"UnprocessedItems": {}},
+            {"RequestItems": {TABLE: [{"PutRequest": {"Item": m.to_wire(None)}} for m in MIXED]}},
+        )  # fmt: skip
+        result = store_for(client).put_batch(MIXED)
+    assert (result.written, result.requests) == (len(MIXED), 1)
+
+
+@pytest.mark.parametrize("message", MIXED, ids=["text", "binary", "marker", "empty"])
+@pytest.mark.parametrize("expires_at", [None, 1_702_592_000])
+def test_item_bytes_is_dynamodbs_size_of_the_item_sent(message, expires_at):
+    size = 0
+    for name, value in message.to_wire(expires_at).items():
+        ((kind, raw),) = value.items()
+        size += len(name) + (
+            len(raw) if kind == "B"
+            else (len(raw) + 1) // 2 + 1 if kind == "N"
+            else len(raw.encode("utf-8"))
+        )  # fmt: skip
+    assert message.item_bytes(expires_at) == size

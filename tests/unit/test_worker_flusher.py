@@ -351,3 +351,48 @@ def test_a_batch_holds_at_most_max_batch_bytes_of_frames():
         assert "OversizeFrames" not in metrics.totals
 
     run_with_flusher(scenario, flush_ms=200)
+
+
+def test_producers_blocked_on_a_full_queue_are_admitted_in_arrival_order():
+    async def scenario(flusher, store, metrics):
+        store.gate.clear()  # DynamoDB is slow: the queue fills up
+        owners = [Owner(f"c{i}") for i in range(8)]
+        admitted: list[str] = []
+
+        async def produce(owner: Owner) -> None:
+            await flusher.put(frame(owner, 1))
+            admitted.append(owner.name)
+
+        tasks = []
+        for owner in owners:  # each starts (and, once the queue is full, waits) in turn
+            tasks.append(asyncio.create_task(produce(owner)))
+            await asyncio.sleep(0.01)
+        assert len(admitted) < len(owners)  # some are waiting for room
+        store.gate.set()
+        await asyncio.gather(*tasks)
+        assert admitted == [owner.name for owner in owners]
+        await until(lambda: all(owner.written == [1] for owner in owners))
+
+    run_with_flusher(scenario, capacity=1, in_flight=1)
+
+
+def test_a_cancelled_waiting_producer_does_not_hold_up_the_ones_behind_it():
+    async def scenario(flusher, store, metrics):
+        store.gate.clear()
+        first, cancelled, behind = Owner("a"), Owner("b"), Owner("c")
+        await flusher.put(frame(first, 1))
+        await until(lambda: flusher.queued == 0)  # taken into a batch: its write waits
+        await flusher.put(frame(first, 2))
+        await until(lambda: flusher.queued == 0)  # the next batch, waiting for the slot
+        await flusher.put(frame(first, 3))  # the queue (capacity 1) is full
+        waiting = asyncio.create_task(flusher.put(frame(cancelled, 1)))
+        later = asyncio.create_task(flusher.put(frame(behind, 1)))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and not later.done()
+        waiting.cancel()
+        store.gate.set()
+        await later
+        await until(lambda: first.written == [1, 2, 3] and behind.written == [1])
+        assert cancelled.written == []
+
+    run_with_flusher(scenario, capacity=1, in_flight=1, flush_ms=0)  # batches close at once

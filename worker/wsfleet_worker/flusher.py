@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -116,8 +117,10 @@ class MessageFlusher:
         self._frames: collections.deque[QueuedFrame] = collections.deque()
         self._retry: collections.deque[QueuedFrame] = collections.deque()
         self._not_empty = asyncio.Event()
-        self._not_full = asyncio.Event()
-        self._not_full.set()
+        # put() calls waiting for room, first come first served: (item bytes, wake-up).
+        self._room_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
+            collections.deque()
+        )
         self._slots = asyncio.Semaphore(max_in_flight)
         self._urgent = False
         self._writes: set[asyncio.Task[None]] = set()
@@ -143,9 +146,8 @@ class MessageFlusher:
         until the owner hears :meth:`FrameOwner.on_written` or ``on_rejected`` about it.
         """
         size = self._fit(frame)
-        while not self._has_room(size):
-            self._not_full.clear()
-            await self._not_full.wait()
+        if self._room_waiters or not self._has_room(size):
+            await self._wait_for_room(size)
         frame.size = size
         self._held_bytes += size
         self._frames.append(frame)
@@ -153,16 +155,65 @@ class MessageFlusher:
         return size
 
     def _has_room(self, size: int) -> bool:
-        if len(self._frames) >= self._capacity:
+        return self._fits(len(self._frames), self._held_bytes, size)
+
+    def _fits(self, frames: int, held: int, size: int) -> bool:
+        if frames >= self._capacity:
             return False
         budget = self._capacity_bytes
-        return budget is None or self._held_bytes == 0 or self._held_bytes + size <= budget
+        return budget is None or held == 0 or held + size <= budget
+
+    async def _wait_for_room(self, size: int) -> None:
+        """Queue behind the puts already waiting; return once this frame fits.
+
+        Each put waits on a future of its own, woken in arrival order by :meth:`_wake`, and
+        only as many as the room freed can take. With one event for all, every batch taken
+        woke every waiting session (a hundred, under backpressure) to find, all but a few,
+        that there was still no room: most of the worker's CPU went to that.
+        """
+        loop = asyncio.get_running_loop()
+        front = False  # a put woken for room that is no longer there keeps its turn
+        while True:
+            waiter: asyncio.Future[None] = loop.create_future()
+            entry = (size, waiter)
+            if front:
+                self._room_waiters.appendleft(entry)
+            else:
+                self._room_waiters.append(entry)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, then cancelled: the room goes to the next one
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._room_waiters.remove(entry)
+                raise
+            if self._has_room(size):
+                return
+            front = True
+
+    def _wake(self) -> None:
+        """Room was freed: wake the waiting puts, in order, that it has room for."""
+        waiters = self._room_waiters
+        frames, held = len(self._frames), self._held_bytes
+        while waiters:
+            size, waiter = waiters[0]
+            if waiter.done():  # cancelled
+                waiters.popleft()
+                continue
+            if not self._fits(frames, held, size):
+                return
+            waiters.popleft()
+            waiter.set_result(None)
+            frames += 1
+            held += size
 
     def _release(self, frames: list[QueuedFrame]) -> None:
         """Frames settled or dropped: their bytes leave the budget."""
         if frames:
             self._held_bytes -= sum(frame.size for frame in frames)
-            self._not_full.set()
+            self._wake()
 
     def _fit(self, frame: QueuedFrame) -> int:
         """The frame's item size; a frame too large to store is swapped for its marker."""
@@ -221,8 +272,8 @@ class MessageFlusher:
                 frame = source.popleft()
                 used += frame.size
                 batch.append(frame)
-        if len(self._frames) < self._capacity:
-            self._not_full.set()  # put() re-checks the byte budget itself
+        if self._room_waiters:
+            self._wake()
 
     def _next(self) -> QueuedFrame | None:
         """The frame :meth:`_take` would take next."""

@@ -77,7 +77,12 @@ def _parse_seq(value: Any) -> int | None:
 
 
 def _storable(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (DynamoDB strings must; lone surrogates do not)."""
+    """Whether ``text`` encodes as UTF-8 (DynamoDB strings must; lone surrogates do not).
+
+    ASCII text (most frames) is answered without encoding a copy of it.
+    """
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
