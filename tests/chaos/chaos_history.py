@@ -13,8 +13,9 @@ Three independent witnesses:
 Invariants (each violation names the stream and the evidence):
 
 ``converged``
-    A STARTED stream ends with exactly one owner, a live worker process whose worker lease is
-    live (not expired, not killed), and exactly one open upstream session; a STOPPED stream
+    A STARTED stream ends with exactly one owner, a live worker process (any incarnation of it:
+    ``w1+2`` is ``w1`` started over after a lost lease) whose worker lease is live (not expired,
+    not killed), and exactly one open upstream session; a STOPPED stream
     ends with none.
 ``lost`` / ``duplicated``
     Every seq from 1 to the record's checkpoint is stored, with its own content
@@ -68,17 +69,16 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from wsfleet.lease import is_worker_alive
-from wsfleet.record import WorkerRecord
+from wsfleet.record import WorkerRecord, worker_base_id
 from wsfleet_local.simulator import hostile_frame_data
 
 __all__ = [
-    "LEASE_LOST_EXIT",
     "ForgedStop",
     "Pause",
     "Sample",
@@ -305,7 +305,7 @@ def check_history(
                         f"desired_state {record.desired_state.value}, "
                         f"expected {desired}")  # fmt: skip
         if desired == "STARTED":
-            if record.lease_owner not in live_workers:
+            if worker_base_id(record.lease_owner) not in live_workers:
                 verdict.add("converged", stream_id,
                             f"owner {record.lease_owner!r} is not a live worker")  # fmt: skip
             elif not is_worker_alive(worker_records.get(record.lease_owner), now_ms):
@@ -353,9 +353,6 @@ def check_history(
 
 #: Signals with which the runner ends a worker on purpose (SIGKILL 9, SIGTERM 15).
 _DELIBERATE_ENDS = frozenset({9, 15})
-#: The worker's exit status after it lost its lease (fenced itself, or found itself killed
-#: after a pause): the schedule's pauses and partitions cause it, never a queue's content.
-LEASE_LOST_EXIT = 3
 
 
 def check_poison(
@@ -366,19 +363,15 @@ def check_poison(
     dead_lettered: int,
     forged: Sequence[ForgedStop],
     stop_outcomes: Mapping[str, Sequence[bool]],
-    lease_losers: Collection[str] = (),
 ) -> None:
     """The poison-message invariants of the module docstring, added to ``verdict``.
 
     ``queue_depths``: messages left (visible + in flight) per poisoned queue still consumed at
     the end; ``dead_lettered``: poison bodies found in the hint DLQ; ``stop_outcomes``: per
-    stream, the ``applied`` flag of every STOP command the workers logged; ``lease_losers``:
-    workers the schedule paused or cut off from DynamoDB, which may exit with
-    :data:`LEASE_LOST_EXIT` (any other worker exiting so is a violation).
+    stream, the ``applied`` flag of every STOP command the workers logged. A worker that lost
+    its lease does not end (it starts over under a new id), so any unprompted end counts.
     """
     for end in exits:
-        if end.returncode == LEASE_LOST_EXIT and end.worker_id in lease_losers:
-            continue
         if end.returncode is not None and not _DELIBERATE_ENDS & set(end.signals_sent):
             verdict.add("survived", end.worker_id,
                         f"exited with {end.returncode} though never killed or "

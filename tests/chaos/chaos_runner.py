@@ -498,6 +498,7 @@ def _unconverged(chaos: _Chaos, client: Any) -> tuple[list[str], set[str]]:
     STOPPED one has none.
     """
     from wsfleet.lease import is_worker_alive
+    from wsfleet.record import worker_base_id
 
     fleet = chaos.fleet
     records, workers = _table(client, fleet.resources.connections_table)
@@ -519,7 +520,7 @@ def _unconverged(chaos: _Chaos, client: Any) -> tuple[list[str], set[str]]:
         state = (
             "free" if not record.lease_owner
             else "expired" if not is_worker_alive(owner, now_ms)
-            else "held-by-dead" if record.lease_owner not in live else "held"
+            else "held-by-dead" if worker_base_id(record.lease_owner) not in live else "held"
         )  # fmt: skip
         if desired == "STARTED" and (state != "held" or open_by_stream.get(stream_id, 0) != 1):
             expired = (now_ms - owner.expires_at_ms) / 1000 if owner else None
@@ -768,7 +769,6 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             dead_lettered=_dead_lettered_poison(chaos),
             forged=chaos.forged,
             stop_outcomes=_stop_outcomes(chaos.all_slots),
-            lease_losers={pause.worker_id for pause in chaos.pauses},
         )
         check_hostile(
             report.verdict,

@@ -9,7 +9,7 @@ The invariants checked are the ones wsfleet promises:
 * no seq missing and none stored with the wrong content, up to the checkpoint;
 * every new upstream session resumes at or before where the previous one stopped (no gap);
 * a fenced owner writes nothing more: no checkpoint regresses, no message item is rewritten
-  under an old epoch after the new owner's acquire, and its process exits with status 3;
+  under an old epoch after the new owner's acquire, and it starts over under a new id;
 * graceful shutdown hands streams over through released connections and hints, not expiry,
   and retires the worker item.
 """
@@ -186,11 +186,22 @@ def test_a_paused_owner_is_fenced_and_never_writes_after_the_peers_acquire(fleet
         )
         finished = wait_until(lambda: a.logs("session finished"), timeout=30)
         assert finished[-1]["reason"] == "fenced"
-        # Its incarnation is over: it exits with status 3 and never renews again.
-        assert a.wait(30) == 3
-        (fenced,) = a.logs("worker lease over: every session fenced; exiting")
+        # Its incarnation is over for good (never renews again); the process starts over
+        # under a new id and is an ordinary peer from then on.
+        (fenced,) = wait_until(
+            lambda: a.logs("worker lease over: every session fenced; this incarnation ends"),
+            timeout=30,
+        )
         assert fenced["cause"] in ("self-fence", "worker-dead")
         assert fleet.worker_item(a.worker_id).dead  # killed by b's takeover
+        (again,) = wait_until(
+            lambda: a.logs("worker lease lost: starting over under a new identity"), timeout=30
+        )
+        assert (again["previous"], again["next"]) == (a.worker_id, f"{a.worker_id}+2")
+        reborn = wait_until(
+            lambda: fleet.store.get_worker(again["next"]), timeout=30, message=lambda: logs(a)
+        )
+        assert not reborn.dead and a.is_running()
         owned_by(fleet, ["zombie"], b, min_seq=peer_session.from_seq + 30)
     finally:
         sampling.set()

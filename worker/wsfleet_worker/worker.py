@@ -21,13 +21,17 @@ Run
     * Sweep (every WORKER_SWEEP_SECONDS): ``owned_by(self)`` on gsi_owner, the fallback for
       a lost STOP and the repair of what no session holds; see :meth:`Worker.sweep`.
 
-Lease lost: exit code 3
+Lease lost: a new incarnation
     A worker whose lease renewals keep failing fences itself at ``expires_at - margin``; one
     whose renewal is refused (:class:`~wsfleet.exceptions.WorkerDead`: a peer killed its
     expired lease, e.g. after a pause) does so at once. Every session's socket is aborted
-    first, synchronously, then the process exits with :data:`EXIT_LEASE_LOST` (3) without
-    writing anything under its leases: no release, no retire. ECS (or the local fleet)
-    starts a new incarnation; peers take the connections over once the lease has lapsed.
+    first, synchronously, then that :class:`Worker` ends with :data:`EXIT_LEASE_LOST` without
+    writing anything under its leases: no release, no retire. :func:`serve` then starts a new
+    incarnation in the same process under a new id (``<id>+2``, ``+3``...,
+    :func:`wsfleet.record.incarnation_id`): the old id is dead for good, its connections are
+    taken over once its lease has lapsed (by peers, or by the new incarnation itself, which
+    is a peer like any other). A process restart would do the same, only slower: a transient
+    DynamoDB stall must not cost a task.
 
 Graceful shutdown (first SIGTERM/SIGINT; a second one exits at once), uvicorn's order:
     1. stop polling for hints (a receive already in flight is given back to the queue);
@@ -53,6 +57,7 @@ import random
 import signal
 import sys
 from collections.abc import Awaitable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from wsfleet.aws import dynamodb_client, sqs_client
@@ -70,7 +75,13 @@ from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease, is_ours
 from wsfleet.messages import MessageStore
-from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_id_from_pk
+from wsfleet.record import (
+    ConnectionRecord,
+    DesiredState,
+    WorkerRecord,
+    connection_id_from_pk,
+    incarnation_id,
+)
 from wsfleet.store import IndexEntry, LeaseStore
 
 from . import health
@@ -85,7 +96,7 @@ from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
 from .upstream import Connector, describe_error, make_connector
 
-__all__ = ["EXIT_LEASE_LOST", "HintOutbox", "Worker", "main"]
+__all__ = ["EXIT_LEASE_LOST", "HintOutbox", "Worker", "main", "serve"]
 
 #: Exit status of a worker whose lease is over (self-fenced, or killed by a peer): distinct
 #: from 1 (failure) and 2 (configuration), so operators and the fleet can tell it apart.
@@ -300,6 +311,11 @@ class Worker:
         await self._stop.wait()
         await self.shutdown()
         return self.exit_code
+
+    @property
+    def signalled(self) -> bool:
+        """A SIGTERM/SIGINT arrived: the process is to end, not start over."""
+        return self._signals > 0
 
     def request_stop(self) -> None:
         """Begin the graceful shutdown (what the first SIGTERM/SIGINT does)."""
@@ -549,7 +565,7 @@ class Worker:
 
         Synchronous: every session's socket is aborted before this returns, and from now on
         ``may_write`` is false for all of them (the flusher drops their queued frames, no
-        checkpoint or release follows). Then the worker exits with :data:`EXIT_LEASE_LOST`,
+        checkpoint or release follows). Then this incarnation ends with :data:`EXIT_LEASE_LOST`,
         without retiring its item or releasing anything: peers take over after the expiry.
         """
         sessions = list(self.sessions.values())
@@ -559,7 +575,7 @@ class Worker:
         self.metrics.count("SelfFenced", len(sessions))
         self.metrics.count("WorkerDead" if cause is FenceCause.DEAD else "WorkerSelfFenced")
         self.logger.error(
-            "worker lease over: every session fenced; exiting",
+            "worker lease over: every session fenced; this incarnation ends",
             extra={
                 "cause": cause.value,
                 "sessions": len(sessions),
@@ -815,6 +831,33 @@ class Worker:
         self.logger.info("worker stopped", extra={"exit_code": self.exit_code})
 
 
+async def serve(config: WorkerConfig) -> int:
+    """Run incarnations of the worker until one ends for another reason than a lost lease.
+
+    Each incarnation is a fresh :class:`Worker` (its own control queue, item, pools and
+    sessions) under :func:`~wsfleet.record.incarnation_id` of the configured id. A signal ends
+    the process whatever the incarnation was doing; so does an incarnation that cannot start
+    (DynamoDB unreachable: exit 1, and the orchestrator decides).
+    """
+    base_id = config.settings.worker_id
+    incarnation = 1
+    logger: Any = None  # one Powertools Logger per process (a second one has no formatter)
+    while True:
+        worker = Worker(config, logger=logger)
+        logger = worker.logger
+        code = await worker.run()
+        if code != EXIT_LEASE_LOST or worker.signalled:
+            return code
+        incarnation += 1
+        worker_id = incarnation_id(base_id, incarnation)
+        worker.logger.warning(
+            "worker lease lost: starting over under a new identity",
+            extra={"previous": worker.worker_id, "next": worker_id, "incarnation": incarnation},
+        )
+        logger.append_keys(worker_id=worker_id)
+        config = replace(config, settings=replace(config.settings, worker_id=worker_id))
+
+
 def main() -> int:
     """Entry point of ``python -m wsfleet_worker``: configuration only from the environment."""
     try:
@@ -823,5 +866,5 @@ def main() -> int:
     except ConfigurationError as exc:
         print(f"wsfleet-worker: configuration error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(Worker(config).run())
+    return asyncio.run(serve(config))
 

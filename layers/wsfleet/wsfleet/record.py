@@ -48,9 +48,11 @@ __all__ = [
     "WorkerRecord",
     "connection_id_from_pk",
     "connection_pk",
+    "incarnation_id",
     "index_keys",
     "index_shard",
     "is_valid_connection_id",
+    "worker_base_id",
     "worker_pk",
 ]
 
@@ -90,6 +92,25 @@ def connection_id_from_pk(pk: str) -> str:
     if not pk.startswith(CONNECTION_PREFIX):
         raise ValueError(f"not a connection key: {pk!r}")
     return pk[len(CONNECTION_PREFIX):]
+
+
+#: Separates a worker's base id from its incarnation ("w0+2"): a worker whose lease is over
+#: starts again in the same process under a new id, since the old id is dead for good.
+INCARNATION_SEPARATOR = "+"
+
+
+def incarnation_id(base_id: str, incarnation: int) -> str:
+    """The worker id of incarnation ``incarnation`` (1 is the base id itself).
+
+    >>> incarnation_id("w0", 1), incarnation_id("w0", 3)
+    ('w0', 'w0+3')
+    """
+    return base_id if incarnation <= 1 else f"{base_id}{INCARNATION_SEPARATOR}{incarnation}"
+
+
+def worker_base_id(worker_id: str) -> str:
+    """The process's base id of any of its incarnations: ``"w0+3"`` -> ``"w0"``."""
+    return worker_id.partition(INCARNATION_SEPARATOR)[0]
 
 
 def worker_pk(worker_id: str) -> str:
