@@ -113,7 +113,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("RECONCILE_PASS_SECONDS", "reconcile_pass_seconds", "10",
            "Seconds between reconcile passes inside one reconciler invocation.", "reconciler"),
     EnvVar("RECONCILE_PAGE_SIZE", "reconcile_page_size", "500",
-           "GSI query page size for the orphan scan.", "reconciler"),
+           "Page size of the reconciler's index queries (a dead worker's connections, free "
+           "connections).", "reconciler"),
     EnvVar("ALLOWED_UPSTREAM_HOSTS", "allowed_upstream_hosts", "",
            "Comma-separated host suffixes ws_url may use; empty allows any public host. "
            "Private/loopback IP literals are refused unless listed. The worker applies it "
