@@ -624,8 +624,17 @@ class Reconciler:
             tally.orphans_seen(len(entries), hint.orphan_age_ms(now))
         if hint.pending:
             tally.pending += 1
-            return 0
-        if not hint.owed:
+            # This expiry's hints went out already. A connection the worker took on after the
+            # claim (a new epoch: e.g. acquired from hints it held through a pause, just before
+            # it fenced) was not among them: hint those now, without another claim. A
+            # connection already hinted under its epoch waits for the rehint interval.
+            entries = [
+                e for e in entries
+                if hint.orphaned and not self.ledger.is_pending(e.pk, e.epoch, now)
+            ]
+            if not entries:
+                return 0
+        elif not hint.owed:
             try:
                 claimed = self.store.claim_worker_hints(
                     worker, rehint_after_ms=self.ledger.rehint_after_ms
@@ -643,12 +652,19 @@ class Reconciler:
                 # Another pass claimed this expiry, or the worker renewed: nothing to send.
                 tally.refused += 1
                 self.ledger.remember(worker.pk, worker.expires_at_ms, now)
+                for entry in entries:  # whoever claimed it hinted these
+                    self.ledger.remember(entry.pk, entry.epoch, now)
                 return 0
         delay = hint.delay_seconds(self._clock())  # claiming may have taken a while
         failed = self.sender.send_many(Hint(e.pk, e.epoch, delay) for e in entries)
         tally.timed("send", started)
         # Unsent hints stay owed under our claim: the next pass sends them without one.
-        self.ledger.remember(worker.pk, worker.expires_at_ms, now, sent=not failed)
+        if not hint.pending:
+            self.ledger.remember(worker.pk, worker.expires_at_ms, now, sent=not failed)
+        unsent = {h.pk for h in failed}
+        for entry in entries:
+            if entry.pk not in unsent:
+                self.ledger.remember(entry.pk, entry.epoch, now)
         tally.sent += len(entries) - len(failed)
         tally.failed += len(failed)
         if failed:

@@ -189,6 +189,30 @@ def rig(aws: Any) -> Iterator[Rig]:
 
 
 # ---------------------------------------------------------------- lapsed workers
+def test_a_connection_a_lapsed_worker_took_after_the_claim_is_hinted_at_the_next_pass(
+    rig: Rig,
+) -> None:
+    # GIVEN a lapsed worker whose connections were hinted (the claim of its expiry is made)
+    rig.register("zombie", expires_in_ms=LEASE_MS)
+    first = rig.acquired("zombie", "a")
+    rig.clock.advance(LEASE_MS + 1_000)
+    rig.run_pass()
+    assert {(h.pk, h.epoch) for h in rig.hints()} == set(first.items())
+    # WHEN it acquires one more connection before it notices it is dead (a hint it held
+    # through a pause), so its expiry (and the claim) stays the same
+    later = rig.acquired("zombie", "b")
+    rig.clock.advance(PASS_MS)
+    report = rig.run_pass().hints
+    # THEN that connection is hinted under its epoch at once, without a new claim, and the one
+    # already hinted is not hinted again before the rehint interval
+    assert {(h.pk, h.epoch) for h in rig.hints()} == set(later.items())
+    assert (report.orphans_found, report.hints_sent, report.already_pending) == (2, 1, 1)
+    assert rig.calls.counts.get("UpdateItem", 0) == 0
+    rig.clock.advance(PASS_MS)
+    assert rig.run_pass().hints.hints_sent == 0
+    assert rig.hints() == []
+
+
 def test_an_expired_workers_connections_are_hinted_once_until_the_rehint_interval(
     rig: Rig,
 ) -> None:
