@@ -36,6 +36,7 @@ from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
 from wsfleet_worker.observability import WorkerMetrics
+from wsfleet_worker.poller import HintOutcome
 from wsfleet_worker.protocol import ExitReason
 from wsfleet_worker.session import Session
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
@@ -395,6 +396,23 @@ async def test_an_early_hint_waits_for_the_owners_lease_to_lapse_then_takes_over
     assert (record.lease_owner, record.lease_epoch) == ("w1", held.lease_epoch + 1)
     assert worker.metrics.totals["EarlyHintWaits"] == 1
     assert store.get_worker("w2", consistent=True).dead
+
+
+@sync
+async def test_a_hint_handled_past_the_fence_deadline_acquires_nothing():
+    # GIVEN a worker woken from a pause: its self-fence deadline has passed, but the liveness
+    # task has not run yet (the poller's coroutine may run first)
+    store = Store()
+    worker = make_worker(store)
+    store.start("late", "wss://up.example/late")
+    assert worker.liveness.timer is not None
+    worker.liveness.timer.expires_at_ms = now_ms() - 1
+    assert not worker.liveness.fenced
+    # WHEN a hint it held through the pause is handled
+    outcome = await worker.acquire(Hint(connection_pk("late")))
+    # THEN it is given back and the connection stays free: taken now, it would die with us
+    assert outcome is HintOutcome.GIVE_BACK
+    assert store.get(connection_pk("late")).lease_owner == ""
 
 
 # ---------------------------------------------------------------- the sweep

@@ -412,7 +412,13 @@ class Worker:
                 await asyncio.wait({task}, timeout=self.config.settings.heartbeat_seconds * 2)
             if pk in self.sessions:
                 return HintOutcome.GIVE_BACK
-        if self._stopping or self.liveness.fenced or self._capacity_left() <= 0:
+        # may_write, not only fenced: after a pause this coroutine may run before the liveness
+        # task has noticed the deadline passed, and a connection taken now would die with us.
+        if (
+            self._stopping
+            or not self.liveness.may_write(self._clock())
+            or self._capacity_left() <= 0
+        ):
             return HintOutcome.GIVE_BACK
         self._acquiring.add(pk)
         try:
