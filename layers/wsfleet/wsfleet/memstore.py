@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .clock import Clock, now_ms
-from .exceptions import ConnectionNotFound, ConnectionStopped, LeaseLost, StoreError, WorkerDead
+from .exceptions import ConnectionNotFound, StoreError, WorkerDead
 from .lease import Lease, is_stale_checkpoint
 from .record import (
     INDEX_SHARDS,
@@ -42,7 +42,6 @@ from .record import (
     worker_pk,
 )
 from .store import (
-    _MAX_ERROR_CHARS,
     ConnectionPage,
     IndexEntry,
     LeaseStore,
@@ -279,101 +278,6 @@ class InMemoryLeaseStore(LeaseStore):
                     lease, set_values, remove=removed, started_only=started_only
                 )
             _raise_refusal(lease, current, refused)
-
-    def checkpoint(self, lease: Lease, last_seq: int) -> None:
-        self._holder_write(
-            lease, {"updated_at_ms": self._clock()}, last_seq=last_seq, started_only=True
-        )
-
-    def release(
-        self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
-    ) -> ConnectionRecord:
-        now = self._clock()
-        if not stopped:
-            keys, _ = index_keys(lease.pk, DesiredState.STARTED, owned=False, since_ms=now)
-            try:
-                return self._holder_write(
-                    lease,
-                    {"updated_at_ms": now, **keys},
-                    remove=("lease_owner",),
-                    last_seq=last_seq,
-                    started_only=True,
-                )
-            except ConnectionStopped:
-                pass  # stopped meanwhile: released below without joining gsi_unowned
-        try:
-            return self._holder_write(
-                lease, {"updated_at_ms": now}, remove=("lease_owner",), last_seq=last_seq
-            )
-        except ConnectionStopped as exc:
-            raise LeaseLost(str(exc), exc.current) from exc
-
-    def _end(
-        self,
-        lease: Lease,
-        state: DesiredState,
-        reason: str,
-        extra: Mapping[str, Any],
-        last_seq: int | None,
-    ) -> ConnectionRecord:
-        now = self._clock()
-        keys, removed = index_keys(lease.pk, state, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now) if state is DesiredState.STOPPED else None
-        return self._fenced(
-            lease,
-            {
-                "desired_state": state.value,
-                "stop_reason": reason,
-                "updated_at_ms": now,
-                **keys,
-                **extra,
-                **({"expires_at": ttl} if ttl else {}),
-            },
-            remove=("lease_owner", *removed),
-            last_seq=last_seq,
-        )
-
-    def _fenced(
-        self,
-        lease: Lease,
-        set_values: Mapping[str, Any],
-        *,
-        remove: Iterable[str] = (),
-        last_seq: int | None = None,
-    ) -> ConnectionRecord:
-        """A holder write whose every refusal is LeaseLost (STOPPED does not stop it)."""
-        try:
-            return self._holder_write(lease, set_values, remove=remove, last_seq=last_seq)
-        except ConnectionStopped as exc:
-            raise LeaseLost(str(exc), exc.current) from exc
-
-    def mark_stopped(
-        self, lease: Lease, reason: str, *, last_seq: int | None = None
-    ) -> ConnectionRecord:
-        return self._end(lease, DesiredState.STOPPED, reason, {}, last_seq)
-
-    def mark_failed(
-        self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
-    ) -> ConnectionRecord:
-        reason = reason[:_MAX_ERROR_CHARS]
-        extra = {"last_error": reason, "failure_count": count, "failure_seq": at_seq}
-        return self._end(lease, DesiredState.FAILED, reason, extra, last_seq)
-
-    def record_error(self, lease: Lease, message: str) -> None:
-        self._fenced(
-            lease, {"last_error": message[:_MAX_ERROR_CHARS], "updated_at_ms": self._clock()}
-        )
-
-    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
-        self._fenced(
-            lease,
-            {
-                "failure_count": count,
-                "failure_seq": at_seq,
-                "last_error": error[:_MAX_ERROR_CHARS],
-                "updated_at_ms": self._clock(),
-            },
-        )
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:

@@ -279,40 +279,128 @@ class LeaseStore(ABC):
     ) -> ConnectionPage:
         """One page of connections in ``state`` (gsi_state, shard by shard)."""
 
+    # ------------------------------------------------------------------ holder writes
+    # (shared: every one is a conditional update through the backend's _holder_write)
     @abstractmethod
+    def _holder_write(
+        self,
+        lease: Lease,
+        set_values: Mapping[str, Any],
+        *,
+        remove: Iterable[str] = (),
+        last_seq: int | None = None,
+        started_only: bool = False,
+    ) -> ConnectionRecord:
+        """Set ``set_values`` and remove ``remove``, only while owner and epoch are ours (and,
+        with ``started_only``, while STARTED); ``last_seq`` is written only if it does not move
+        the checkpoint back (a later checkpoint of ours that landed first wins). A refusal
+        raises ConnectionStopped (ours, not STARTED) or LeaseLost."""
+
     def checkpoint(self, lease: Lease, last_seq: int) -> None:
         """Record ``last_seq`` as durable (never backwards), fenced by owner and epoch and
         allowed only while STARTED: ConnectionStopped tells the holder of a STOP it missed,
         LeaseLost that it is fenced."""
+        self._holder_write(
+            lease, {"updated_at_ms": self._clock()}, last_seq=last_seq, started_only=True
+        )
 
-    @abstractmethod
     def release(
         self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
     ) -> ConnectionRecord:
         """Give the connection up now (owner removed, epoch kept so it keeps counting), with
         the final checkpoint. ``stopped``: the holder knows it is no longer STARTED (so it does
         not belong in gsi_unowned). Raises LeaseLost if it was not ours any more."""
+        now = self._clock()
+        if not stopped:
+            keys, _ = index_keys(lease.pk, DesiredState.STARTED, owned=False, since_ms=now)
+            try:
+                return self._holder_write(
+                    lease,
+                    {"updated_at_ms": now, **keys},
+                    remove=("lease_owner",),
+                    last_seq=last_seq,
+                    started_only=True,
+                )
+            except ConnectionStopped:
+                pass  # stopped meanwhile: released below without joining gsi_unowned
+        try:
+            return self._holder_write(
+                lease, {"updated_at_ms": now}, remove=("lease_owner",), last_seq=last_seq
+            )
+        except ConnectionStopped as exc:
+            raise LeaseLost(str(exc), exc.current) from exc
 
-    @abstractmethod
+    def _end(
+        self,
+        lease: Lease,
+        state: DesiredState,
+        reason: str,
+        extra: Mapping[str, Any],
+        last_seq: int | None,
+    ) -> ConnectionRecord:
+        now = self._clock()
+        keys, removed = index_keys(lease.pk, state, owned=True, since_ms=now)
+        ttl = self._stopped_ttl(now) if state is DesiredState.STOPPED else None
+        return self._fenced(
+            lease,
+            {
+                "desired_state": state.value,
+                "stop_reason": reason,
+                "updated_at_ms": now,
+                **keys,
+                **extra,
+                **({"expires_at": ttl} if ttl else {}),
+            },
+            remove=("lease_owner", *removed),
+            last_seq=last_seq,
+        )
+
+    def _fenced(
+        self,
+        lease: Lease,
+        set_values: Mapping[str, Any],
+        *,
+        remove: Iterable[str] = (),
+        last_seq: int | None = None,
+    ) -> ConnectionRecord:
+        """A holder write whose every refusal is LeaseLost (STOPPED does not stop it)."""
+        try:
+            return self._holder_write(lease, set_values, remove=remove, last_seq=last_seq)
+        except ConnectionStopped as exc:
+            raise LeaseLost(str(exc), exc.current) from exc
+
     def mark_stopped(
         self, lease: Lease, reason: str, *, last_seq: int | None = None
     ) -> ConnectionRecord:
         """STOPPED + stop_reason + release in one write fenced by owner and epoch."""
+        return self._end(lease, DesiredState.STOPPED, reason, {}, last_seq)
 
-    @abstractmethod
     def mark_failed(
         self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
     ) -> ConnectionRecord:
         """The breaker tripped: FAILED + reason + release, fenced. FAILED is terminal until a
         new START and gets no TTL (an operator must be able to find it)."""
+        reason = reason[:_MAX_ERROR_CHARS]
+        extra = {"last_error": reason, "failure_count": count, "failure_seq": at_seq}
+        return self._end(lease, DesiredState.FAILED, reason, extra, last_seq)
 
-    @abstractmethod
     def record_error(self, lease: Lease, message: str) -> None:
         """Note the latest upstream trouble on the record (truncated), fenced by owner+epoch."""
+        self._fenced(
+            lease, {"last_error": message[:_MAX_ERROR_CHARS], "updated_at_ms": self._clock()}
+        )
 
-    @abstractmethod
     def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
         """Count a crash-loop failure on the item (survives hand-overs), fenced."""
+        self._fenced(
+            lease,
+            {
+                "failure_count": count,
+                "failure_seq": at_seq,
+                "last_error": error[:_MAX_ERROR_CHARS],
+                "updated_at_ms": self._clock(),
+            },
+        )
 
     # workers
     @abstractmethod
@@ -744,93 +832,6 @@ class DynamoDBLeaseStore(LeaseStore):
                 )
             _raise_refusal(lease, current, exc)
         return ConnectionRecord.from_item(item)
-
-    def checkpoint(self, lease: Lease, last_seq: int) -> None:
-        self._holder_write(
-            lease, {"updated_at_ms": self._clock()}, last_seq=last_seq, started_only=True
-        )
-
-    def release(
-        self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
-    ) -> ConnectionRecord:
-        now = self._clock()
-        if not stopped:
-            keys, _ = index_keys(lease.pk, DesiredState.STARTED, owned=False, since_ms=now)
-            try:
-                return self._holder_write(
-                    lease,
-                    {"updated_at_ms": now, **keys},
-                    remove=("lease_owner",),
-                    last_seq=last_seq,
-                    started_only=True,
-                )
-            except ConnectionStopped:
-                pass  # stopped meanwhile: released below without joining gsi_unowned
-        try:
-            return self._holder_write(
-                lease, {"updated_at_ms": now}, remove=("lease_owner",), last_seq=last_seq
-            )
-        except ConnectionStopped as exc:  # ours but not STARTED: still ours to release
-            raise LeaseLost(str(exc), exc.current) from exc
-
-    def _end(
-        self, lease: Lease, state: DesiredState, reason: str, extra: Mapping[str, Any],
-        last_seq: int | None,
-    ) -> ConnectionRecord:
-        now = self._clock()
-        keys, removed = index_keys(lease.pk, state, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now) if state is DesiredState.STOPPED else None
-        try:
-            return self._holder_write(
-                lease,
-                {
-                    "desired_state": state.value,
-                    "stop_reason": reason,
-                    "updated_at_ms": now,
-                    **keys,
-                    **extra,
-                    **({"expires_at": ttl} if ttl else {}),
-                },
-                remove=("lease_owner", *removed),
-                last_seq=last_seq,
-            )
-        except ConnectionStopped as exc:
-            raise LeaseLost(str(exc), exc.current) from exc
-
-    def mark_stopped(
-        self, lease: Lease, reason: str, *, last_seq: int | None = None
-    ) -> ConnectionRecord:
-        return self._end(lease, DesiredState.STOPPED, reason, {}, last_seq)
-
-    def mark_failed(
-        self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
-    ) -> ConnectionRecord:
-        reason = reason[:_MAX_ERROR_CHARS]
-        extra = {"last_error": reason, "failure_count": count, "failure_seq": at_seq}
-        return self._end(lease, DesiredState.FAILED, reason, extra, last_seq)
-
-    def record_error(self, lease: Lease, message: str) -> None:
-        try:
-            self._holder_write(
-                lease,
-                {"last_error": message[:_MAX_ERROR_CHARS], "updated_at_ms": self._clock()},
-            )
-        except ConnectionStopped as exc:
-            raise LeaseLost(str(exc), exc.current) from exc
-
-    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
-        try:
-            self._holder_write(
-                lease,
-                {
-                    "failure_count": count,
-                    "failure_seq": at_seq,
-                    "last_error": error[:_MAX_ERROR_CHARS],
-                    "updated_at_ms": self._clock(),
-                },
-            )
-        except ConnectionStopped as exc:
-            raise LeaseLost(str(exc), exc.current) from exc
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:
