@@ -461,7 +461,12 @@ def _running(slot: Any) -> bool:
 
 
 def _direct_client(service: str, endpoint_url: str) -> Any:
-    """A client straight to the backend: the observer is not behind the fault proxy."""
+    """A client straight to the backend: the observer is not behind the fault proxy.
+
+    Its read timeout is generous: the observer's reads (a whole table, every stored message)
+    are large, the machine may be loaded, and a timeout here would fail the run for the
+    observer's sake, not the fleet's.
+    """
     import boto3
 
     from wsfleet.aws import client_config
@@ -469,7 +474,8 @@ def _direct_client(service: str, endpoint_url: str) -> Any:
     session = boto3.session.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
     )
-    return session.client(service, endpoint_url=endpoint_url, config=client_config())
+    config = client_config(read_timeout=60.0, max_attempts=8)
+    return session.client(service, endpoint_url=endpoint_url, config=config)
 
 
 def _live_worker_ids(fleet: Any) -> set[str]:
