@@ -91,12 +91,13 @@ from .flusher import MessageFlusher
 from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
+from .outbox import HintOutbox
 from .poller import HintOutcome, HintPoller
 from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
 from .upstream import Connector, describe_error, make_connector
 
-__all__ = ["EXIT_LEASE_LOST", "HintOutbox", "Worker", "main", "serve"]
+__all__ = ["EXIT_LEASE_LOST", "Worker", "main", "serve"]
 
 #: Exit status of a worker whose lease is over (self-fenced, or killed by a peer): distinct
 #: from 1 (failure) and 2 (configuration), so operators and the fleet can tell it apart.
@@ -110,41 +111,6 @@ _CLEANUP_TIMEOUT_SECONDS = 3.0
 _CRASH_HINT_DELAY_SECONDS = 2
 #: The checkpoint loop's tick (a checkpoint is due at most once per CHECKPOINT_SECONDS).
 _CHECKPOINT_TICK_SECONDS = 1.0
-
-
-class HintOutbox:
-    """Sends hints in batches as they are queued: whatever accumulates while one
-    SendMessageBatch is in flight goes out together in the next."""
-
-    def __init__(self, sender: HintSender, offloader: Offloader, logger: Any) -> None:
-        self._sender = sender
-        self._offloader = offloader
-        self._logger = logger
-        self._pending: list[Hint] = []
-        self._task: asyncio.Task[None] | None = None
-        self.sent = 0
-
-    def add(self, hint: Hint) -> None:
-        self._pending.append(hint)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._drain())
-
-    async def _drain(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                failed = await self._offloader.sqs(self._sender.send_many, batch)
-            except Exception as exc:  # the reconciler will find these leases free
-                failed = batch
-                self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
-            self.sent += len(batch) - len(failed)
-            if failed:
-                self._logger.warning("hints not sent", extra={"count": len(failed)})
-
-    async def flush(self) -> None:
-        """Wait until everything queued so far has been sent (or given up on)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
 
 
 class Worker:
