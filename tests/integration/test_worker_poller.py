@@ -17,7 +17,8 @@ import pytest
 from wsfleet.hints import Hint
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
-from wsfleet_worker.poller import HintOutcome, HintPoller
+from wsfleet_worker.poller import HintPoller
+from wsfleet_worker.taking import HintOutcome
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from enum import Enum
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -41,21 +40,14 @@ from wsfleet.record import connection_id_from_pk
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .protocol import triage_hints
+from .taking import HintOutcome
 
-__all__ = ["HintOutcome", "HintPoller"]
+__all__ = ["HintPoller"]
 
 #: SQS returns at most 10 messages per ReceiveMessage.
 RECEIVE_LIMIT = 10
 #: Received batches being acted on at once (see the module docstring).
 MAX_ROUNDS_IN_FLIGHT = 3
-
-
-class HintOutcome(Enum):
-    """What to do with a hint message after trying to act on it."""
-
-    DONE = "done"  # started, or refused for good (conflict, STOPPED, gone): delete it
-    GIVE_BACK = "give_back"  # no room after all: visible again now, for a peer
-    RETRY_LATER = "retry_later"  # store trouble: let the visibility timeout bring it back
 
 
 class HintPoller:

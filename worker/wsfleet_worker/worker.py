@@ -11,9 +11,11 @@ Start
        poller.
 
 Run
-    The poller acquires connections and starts a :class:`~wsfleet_worker.session.Session` per
-    connection. Sessions end on their own (STOP, lost lease, upstream end); a session that
-    crashed releases its connection and a hint is sent so a peer takes over at once.
+    The poller (:mod:`~wsfleet_worker.poller`) hands each hint to the lease taker
+    (:mod:`~wsfleet_worker.taking`), which acquires the connection; the worker starts a
+    :class:`~wsfleet_worker.session.Session` per connection won. Sessions end on their own
+    (STOP, lost lease, upstream end); a session that crashed releases its connection and a
+    hint is sent so a peer takes over at once.
 
     * Checkpoints: once a second the checkpoint loop writes, with bounded concurrency, the
       checkpoint of every session for which :func:`wsfleet.lease.checkpoint_due` says so
@@ -65,9 +67,6 @@ from wsfleet.clock import Clock, now_ms
 from wsfleet.control import StopCommand, stop_confirmed
 from wsfleet.exceptions import (
     ConfigurationError,
-    ConnectionNotFound,
-    ConnectionStopped,
-    LeaseConflict,
     LeaseError,
     WsfleetError,
 )
@@ -92,9 +91,10 @@ from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
 from .outbox import HintOutbox
-from .poller import HintOutcome, HintPoller
+from .poller import HintPoller
 from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
+from .taking import LeaseTaker
 from .upstream import Connector, describe_error, make_connector
 
 __all__ = ["EXIT_LEASE_LOST", "Worker", "main", "serve"]
@@ -199,16 +199,33 @@ class Worker:
             if config.control_channel
             else None
         )
+        self.sessions: dict[str, Session] = {}
+        self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
+        self.taker = LeaseTaker(
+            self.leases,
+            self.worker_id,
+            self.offloader,
+            self.liveness,
+            self.outbox,
+            self.metrics,
+            self.logger,
+            max_connections=settings.max_connections,
+            heartbeat_seconds=settings.heartbeat_seconds,
+            sessions=self.sessions,
+            session_tasks=self._session_tasks,
+            start_session=self._start_session,
+            clock=clock,
+        )
         self.poller = HintPoller(
             sqs,
             settings.hint_queue_url,
             self.offloader,
             self.metrics,
             self.logger,
-            free_slots=self.free_slots,
-            capacity=self._capacity_left,
-            running=self.running,
-            acquire=self.acquire,
+            free_slots=self.taker.free_slots,
+            capacity=self.taker.capacity_left,
+            running=self.taker.running,
+            acquire=self.taker.acquire,
             wait_seconds=config.hint_wait_seconds,
         )
         self._context = SessionContext(
@@ -229,9 +246,6 @@ class Worker:
             clock=clock,
             rng=random.Random(),
         )
-        self.sessions: dict[str, Session] = {}
-        self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
-        self._acquiring: set[str] = set()
         self._background: dict[str, asyncio.Task[None]] = {}
         self._stop = asyncio.Event()
         self._stopping = False
@@ -240,29 +254,6 @@ class Worker:
         self._sweeps = 0
         self._drain_complete = False
         self.exit_code = 0
-
-    # ------------------------------------------------------------------ capacity
-    def free_slots(self) -> int:
-        """Connections this worker may take on now.
-
-        Zero while draining or fenced, and while the worker lease renewal runs late (more
-        than a quarter of the heartbeat): the connections already held come before new ones.
-        """
-        liveness = self.liveness
-        if (
-            self._stopping
-            or liveness.fenced
-            or liveness.behind_ms(self._clock()) > self.config.heartbeat_ms // 4
-        ):
-            return 0
-        return self._capacity_left()
-
-    def _capacity_left(self) -> int:
-        return self.config.settings.max_connections - len(self.sessions) - len(self._acquiring)
-
-    def running(self) -> set[str]:
-        """Connections streaming here now (sessions already ending do not count)."""
-        return {pk for pk, session in self.sessions.items() if session.reason is None}
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -361,96 +352,7 @@ class Worker:
         self.exit_code = 1
         self.request_stop()
 
-    # ------------------------------------------------------------------ acquiring
-    async def acquire(self, hint: Hint) -> HintOutcome:
-        """Acquire the hinted connection and start it; see :class:`HintPoller`."""
-        pk = hint.pk
-        if pk in self._acquiring:
-            return HintOutcome.DONE
-        ending = self.sessions.get(pk)
-        if ending is not None:
-            if ending.reason is None:
-                return HintOutcome.DONE  # streaming here already: a duplicate hint
-            # A session of ours is still winding down (e.g. it self-fenced): let it finish,
-            # then compete for the lease like anyone else.
-            task = self._session_tasks.get(pk)
-            if task is not None:
-                await asyncio.wait({task}, timeout=self.config.settings.heartbeat_seconds * 2)
-            if pk in self.sessions:
-                return HintOutcome.GIVE_BACK
-        # may_write, not only fenced: after a pause this coroutine may run before the liveness
-        # task has noticed the deadline passed, and a connection taken now would die with us.
-        if (
-            self._stopping
-            or not self.liveness.may_write(self._clock())
-            or self._capacity_left() <= 0
-        ):
-            return HintOutcome.GIVE_BACK
-        self._acquiring.add(pk)
-        try:
-            record = await self._acquire_lease(pk)
-            if record is None:  # began to drain while waiting for the lease to lapse
-                return HintOutcome.GIVE_BACK
-        except (LeaseConflict, ConnectionStopped, ConnectionNotFound) as exc:
-            self.metrics.count("AcquireConflicts")
-            current = exc.current if isinstance(exc, LeaseError) else None
-            self.logger.debug(
-                "hint dropped",
-                extra={
-                    "connection_id": connection_id_from_pk(pk),
-                    "reason": type(exc).__name__,
-                    "holder": current.lease_owner if current else None,
-                },
-            )
-            return HintOutcome.DONE
-        except WsfleetError as exc:
-            self.logger.warning(
-                "acquire failed; hint left for redelivery",
-                extra={"connection_id": connection_id_from_pk(pk), "error": describe_error(exc)},
-            )
-            return HintOutcome.RETRY_LATER
-        finally:
-            self._acquiring.discard(pk)
-        self.metrics.count("Acquired")
-        if self.liveness.fenced:
-            # Won under a lease that is over: write nothing more; it lapses with the worker's.
-            return HintOutcome.DONE
-        if self._stopping:  # won a lease while draining: give it straight back
-            await self._hand_back(record)
-            return HintOutcome.DONE
-        self._start_session(record)
-        return HintOutcome.DONE
-
-    async def _acquire_lease(self, pk: str) -> ConnectionRecord | None:
-        """Acquire, waiting once for an owner's lease that is about to lapse (an early hint:
-        the store says so with ``LeaseConflict.retry_in_ms``).
-
-        The wait happens inside the hint's round; the poller keeps receiving meanwhile.
-        """
-        try:
-            return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
-        except LeaseConflict as conflict:
-            wait_ms = conflict.retry_in_ms
-            if wait_ms is None:
-                raise
-        self.metrics.count("EarlyHintWaits")
-        await asyncio.sleep(wait_ms / 1000)
-        if self._stopping or self.liveness.fenced:
-            return None
-        return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
-
-    async def _hand_back(self, record: ConnectionRecord) -> None:
-        """Release a connection won while draining (if this fails, the sweep or the worker's
-        expiry frees it)."""
-        lease = Lease.of(record)
-        if not self.liveness.may_write(self._clock()):
-            return
-        try:
-            await self.offloader.io(self.leases.release, lease)
-        except WsfleetError:
-            return
-        self.outbox.add(Hint(record.pk, epoch=lease.epoch))
-
+    # ------------------------------------------------------------------ sessions
     def _start_session(self, record: ConnectionRecord) -> None:
         session = Session(record, self._context)
         self.sessions[record.pk] = session
@@ -626,7 +528,7 @@ class Worker:
                     and entry.epoch == session.epoch
                 ):
                     await self._sweep_stop(session)
-            elif entry.pk not in self._acquiring:
+            elif entry.pk not in self.taker.acquiring:
                 await self._sweep_stranded(entry)
         old_enough = now - 2 * int(self.config.sweep_seconds * 1000)
         for session in list(self.sessions.values()):
@@ -661,7 +563,7 @@ class Worker:
             or record.lease_owner != self.worker_id
             or record.lease_epoch != entry.epoch
             or entry.pk in self.sessions
-            or entry.pk in self._acquiring
+            or entry.pk in self.taker.acquiring
             or not self.liveness.may_write(self._clock())
         ):
             return
@@ -721,6 +623,7 @@ class Worker:
             return
         self._stopping = True
         settings = self.config.settings
+        self.taker.stop()
         self.poller.stop()
         count = len(self.sessions)
         self.logger.info(
@@ -740,7 +643,7 @@ class Worker:
                 self._drain_complete = not self.sessions
                 await self.outbox.flush()
                 poller = self._background.get("poller")
-                if poller is not None and (self.outbox.sent > hints_before or self._acquiring):
+                if poller is not None and (self.outbox.sent > hints_before or self.taker.acquiring):
                     # Our hints may have been caught by our own long poll, or an acquire is
                     # in flight: let the poller hand messages and leases back (it does so
                     # once stopped) before we go.
