@@ -94,6 +94,7 @@ from .outbox import HintOutbox
 from .poller import HintPoller
 from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
+from .sqs_consumer import QueueConsumer
 from .taking import LeaseTaker
 from .upstream import Connector, describe_error, make_connector
 
@@ -217,16 +218,18 @@ class Worker:
             clock=clock,
         )
         self.poller = HintPoller(
-            sqs,
-            settings.hint_queue_url,
-            self.offloader,
+            QueueConsumer(
+                sqs,
+                self.offloader,
+                self.logger,
+                queue="hint queue",
+                message="hint",
+                queue_url=settings.hint_queue_url,
+                wait_seconds=config.hint_wait_seconds,
+            ),
+            self.taker,
             self.metrics,
             self.logger,
-            free_slots=self.taker.free_slots,
-            capacity=self.taker.capacity_left,
-            running=self.taker.running,
-            acquire=self.taker.acquire,
-            wait_seconds=config.hint_wait_seconds,
         )
         self._context = SessionContext(
             config=config,
