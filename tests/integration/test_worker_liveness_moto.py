@@ -151,7 +151,7 @@ def run_worker(
     async def main() -> int:
         dynamodb = dynamodb_client(max_pool_connections=16)
         log = RequestLog(dynamodb)
-        worker = Worker(
+        worker = Worker.from_config(
             config, dynamodb=dynamodb, sqs=sqs_client(max_pool_connections=16), logger=Logger()
         )
         fleet = Fleet(aws.env())

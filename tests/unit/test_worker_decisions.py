@@ -149,16 +149,16 @@ def make_worker(store: Store, **settings: Any) -> Worker:
         **settings,
     }
     config = WorkerConfig(settings=Settings(**values), control_channel=False, sweep_seconds=1.0)
-    worker = Worker(
+    worker = Worker.from_config(
         config,
         dynamodb=object(),
         sqs=object(),
         leases=store,
+        outbox=Outbox(),  # type: ignore[arg-type]
         logger=Logger(),
         metrics=WorkerMetrics("test", emit=lambda doc: None),
         connector=never_answers,
     )
-    worker.outbox = worker.taker._outbox = Outbox()  # type: ignore[assignment]
     now = now_ms()
     store.register_worker(
         WorkerRecord(worker_id="w1", control_queue_url="", started_at_ms=now,

@@ -115,63 +115,52 @@ _CHECKPOINT_TICK_SECONDS = 1.0
 
 
 class Worker:
-    """One worker process. ``await Worker(config).run()`` returns the exit status."""
+    """One worker process. ``await Worker.from_config(config).run()`` returns the exit status.
+
+    :meth:`from_config` builds the parts that stand on their own (stores, pools, the message
+    flusher, the hint outbox, the two queues); the constructor takes them and wires the three
+    that act on this worker's own sessions: the liveness task (it fences them), the lease
+    taker (it starts them) and the hint poller (it asks the taker). Tests build a worker from
+    stand-in parts the same way.
+    """
 
     def __init__(
         self,
         config: WorkerConfig,
         *,
-        dynamodb: Any = None,
-        sqs: Any = None,
-        logger: Any = None,
-        metrics: WorkerMetrics | None = None,
-        connector: Connector | None = None,
-        leases: LeaseStore | None = None,
+        leases: LeaseStore,
+        renewals: LeaseStore,
+        offloader: Offloader,
+        flusher: MessageFlusher,
+        outbox: HintOutbox,
+        hint_queue: QueueConsumer,
+        control: ControlChannel | None,
+        connector: Connector,
+        logger: Any,
+        metrics: WorkerMetrics,
         clock: Clock = now_ms,
     ) -> None:
+        """``renewals`` is the store the worker lease is renewed through (see from_config)."""
         settings = config.settings
         self.config = config
         self.worker_id = settings.worker_id
-        self.logger = logger or make_logger(settings.service_name, self.worker_id)
-        self.metrics = metrics or WorkerMetrics(settings.service_name)
-        threads = config.io_threads + config.write_threads
-        own_clients = dynamodb is None
-        dynamodb = dynamodb or dynamodb_client(max_pool_connections=threads + 4)
-        sqs = sqs or sqs_client(max_pool_connections=threads + 4)
-        self._sqs = sqs
+        self.logger = logger
+        self.metrics = metrics
         self._clock = clock
-        self.leases: LeaseStore = (
-            leases if leases is not None else LeaseStore.from_settings(settings, dynamodb)
-        )
-        # The renewal gets a client of its own: the shared one's adaptive retry mode slows
-        # every request once message writes are throttled, and a late renewal fences the
-        # whole worker. Few botocore attempts: the liveness task retries on its own schedule
-        # (WorkerLeaseTimer.retry_ms). Injected clients and stores are used as given.
-        lease_store = self.leases
-        if own_clients and leases is None:
-            lease_store = LeaseStore.from_settings(
-                settings,
-                dynamodb_client(max_pool_connections=2, retry_mode="standard", max_attempts=2),
-            )
-        self.messages = MessageStore.from_settings(settings, dynamodb)
-        self.offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
-        self.flusher = MessageFlusher(
-            self.messages,
-            self.offloader,
-            self.metrics,
-            flush_ms=settings.message_flush_ms,
-            capacity=config.queue_frames,
-            capacity_bytes=config.queue_bytes,
-            max_in_flight=config.write_threads,
-            logger=self.logger,
-            clock=clock,
-        )
+        self.leases = leases
+        self.offloader = offloader
+        self.flusher = flusher
+        self.outbox = outbox
+        self.control = control
+        self.sessions: dict[str, Session] = {}
+        self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
+        self._write_slots = max(1, config.io_threads // 2)
         self.liveness = WorkerLiveness(
-            lease_store,
+            renewals,
             self.worker_id,
-            self.offloader,
-            self.metrics,
-            self.logger,
+            offloader,
+            metrics,
+            logger,
             lease_ms=settings.lease_ms,
             heartbeat_ms=config.heartbeat_ms,
             margin_ms=settings.safety_margin_ms,
@@ -179,37 +168,14 @@ class Worker:
             on_fence=self._fence_all,
             clock=clock,
         )
-        self._write_slots = max(1, config.io_threads // 2)
-        self.outbox = HintOutbox(
-            HintSender(sqs, settings.require_hint_queue_url()), self.offloader, self.logger
-        )
-        self.control = (
-            ControlChannel(
-                sqs,
-                self.offloader,
-                self.metrics,
-                self.logger,
-                prefix=settings.control_queue_prefix,
-                sender_arns=tuple(
-                    arn.strip() for arn in settings.control_queue_sender_arns.split(",")
-                    if arn.strip()
-                ),
-                worker_id=self.worker_id,
-                wait_seconds=config.control_wait_seconds,
-            )
-            if config.control_channel
-            else None
-        )
-        self.sessions: dict[str, Session] = {}
-        self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
         self.taker = LeaseTaker(
-            self.leases,
+            leases,
             self.worker_id,
-            self.offloader,
+            offloader,
             self.liveness,
-            self.outbox,
-            self.metrics,
-            self.logger,
+            outbox,
+            metrics,
+            logger,
             max_connections=settings.max_connections,
             heartbeat_seconds=settings.heartbeat_seconds,
             sessions=self.sessions,
@@ -217,35 +183,17 @@ class Worker:
             start_session=self._start_session,
             clock=clock,
         )
-        self.poller = HintPoller(
-            QueueConsumer(
-                sqs,
-                self.offloader,
-                self.logger,
-                queue="hint queue",
-                message="hint",
-                queue_url=settings.hint_queue_url,
-                wait_seconds=config.hint_wait_seconds,
-            ),
-            self.taker,
-            self.metrics,
-            self.logger,
-        )
+        self.poller = HintPoller(hint_queue, self.taker, metrics, logger)
         self._context = SessionContext(
             config=config,
             worker_id=self.worker_id,
-            leases=self.leases,
-            offloader=self.offloader,
-            flusher=self.flusher,
+            leases=leases,
+            offloader=offloader,
+            flusher=flusher,
             liveness=self.liveness,
-            metrics=self.metrics,
-            logger=self.logger,
-            connect=connector
-            or make_connector(
-                max_frame_bytes=config.max_frame_bytes,
-                allowed_hosts=config.settings.allowed_upstream_hosts,
-                allow_insecure=config.settings.allow_insecure_ws,
-            ),
+            metrics=metrics,
+            logger=logger,
+            connect=connector,
             clock=clock,
             rng=random.Random(),
         )
@@ -257,6 +205,100 @@ class Worker:
         self._sweeps = 0
         self._drain_complete = False
         self.exit_code = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        config: WorkerConfig,
+        *,
+        dynamodb: Any = None,
+        sqs: Any = None,
+        leases: LeaseStore | None = None,
+        outbox: HintOutbox | None = None,
+        logger: Any = None,
+        metrics: WorkerMetrics | None = None,
+        connector: Connector | None = None,
+        clock: Clock = now_ms,
+    ) -> Worker:
+        """Build a worker and its parts from configuration; each keyword given replaces what
+        would be built (tests pass an in-memory store, a stand-in outbox, the moto clients).
+        """
+        settings = config.settings
+        logger = logger or make_logger(settings.service_name, settings.worker_id)
+        metrics = metrics or WorkerMetrics(settings.service_name)
+        threads = config.io_threads + config.write_threads
+        own_clients = dynamodb is None
+        dynamodb = dynamodb or dynamodb_client(max_pool_connections=threads + 4)
+        sqs = sqs or sqs_client(max_pool_connections=threads + 4)
+        store = leases if leases is not None else LeaseStore.from_settings(settings, dynamodb)
+        # The renewal gets a client of its own: the shared one's adaptive retry mode slows
+        # every request once message writes are throttled, and a late renewal fences the
+        # whole worker. Few botocore attempts: the liveness task retries on its own schedule
+        # (WorkerLeaseTimer.retry_ms). Injected clients and stores are used as given.
+        renewals = store
+        if own_clients and leases is None:
+            renewals = LeaseStore.from_settings(
+                settings,
+                dynamodb_client(max_pool_connections=2, retry_mode="standard", max_attempts=2),
+            )
+        offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
+        flusher = MessageFlusher(
+            MessageStore.from_settings(settings, dynamodb),
+            offloader,
+            metrics,
+            flush_ms=settings.message_flush_ms,
+            capacity=config.queue_frames,
+            capacity_bytes=config.queue_bytes,
+            max_in_flight=config.write_threads,
+            logger=logger,
+            clock=clock,
+        )
+        control = (
+            ControlChannel(
+                sqs,
+                offloader,
+                metrics,
+                logger,
+                prefix=settings.control_queue_prefix,
+                sender_arns=tuple(
+                    arn.strip() for arn in settings.control_queue_sender_arns.split(",")
+                    if arn.strip()
+                ),
+                worker_id=settings.worker_id,
+                wait_seconds=config.control_wait_seconds,
+            )
+            if config.control_channel
+            else None
+        )
+        return cls(
+            config,
+            leases=store,
+            renewals=renewals,
+            offloader=offloader,
+            flusher=flusher,
+            outbox=outbox
+            if outbox is not None
+            else HintOutbox(HintSender(sqs, settings.require_hint_queue_url()), offloader, logger),
+            hint_queue=QueueConsumer(
+                sqs,
+                offloader,
+                logger,
+                queue="hint queue",
+                message="hint",
+                queue_url=settings.hint_queue_url,
+                wait_seconds=config.hint_wait_seconds,
+            ),
+            control=control,
+            connector=connector
+            or make_connector(
+                max_frame_bytes=config.max_frame_bytes,
+                allowed_hosts=settings.allowed_upstream_hosts,
+                allow_insecure=settings.allow_insecure_ws,
+            ),
+            logger=logger,
+            metrics=metrics,
+            clock=clock,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -721,7 +763,7 @@ async def serve(config: WorkerConfig) -> int:
     incarnation = 1
     logger: Any = None  # one Powertools Logger per process (a second one has no formatter)
     while True:
-        worker = Worker(config, logger=logger)
+        worker = Worker.from_config(config, logger=logger)
         logger = worker.logger
         code = await worker.run()
         if code != EXIT_LEASE_LOST or worker.signalled:
