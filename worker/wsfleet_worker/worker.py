@@ -118,10 +118,11 @@ class Worker:
     """One worker process. ``await Worker.from_config(config).run()`` returns the exit status.
 
     :meth:`from_config` builds the parts that stand on their own (stores, pools, the message
-    flusher, the hint outbox, the two queues); the constructor takes them and wires the three
-    that act on this worker's own sessions: the liveness task (it fences them), the lease
-    taker (it starts them) and the hint poller (it asks the taker). Tests build a worker from
-    stand-in parts the same way.
+    flusher, the hint outbox, the hint queue's consumer, the control channel, the upstream
+    connector); the constructor takes them and wires the three that act on this worker's own
+    sessions, and so cannot exist before it: the liveness task (it fences them), the lease
+    taker (it starts them) and the hint poller (it asks the taker). Tests replace parts
+    through :meth:`from_config`'s keywords (an in-memory store, a stand-in outbox).
     """
 
     def __init__(
