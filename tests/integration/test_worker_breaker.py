@@ -149,7 +149,7 @@ def test_a_session_crashing_at_one_checkpoint_ends_failed(aws, upstream, monkeyp
 
     monkeypatch.setattr(Session, "_on_frame", crash)
     fleet = Fleet(aws.env())
-    worker = Worker(WorkerConfig.from_env())
+    worker = Worker.from_config(WorkerConfig.from_env())
 
     async def scenario() -> ConnectionRecord:
         running = asyncio.create_task(worker.run())

@@ -151,7 +151,7 @@ def run_worker(
     async def main() -> int:
         dynamodb = dynamodb_client(max_pool_connections=16)
         log = RequestLog(dynamodb)
-        worker = Worker(
+        worker = Worker.from_config(
             config, dynamodb=dynamodb, sqs=sqs_client(max_pool_connections=16), logger=Logger()
         )
         fleet = Fleet(aws.env())
@@ -190,7 +190,7 @@ def test_idle_connections_cost_one_worker_write_per_heartbeat_and_no_connection_
             for i in range(5):
                 fleet.start(f"idle{i}", url_of(server, f"idle{i}"))
             await until(
-                lambda: len(worker.running()) == 5
+                lambda: len(worker.taker.running()) == 5
                 and all(s.state.name == "STREAMING" for s in worker.sessions.values()),
                 "five streaming sessions",
             )
@@ -281,7 +281,7 @@ def test_a_connection_owned_without_a_session_is_released_by_the_sweep_and_taken
             # WHEN the sweep runs
             record = await until(
                 lambda: (r := fleet.record("strand")).lease_epoch > taken.lease_epoch
-                and connection_pk("strand") in worker.running() and r,
+                and connection_pk("strand") in worker.taker.running() and r,
                 "the stranded connection to be streamed again",
             )
         finally:

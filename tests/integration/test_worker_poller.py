@@ -1,8 +1,8 @@
 """HintPoller against the real (moto) hint queue: overlapping rounds, capacity, shutdown.
 
-The ``acquire`` callback is the test's: it blocks on demand, so the poller's own behaviour
-(what it receives while a round is still busy, what it deletes or gives back) is what is
-observed, through the queue itself.
+The lease taker is the test's: its ``acquire`` blocks on demand, so the poller's own
+behaviour (what it receives while a round is still busy, what it deletes or gives back) is
+what is observed, through the queue itself.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import pytest
 from wsfleet.hints import Hint
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
-from wsfleet_worker.poller import HintOutcome, HintPoller
+from wsfleet_worker.poller import HintPoller
+from wsfleet_worker.sqs_consumer import QueueConsumer
+from wsfleet_worker.taking import HintOutcome
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +56,23 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         raise AssertionError(f"timed out waiting for {what}") from None
 
 
+class Taker:
+    """Stands in for the lease taker: a fixed capacity, nothing running, the test's acquire."""
+
+    def __init__(self, acquire: Callable[[Hint], Awaitable[HintOutcome]], capacity: int) -> None:
+        self.acquire = acquire
+        self._capacity = capacity
+
+    def free_slots(self) -> int:
+        return self._capacity
+
+    def capacity_left(self) -> int:
+        return self._capacity
+
+    def running(self) -> set[str]:
+        return set()
+
+
 def run_poller(
     aws,
     acquire: Callable[[Hint], Awaitable[HintOutcome]],
@@ -65,17 +84,16 @@ def run_poller(
     async def main() -> None:
         sqs = sqs_client(aws)
         offloader = Offloader(io_threads=2, write_threads=1, sqs_threads=2)
+        logger = logging.getLogger("test-poller")
+        queue = QueueConsumer(
+            sqs, offloader, logger, queue="hint queue", message="hint",
+            queue_url=aws.hint_queue_url, wait_seconds=1,
+        )
         poller = HintPoller(
-            sqs,
-            aws.hint_queue_url,
-            offloader,
+            queue,
+            Taker(acquire, capacity),  # type: ignore[arg-type]
             metrics or WorkerMetrics("test", emit=lambda doc: None),
-            logging.getLogger("test-poller"),
-            free_slots=lambda: capacity,
-            capacity=lambda: capacity,
-            running=set,
-            acquire=acquire,
-            wait_seconds=1,
+            logger,
         )
         task = asyncio.create_task(poller.run())
         try:

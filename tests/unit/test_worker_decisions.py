@@ -36,9 +36,9 @@ from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
 from wsfleet_worker.observability import WorkerMetrics
-from wsfleet_worker.poller import HintOutcome
 from wsfleet_worker.protocol import ExitReason
 from wsfleet_worker.session import Session
+from wsfleet_worker.taking import HintOutcome
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 
 WAIT = 10.0
@@ -149,16 +149,16 @@ def make_worker(store: Store, **settings: Any) -> Worker:
         **settings,
     }
     config = WorkerConfig(settings=Settings(**values), control_channel=False, sweep_seconds=1.0)
-    worker = Worker(
+    worker = Worker.from_config(
         config,
         dynamodb=object(),
         sqs=object(),
         leases=store,
+        outbox=Outbox(),  # type: ignore[arg-type]
         logger=Logger(),
         metrics=WorkerMetrics("test", emit=lambda doc: None),
         connector=never_answers,
     )
-    worker.outbox = Outbox()  # type: ignore[assignment]
     now = now_ms()
     store.register_worker(
         WorkerRecord(worker_id="w1", control_queue_url="", started_at_ms=now,
@@ -349,7 +349,7 @@ async def test_fencing_the_worker_aborts_every_session_at_once_and_exits_3():
     # THEN, before anything was awaited, every session is fenced and nothing may be written
     assert all(s.reason is ExitReason.FENCED and s.fenced for s in sessions)
     assert not any(s.may_write(now_ms()) for s in sessions)
-    assert worker.free_slots() == 0
+    assert worker.taker.free_slots() == 0
     assert worker.exit_code == EXIT_LEASE_LOST and worker._stop.is_set()
     tasks = [worker._session_tasks[s.pk] for s in sessions]
     results = await asyncio.wait_for(asyncio.gather(*tasks), WAIT)
@@ -366,14 +366,14 @@ async def test_fencing_the_worker_aborts_every_session_at_once_and_exits_3():
 async def test_no_free_slots_while_the_worker_lease_renewal_runs_late():
     store = Store()
     worker = make_worker(store, max_connections=4)
-    assert worker.free_slots() == 4
+    assert worker.taker.free_slots() == 4
     timer = worker.liveness.timer
     assert timer is not None
     timer.renew_due_ms = now_ms() - 5_000  # due 5 s ago and still running
     timer.renew_started()
-    assert worker.free_slots() == 0
+    assert worker.taker.free_slots() == 0
     timer.renew_succeeded(now_ms())
-    assert worker.free_slots() == 4
+    assert worker.taker.free_slots() == 4
 
 
 # ---------------------------------------------------------------- acquire
@@ -390,7 +390,7 @@ async def test_an_early_hint_waits_for_the_owners_lease_to_lapse_then_takes_over
     store.start("early", "wss://up.example/early")
     held = store.acquire(connection_pk("early"), "w2")
     # WHEN w1 acquires it
-    record = await worker._acquire_lease(held.pk)
+    record = await worker.taker._acquire_lease(held.pk)
     # THEN it waited once, killed the lapsed lease and took the connection with epoch + 1
     assert record is not None
     assert (record.lease_owner, record.lease_epoch) == ("w1", held.lease_epoch + 1)
@@ -409,7 +409,7 @@ async def test_a_hint_handled_past_the_fence_deadline_acquires_nothing():
     worker.liveness.timer.expires_at_ms = now_ms() - 1
     assert not worker.liveness.fenced
     # WHEN a hint it held through the pause is handled
-    outcome = await worker.acquire(Hint(connection_pk("late")))
+    outcome = await worker.taker.acquire(Hint(connection_pk("late")))
     # THEN it is given back and the connection stays free: taken now, it would die with us
     assert outcome is HintOutcome.GIVE_BACK
     assert store.get(connection_pk("late")).lease_owner == ""
@@ -455,7 +455,7 @@ async def test_the_sweep_leaves_a_connection_being_acquired_alone():
     worker = make_worker(store)
     store.start("racing", "wss://up.example/r")
     record = store.acquire(connection_pk("racing"), "w1")
-    worker._acquiring.add(record.pk)
+    worker.taker.acquiring.add(record.pk)
     await worker.sweep()
     assert store.get(record.pk).lease_owner == "w1"
     assert worker.metrics.totals["SweepReleases"] == 0

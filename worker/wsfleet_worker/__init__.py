@@ -12,8 +12,12 @@ Layout, sans-I/O core first:
 * :mod:`.session` - one connection as one task group;
 * :mod:`.flusher` - one BatchWriteItem writer for all sessions;
 * :mod:`.liveness` - the worker's one lease: renewal and self-fence;
-* :mod:`.poller`, :mod:`.control_channel` - the hint queue and the worker's STOP queue;
-* :mod:`.worker` - start, run, graceful shutdown; :mod:`.health` - container health check.
+* :mod:`.sqs_consumer` - the one SQS receive loop, under :mod:`.poller` (the hint queue) and
+  :mod:`.control_channel` (the worker's STOP queue);
+* :mod:`.taking` - the lease taker: free slots, acquire, hand back; :mod:`.outbox` - the
+  hints this worker sends;
+* :mod:`.worker` - builds the parts, start, run, sweep, graceful shutdown;
+  :mod:`.health` - container health check.
 
 Names resolve lazily so ``python -m wsfleet_worker.health`` does not import boto3.
 """

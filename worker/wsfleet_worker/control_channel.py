@@ -15,6 +15,10 @@ role), the queue is created with a policy denying ``SendMessage`` to every other
 unusable body is counted (``InvalidControlMessages``), logged by excerpt and deleted, and a
 failure while acting on one message (``ControlMessageFailures``) never ends the consumer.
 
+Receiving (with backoff on errors) and deleting are
+:class:`~wsfleet_worker.sqs_consumer.QueueConsumer`'s, the loop the hint poller uses too; this
+module only says what a control message means.
+
 Messages are short-lived (retention 300 s): a STOP nobody consumed in that time is moot, the
 renewal has noticed the STOPPED record long before.
 """
@@ -39,6 +43,7 @@ from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
 from .offload import Offloader
+from .sqs_consumer import Message, QueueConsumer
 from .upstream import describe_error
 
 __all__ = ["ControlChannel"]
@@ -67,9 +72,21 @@ class ControlChannel:
         self._logger = logger
         self.worker_id = worker_id
         self.queue_name = control_queue_name(prefix, worker_id)
-        self.queue_url = ""
         self._wait_seconds = wait_seconds
         self._sender_arns = sender_arns
+        self._queue = QueueConsumer(
+            sqs,
+            offloader,
+            logger,
+            queue="control queue",
+            message="control message",
+            wait_seconds=wait_seconds,
+        )
+
+    @property
+    def queue_url(self) -> str:
+        """The queue's URL once :meth:`open` created it ("" before)."""
+        return self._queue.queue_url
 
     async def open(self) -> str:
         """Create (or adopt) the queue and return its URL."""
@@ -88,36 +105,23 @@ class ControlChannel:
             Attributes=attributes,
             tags={WORKER_ID_TAG: self.worker_id},
         )
-        self.queue_url = response["QueueUrl"]
+        self._queue.queue_url = response["QueueUrl"]
         return self.queue_url
 
     async def run(self, on_stop: Callable[[StopCommand], Awaitable[bool]]) -> None:
         """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied."""
-        failures = 0
-        while True:
-            try:
-                response = await self._offloader.poll(
-                    self._sqs.receive_message,
-                    QueueUrl=self.queue_url,
-                    MaxNumberOfMessages=10,
-                    WaitTimeSeconds=self._wait_seconds,
-                )
-            except (ClientError, BotoCoreError) as exc:
-                failures += 1
-                self._logger.warning("control queue receive failed", extra={"error": str(exc)})
-                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
-                continue
-            failures = 0
-            messages = response.get("Messages", [])
+
+        async def handle(messages: list[Message]) -> None:
             for message in messages:
                 await self._handle(message, on_stop)
-            if messages:
-                # Every message is deleted, applied or not: a STOP is idempotent and an
-                # unusable body would only come back.
-                await self._delete(messages)
+            # Every message is deleted, applied or not: a STOP is idempotent and an unusable
+            # body would only come back.
+            await self._queue.delete([m["ReceiptHandle"] for m in messages])
+
+        await self._queue.run(handle)
 
     async def _handle(
-        self, message: dict[str, Any], on_stop: Callable[[StopCommand], Awaitable[bool]]
+        self, message: Message, on_stop: Callable[[StopCommand], Awaitable[bool]]
     ) -> None:
         """Act on one message; nothing it contains can end the consumer."""
         body = message.get("Body", "")
@@ -152,17 +156,6 @@ class ControlChannel:
                 "applied": applied,
             },
         )
-
-    async def _delete(self, messages: list[dict[str, Any]]) -> None:
-        entries = [
-            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
-        ]
-        try:
-            await self._offloader.sqs(
-                self._sqs.delete_message_batch, QueueUrl=self.queue_url, Entries=entries
-            )
-        except (ClientError, BotoCoreError) as exc:  # redelivery repeats an idempotent STOP
-            self._logger.warning("control message delete failed", extra={"error": str(exc)})
 
     async def close(self) -> None:
         """Delete the queue (graceful exit). The reconciler removes those of crashed workers."""

@@ -1,6 +1,7 @@
 """HintPoller: turns hint-queue messages into acquired leases and running sessions.
 
-Each round long-polls the hint queue for at most as many messages as the worker has free
+Each round receives (through :class:`~wsfleet_worker.sqs_consumer.QueueConsumer`, the receive
+loop it shares with the control channel) at most as many messages as the worker has free
 slots (never more than 10, the SQS maximum); at MAX_CONNECTIONS it does not receive at all and
 waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_hints`):
 
@@ -9,10 +10,11 @@ waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_h
 * a hint whose handling raises is counted (``HintFailures``) and left for redelivery: one
   message never ends a round or the worker;
 * hints for connections this worker already runs (and repeats within the batch) are deleted;
-* the rest are acquired concurrently. ``acquire`` is the real decision: it succeeds only for a
-  STARTED connection whose lease is free or expired, so stale or duplicate hints cost one
-  refused conditional write (``AcquireConflicts``) and are deleted. An early hint, whose
-  lease lapses within ``EARLY_HINT_MAX_WAIT_MS``, waits for the expiry and tries once more;
+* the rest go to the lease taker (:class:`~wsfleet_worker.taking.LeaseTaker`), concurrently.
+  Its acquire is the real decision: it succeeds only for a STARTED connection whose lease is
+  free or whose owner's worker lease is over, so stale or duplicate hints cost one refused
+  conditional write (``AcquireConflicts``) and are deleted. An early hint, whose lease lapses
+  within ``EARLY_HINT_MAX_WAIT_MS``, waits for the expiry and tries once more;
 * a hint whose acquire failed for an unclassified reason (DynamoDB trouble) is left in the
   queue, to come back after its visibility timeout;
 * hints over capacity (only possible if capacity shrank meanwhile) are made visible again at
@@ -29,79 +31,55 @@ Hints in hand count against the free slots, so overlapping never receives beyond
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from enum import Enum
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from wsfleet.hints import Hint
 from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
-from .offload import Offloader
 from .protocol import triage_hints
+from .sqs_consumer import Message, QueueConsumer
+from .taking import HintOutcome, LeaseTaker
 
-__all__ = ["HintOutcome", "HintPoller"]
+__all__ = ["HintPoller"]
 
-#: SQS returns at most 10 messages per ReceiveMessage.
-RECEIVE_LIMIT = 10
 #: Received batches being acted on at once (see the module docstring).
 MAX_ROUNDS_IN_FLIGHT = 3
 
 
-class HintOutcome(Enum):
-    """What to do with a hint message after trying to act on it."""
-
-    DONE = "done"  # started, or refused for good (conflict, STOPPED, gone): delete it
-    GIVE_BACK = "give_back"  # no room after all: visible again now, for a peer
-    RETRY_LATER = "retry_later"  # store trouble: let the visibility timeout bring it back
-
-
 class HintPoller:
-    """Long-polls the hint queue on behalf of a worker.
+    """Receives hints for the lease taker of one worker.
 
-    :param free_slots: how many more sessions the worker wants to start now (zero while it
-        is at capacity or its renewals run late): decides whether and how much to receive.
-    :param capacity: how many more sessions fit at all: decides, once messages are in hand,
-        how many to act on. Giving a received hint back costs a receive, and a hint received
-        too often ends in the dead-letter queue.
-    :param running: pks of the connections the worker holds.
-    :param acquire: try to acquire and start one connection; see :class:`HintOutcome`.
+    The taker answers the poller's questions: how many more sessions the worker wants now
+    (:meth:`~wsfleet_worker.taking.LeaseTaker.free_slots`, zero while it is at capacity or its
+    renewals run late: decides whether and how much to receive), how many fit at all
+    (:meth:`~wsfleet_worker.taking.LeaseTaker.capacity_left`: decides, once messages are in
+    hand, how many to act on; giving a received hint back costs a receive, and a hint received
+    too often ends in the dead-letter queue), which connections run here, and what became of
+    each hint (:class:`~wsfleet_worker.taking.HintOutcome`).
     """
 
     def __init__(
         self,
-        sqs: Any,
-        queue_url: str,
-        offloader: Offloader,
+        queue: QueueConsumer,
+        taker: LeaseTaker,
         metrics: WorkerMetrics,
         logger: Any,
-        *,
-        free_slots: Callable[[], int],
-        capacity: Callable[[], int],
-        running: Callable[[], set[str]],
-        acquire: Callable[[Hint], Awaitable[HintOutcome]],
-        wait_seconds: int = 20,
     ) -> None:
-        self._sqs = sqs
-        self.queue_url = queue_url
-        self._offloader = offloader
+        self._queue = queue
+        self._taker = taker
         self._metrics = metrics
         self._logger = logger
-        self._free_slots = free_slots
-        self._capacity = capacity
-        self._running = running
-        self._acquire = acquire
-        self._wait_seconds = wait_seconds
-        self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._rounds: dict[asyncio.Task[None], int] = {}  # round -> hints it holds
         self._round_failed: BaseException | None = None
 
+    @property
+    def queue_url(self) -> str:
+        return self._queue.queue_url
+
     def stop(self) -> None:
         """Finish the current round (releasing what it received) and return from :meth:`run`."""
-        self._stopping.set()
+        self._queue.stop()
         self._slot_freed.set()
 
     def slot_freed(self) -> None:
@@ -111,47 +89,30 @@ class HintPoller:
     async def run(self) -> None:
         """Receive and act on hints until :meth:`stop`; then wait for the rounds in hand."""
         try:
-            await self._receive_rounds()
+            await self._queue.run(self._start_round, room=self._room)
         finally:
             if self._rounds:
                 await asyncio.gather(*self._rounds, return_exceptions=True)
         if self._round_failed is not None:
             raise self._round_failed
 
-    async def _receive_rounds(self) -> None:
-        failures = 0
-        while not self._stopping.is_set() and self._round_failed is None:
-            free = self._free_slots() - sum(self._rounds.values())
-            if free <= 0 or len(self._rounds) >= MAX_ROUNDS_IN_FLIGHT:
-                self._slot_freed.clear()
-                try:
-                    async with asyncio.timeout(1.0):
-                        await self._slot_freed.wait()
-                except TimeoutError:
-                    pass
-                continue
+    async def _room(self) -> int:
+        """How many hints to receive next: the free slots less the hints in hand. Waits while
+        that is none or ``MAX_ROUNDS_IN_FLIGHT`` rounds are in hand; 0 (receive no more) once
+        stopped or a round failed."""
+        while not self._queue.stopped and self._round_failed is None:
+            free = self._taker.free_slots() - sum(self._rounds.values())
+            if free > 0 and len(self._rounds) < MAX_ROUNDS_IN_FLIGHT:
+                return free
+            self._slot_freed.clear()
             try:
-                response = await self._offloader.poll(
-                    self._sqs.receive_message,
-                    QueueUrl=self.queue_url,
-                    MaxNumberOfMessages=min(RECEIVE_LIMIT, free),
-                    WaitTimeSeconds=self._wait_seconds,
-                )
-            except (ClientError, BotoCoreError) as exc:
-                failures += 1
-                self._logger.warning("hint queue receive failed", extra={"error": str(exc)})
-                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
-                continue
-            failures = 0
-            messages = response.get("Messages", [])
-            if not messages:
-                continue
-            if self._stopping.is_set():  # received after stop: give them straight back
-                await self._release([m["ReceiptHandle"] for m in messages])
-                return
-            self._start_round(messages)
+                async with asyncio.timeout(1.0):
+                    await self._slot_freed.wait()
+            except TimeoutError:
+                pass
+        return 0
 
-    def _start_round(self, messages: list[dict[str, Any]]) -> None:
+    async def _start_round(self, messages: list[Message]) -> None:
         task = asyncio.create_task(self._handle(messages), name="hint-round")
         self._rounds[task] = len(messages)
 
@@ -163,11 +124,11 @@ class HintPoller:
 
         task.add_done_callback(settled)
 
-    async def _handle(self, messages: list[dict[str, Any]]) -> None:
+    async def _handle(self, messages: list[Message]) -> None:
         triage = triage_hints(
             ((m["ReceiptHandle"], m.get("Body", "")) for m in messages),
-            self._running(),
-            self._capacity(),
+            self._taker.running(),
+            self._taker.capacity_left(),
         )
         if triage.invalid:
             self._metrics.count("InvalidHints", len(triage.invalid))
@@ -178,7 +139,7 @@ class HintPoller:
         # return_exceptions: one hint whose handling fails costs that hint, not the round (and
         # so not the worker: run() re-raises only failures of the round itself).
         outcomes = await asyncio.gather(
-            *(self._acquire(hint) for hint, _ in triage.acquire), return_exceptions=True
+            *(self._taker.acquire(hint) for hint, _ in triage.acquire), return_exceptions=True
         )
         handled, give_back = list(triage.drop), list(triage.release)
         for (hint, receipt), outcome in zip(triage.acquire, outcomes, strict=True):
@@ -198,31 +159,5 @@ class HintPoller:
                 handled.append(receipt)
             elif outcome is HintOutcome.GIVE_BACK:
                 give_back.append(receipt)
-        if handled:
-            await self._delete(handled)
-        if give_back:
-            await self._release(give_back)
-
-    async def _delete(self, receipts: list[str]) -> None:
-        entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]
-        try:
-            await self._offloader.sqs(
-                self._sqs.delete_message_batch, QueueUrl=self.queue_url, Entries=entries
-            )
-        except (ClientError, BotoCoreError) as exc:  # redelivered hints only cost a refused acquire
-            self._logger.warning("hint delete failed", extra={"error": str(exc)})
-
-    async def _release(self, receipts: list[str]) -> None:
-        """Make messages visible again now, for a peer."""
-        entries = [
-            {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": 0}
-            for i, r in enumerate(receipts)
-        ]
-        try:
-            await self._offloader.sqs(
-                self._sqs.change_message_visibility_batch,
-                QueueUrl=self.queue_url,
-                Entries=entries,
-            )
-        except (ClientError, BotoCoreError) as exc:
-            self._logger.warning("hint release failed", extra={"error": str(exc)})
+        await self._queue.delete(handled)
+        await self._queue.give_back(give_back)

@@ -11,9 +11,11 @@ Start
        poller.
 
 Run
-    The poller acquires connections and starts a :class:`~wsfleet_worker.session.Session` per
-    connection. Sessions end on their own (STOP, lost lease, upstream end); a session that
-    crashed releases its connection and a hint is sent so a peer takes over at once.
+    The poller (:mod:`~wsfleet_worker.poller`) hands each hint to the lease taker
+    (:mod:`~wsfleet_worker.taking`), which acquires the connection; the worker starts a
+    :class:`~wsfleet_worker.session.Session` per connection won. Sessions end on their own
+    (STOP, lost lease, upstream end); a session that crashed releases its connection and a
+    hint is sent so a peer takes over at once.
 
     * Checkpoints: once a second the checkpoint loop writes, with bounded concurrency, the
       checkpoint of every session for which :func:`wsfleet.lease.checkpoint_due` says so
@@ -65,9 +67,6 @@ from wsfleet.clock import Clock, now_ms
 from wsfleet.control import StopCommand, stop_confirmed
 from wsfleet.exceptions import (
     ConfigurationError,
-    ConnectionNotFound,
-    ConnectionStopped,
-    LeaseConflict,
     LeaseError,
     WsfleetError,
 )
@@ -91,12 +90,15 @@ from .flusher import MessageFlusher
 from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
-from .poller import HintOutcome, HintPoller
+from .outbox import HintOutbox
+from .poller import HintPoller
 from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
+from .sqs_consumer import QueueConsumer
+from .taking import LeaseTaker
 from .upstream import Connector, describe_error, make_connector
 
-__all__ = ["EXIT_LEASE_LOST", "HintOutbox", "Worker", "main", "serve"]
+__all__ = ["EXIT_LEASE_LOST", "Worker", "main", "serve"]
 
 #: Exit status of a worker whose lease is over (self-fenced, or killed by a peer): distinct
 #: from 1 (failure) and 2 (configuration), so operators and the fleet can tell it apart.
@@ -112,99 +114,54 @@ _CRASH_HINT_DELAY_SECONDS = 2
 _CHECKPOINT_TICK_SECONDS = 1.0
 
 
-class HintOutbox:
-    """Sends hints in batches as they are queued: whatever accumulates while one
-    SendMessageBatch is in flight goes out together in the next."""
-
-    def __init__(self, sender: HintSender, offloader: Offloader, logger: Any) -> None:
-        self._sender = sender
-        self._offloader = offloader
-        self._logger = logger
-        self._pending: list[Hint] = []
-        self._task: asyncio.Task[None] | None = None
-        self.sent = 0
-
-    def add(self, hint: Hint) -> None:
-        self._pending.append(hint)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._drain())
-
-    async def _drain(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                failed = await self._offloader.sqs(self._sender.send_many, batch)
-            except Exception as exc:  # the reconciler will find these leases free
-                failed = batch
-                self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
-            self.sent += len(batch) - len(failed)
-            if failed:
-                self._logger.warning("hints not sent", extra={"count": len(failed)})
-
-    async def flush(self) -> None:
-        """Wait until everything queued so far has been sent (or given up on)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
-
-
 class Worker:
-    """One worker process. ``await Worker(config).run()`` returns the exit status."""
+    """One worker process. ``await Worker.from_config(config).run()`` returns the exit status.
+
+    :meth:`from_config` builds the parts that stand on their own (stores, pools, the message
+    flusher, the hint outbox, the hint queue's consumer, the control channel, the upstream
+    connector); the constructor takes them and wires the three that act on this worker's own
+    sessions, and so cannot exist before it: the liveness task (it fences them), the lease
+    taker (it starts them) and the hint poller (it asks the taker). Tests replace parts
+    through :meth:`from_config`'s keywords (an in-memory store, a stand-in outbox).
+    """
 
     def __init__(
         self,
         config: WorkerConfig,
         *,
-        dynamodb: Any = None,
-        sqs: Any = None,
-        logger: Any = None,
-        metrics: WorkerMetrics | None = None,
-        connector: Connector | None = None,
-        leases: LeaseStore | None = None,
+        leases: LeaseStore,
+        renewals: LeaseStore,
+        offloader: Offloader,
+        flusher: MessageFlusher,
+        outbox: HintOutbox,
+        hint_queue: QueueConsumer,
+        control: ControlChannel | None,
+        connector: Connector,
+        logger: Any,
+        metrics: WorkerMetrics,
         clock: Clock = now_ms,
     ) -> None:
+        """``renewals`` is the store the worker lease is renewed through (see from_config)."""
         settings = config.settings
         self.config = config
         self.worker_id = settings.worker_id
-        self.logger = logger or make_logger(settings.service_name, self.worker_id)
-        self.metrics = metrics or WorkerMetrics(settings.service_name)
-        threads = config.io_threads + config.write_threads
-        own_clients = dynamodb is None
-        dynamodb = dynamodb or dynamodb_client(max_pool_connections=threads + 4)
-        sqs = sqs or sqs_client(max_pool_connections=threads + 4)
-        self._sqs = sqs
+        self.logger = logger
+        self.metrics = metrics
         self._clock = clock
-        self.leases: LeaseStore = (
-            leases if leases is not None else LeaseStore.from_settings(settings, dynamodb)
-        )
-        # The renewal gets a client of its own: the shared one's adaptive retry mode slows
-        # every request once message writes are throttled, and a late renewal fences the
-        # whole worker. Few botocore attempts: the liveness task retries on its own schedule
-        # (WorkerLeaseTimer.retry_ms). Injected clients and stores are used as given.
-        lease_store = self.leases
-        if own_clients and leases is None:
-            lease_store = LeaseStore.from_settings(
-                settings,
-                dynamodb_client(max_pool_connections=2, retry_mode="standard", max_attempts=2),
-            )
-        self.messages = MessageStore.from_settings(settings, dynamodb)
-        self.offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
-        self.flusher = MessageFlusher(
-            self.messages,
-            self.offloader,
-            self.metrics,
-            flush_ms=settings.message_flush_ms,
-            capacity=config.queue_frames,
-            capacity_bytes=config.queue_bytes,
-            max_in_flight=config.write_threads,
-            logger=self.logger,
-            clock=clock,
-        )
+        self.leases = leases
+        self.offloader = offloader
+        self.flusher = flusher
+        self.outbox = outbox
+        self.control = control
+        self.sessions: dict[str, Session] = {}
+        self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
+        self._write_slots = max(1, config.io_threads // 2)
         self.liveness = WorkerLiveness(
-            lease_store,
+            renewals,
             self.worker_id,
-            self.offloader,
-            self.metrics,
-            self.logger,
+            offloader,
+            metrics,
+            logger,
             lease_ms=settings.lease_ms,
             heartbeat_ms=config.heartbeat_ms,
             margin_ms=settings.safety_margin_ms,
@@ -212,60 +169,35 @@ class Worker:
             on_fence=self._fence_all,
             clock=clock,
         )
-        self._write_slots = max(1, config.io_threads // 2)
-        self.outbox = HintOutbox(
-            HintSender(sqs, settings.require_hint_queue_url()), self.offloader, self.logger
+        self.taker = LeaseTaker(
+            leases,
+            self.worker_id,
+            offloader,
+            self.liveness,
+            outbox,
+            metrics,
+            logger,
+            max_connections=settings.max_connections,
+            heartbeat_seconds=settings.heartbeat_seconds,
+            sessions=self.sessions,
+            session_tasks=self._session_tasks,
+            start_session=self._start_session,
+            clock=clock,
         )
-        self.control = (
-            ControlChannel(
-                sqs,
-                self.offloader,
-                self.metrics,
-                self.logger,
-                prefix=settings.control_queue_prefix,
-                sender_arns=tuple(
-                    arn.strip() for arn in settings.control_queue_sender_arns.split(",")
-                    if arn.strip()
-                ),
-                worker_id=self.worker_id,
-                wait_seconds=config.control_wait_seconds,
-            )
-            if config.control_channel
-            else None
-        )
-        self.poller = HintPoller(
-            sqs,
-            settings.hint_queue_url,
-            self.offloader,
-            self.metrics,
-            self.logger,
-            free_slots=self.free_slots,
-            capacity=self._capacity_left,
-            running=self.running,
-            acquire=self.acquire,
-            wait_seconds=config.hint_wait_seconds,
-        )
+        self.poller = HintPoller(hint_queue, self.taker, metrics, logger)
         self._context = SessionContext(
             config=config,
             worker_id=self.worker_id,
-            leases=self.leases,
-            offloader=self.offloader,
-            flusher=self.flusher,
+            leases=leases,
+            offloader=offloader,
+            flusher=flusher,
             liveness=self.liveness,
-            metrics=self.metrics,
-            logger=self.logger,
-            connect=connector
-            or make_connector(
-                max_frame_bytes=config.max_frame_bytes,
-                allowed_hosts=config.settings.allowed_upstream_hosts,
-                allow_insecure=config.settings.allow_insecure_ws,
-            ),
+            metrics=metrics,
+            logger=logger,
+            connect=connector,
             clock=clock,
             rng=random.Random(),
         )
-        self.sessions: dict[str, Session] = {}
-        self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
-        self._acquiring: set[str] = set()
         self._background: dict[str, asyncio.Task[None]] = {}
         self._stop = asyncio.Event()
         self._stopping = False
@@ -275,28 +207,99 @@ class Worker:
         self._drain_complete = False
         self.exit_code = 0
 
-    # ------------------------------------------------------------------ capacity
-    def free_slots(self) -> int:
-        """Connections this worker may take on now.
-
-        Zero while draining or fenced, and while the worker lease renewal runs late (more
-        than a quarter of the heartbeat): the connections already held come before new ones.
+    @classmethod
+    def from_config(
+        cls,
+        config: WorkerConfig,
+        *,
+        dynamodb: Any = None,
+        sqs: Any = None,
+        leases: LeaseStore | None = None,
+        outbox: HintOutbox | None = None,
+        logger: Any = None,
+        metrics: WorkerMetrics | None = None,
+        connector: Connector | None = None,
+        clock: Clock = now_ms,
+    ) -> Worker:
+        """Build a worker and its parts from configuration; each keyword given replaces what
+        would be built (tests pass an in-memory store, a stand-in outbox, the moto clients).
         """
-        liveness = self.liveness
-        if (
-            self._stopping
-            or liveness.fenced
-            or liveness.behind_ms(self._clock()) > self.config.heartbeat_ms // 4
-        ):
-            return 0
-        return self._capacity_left()
-
-    def _capacity_left(self) -> int:
-        return self.config.settings.max_connections - len(self.sessions) - len(self._acquiring)
-
-    def running(self) -> set[str]:
-        """Connections streaming here now (sessions already ending do not count)."""
-        return {pk for pk, session in self.sessions.items() if session.reason is None}
+        settings = config.settings
+        logger = logger or make_logger(settings.service_name, settings.worker_id)
+        metrics = metrics or WorkerMetrics(settings.service_name)
+        threads = config.io_threads + config.write_threads
+        own_clients = dynamodb is None
+        dynamodb = dynamodb or dynamodb_client(max_pool_connections=threads + 4)
+        sqs = sqs or sqs_client(max_pool_connections=threads + 4)
+        store = leases if leases is not None else LeaseStore.from_settings(settings, dynamodb)
+        # The renewal gets a client of its own: the shared one's adaptive retry mode slows
+        # every request once message writes are throttled, and a late renewal fences the
+        # whole worker. Few botocore attempts: the liveness task retries on its own schedule
+        # (WorkerLeaseTimer.retry_ms). Injected clients and stores are used as given.
+        renewals = store
+        if own_clients and leases is None:
+            renewals = LeaseStore.from_settings(
+                settings,
+                dynamodb_client(max_pool_connections=2, retry_mode="standard", max_attempts=2),
+            )
+        offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
+        flusher = MessageFlusher(
+            MessageStore.from_settings(settings, dynamodb),
+            offloader,
+            metrics,
+            flush_ms=settings.message_flush_ms,
+            capacity=config.queue_frames,
+            capacity_bytes=config.queue_bytes,
+            max_in_flight=config.write_threads,
+            logger=logger,
+            clock=clock,
+        )
+        control = (
+            ControlChannel(
+                sqs,
+                offloader,
+                metrics,
+                logger,
+                prefix=settings.control_queue_prefix,
+                sender_arns=tuple(
+                    arn.strip() for arn in settings.control_queue_sender_arns.split(",")
+                    if arn.strip()
+                ),
+                worker_id=settings.worker_id,
+                wait_seconds=config.control_wait_seconds,
+            )
+            if config.control_channel
+            else None
+        )
+        return cls(
+            config,
+            leases=store,
+            renewals=renewals,
+            offloader=offloader,
+            flusher=flusher,
+            outbox=outbox
+            if outbox is not None
+            else HintOutbox(HintSender(sqs, settings.require_hint_queue_url()), offloader, logger),
+            hint_queue=QueueConsumer(
+                sqs,
+                offloader,
+                logger,
+                queue="hint queue",
+                message="hint",
+                queue_url=settings.hint_queue_url,
+                wait_seconds=config.hint_wait_seconds,
+            ),
+            control=control,
+            connector=connector
+            or make_connector(
+                max_frame_bytes=config.max_frame_bytes,
+                allowed_hosts=settings.allowed_upstream_hosts,
+                allow_insecure=settings.allow_insecure_ws,
+            ),
+            logger=logger,
+            metrics=metrics,
+            clock=clock,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -395,96 +398,7 @@ class Worker:
         self.exit_code = 1
         self.request_stop()
 
-    # ------------------------------------------------------------------ acquiring
-    async def acquire(self, hint: Hint) -> HintOutcome:
-        """Acquire the hinted connection and start it; see :class:`HintPoller`."""
-        pk = hint.pk
-        if pk in self._acquiring:
-            return HintOutcome.DONE
-        ending = self.sessions.get(pk)
-        if ending is not None:
-            if ending.reason is None:
-                return HintOutcome.DONE  # streaming here already: a duplicate hint
-            # A session of ours is still winding down (e.g. it self-fenced): let it finish,
-            # then compete for the lease like anyone else.
-            task = self._session_tasks.get(pk)
-            if task is not None:
-                await asyncio.wait({task}, timeout=self.config.settings.heartbeat_seconds * 2)
-            if pk in self.sessions:
-                return HintOutcome.GIVE_BACK
-        # may_write, not only fenced: after a pause this coroutine may run before the liveness
-        # task has noticed the deadline passed, and a connection taken now would die with us.
-        if (
-            self._stopping
-            or not self.liveness.may_write(self._clock())
-            or self._capacity_left() <= 0
-        ):
-            return HintOutcome.GIVE_BACK
-        self._acquiring.add(pk)
-        try:
-            record = await self._acquire_lease(pk)
-            if record is None:  # began to drain while waiting for the lease to lapse
-                return HintOutcome.GIVE_BACK
-        except (LeaseConflict, ConnectionStopped, ConnectionNotFound) as exc:
-            self.metrics.count("AcquireConflicts")
-            current = exc.current if isinstance(exc, LeaseError) else None
-            self.logger.debug(
-                "hint dropped",
-                extra={
-                    "connection_id": connection_id_from_pk(pk),
-                    "reason": type(exc).__name__,
-                    "holder": current.lease_owner if current else None,
-                },
-            )
-            return HintOutcome.DONE
-        except WsfleetError as exc:
-            self.logger.warning(
-                "acquire failed; hint left for redelivery",
-                extra={"connection_id": connection_id_from_pk(pk), "error": describe_error(exc)},
-            )
-            return HintOutcome.RETRY_LATER
-        finally:
-            self._acquiring.discard(pk)
-        self.metrics.count("Acquired")
-        if self.liveness.fenced:
-            # Won under a lease that is over: write nothing more; it lapses with the worker's.
-            return HintOutcome.DONE
-        if self._stopping:  # won a lease while draining: give it straight back
-            await self._hand_back(record)
-            return HintOutcome.DONE
-        self._start_session(record)
-        return HintOutcome.DONE
-
-    async def _acquire_lease(self, pk: str) -> ConnectionRecord | None:
-        """Acquire, waiting once for an owner's lease that is about to lapse (an early hint:
-        the store says so with ``LeaseConflict.retry_in_ms``).
-
-        The wait happens inside the hint's round; the poller keeps receiving meanwhile.
-        """
-        try:
-            return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
-        except LeaseConflict as conflict:
-            wait_ms = conflict.retry_in_ms
-            if wait_ms is None:
-                raise
-        self.metrics.count("EarlyHintWaits")
-        await asyncio.sleep(wait_ms / 1000)
-        if self._stopping or self.liveness.fenced:
-            return None
-        return await self.offloader.io(self.leases.acquire, pk, self.worker_id)
-
-    async def _hand_back(self, record: ConnectionRecord) -> None:
-        """Release a connection won while draining (if this fails, the sweep or the worker's
-        expiry frees it)."""
-        lease = Lease.of(record)
-        if not self.liveness.may_write(self._clock()):
-            return
-        try:
-            await self.offloader.io(self.leases.release, lease)
-        except WsfleetError:
-            return
-        self.outbox.add(Hint(record.pk, epoch=lease.epoch))
-
+    # ------------------------------------------------------------------ sessions
     def _start_session(self, record: ConnectionRecord) -> None:
         session = Session(record, self._context)
         self.sessions[record.pk] = session
@@ -660,7 +574,7 @@ class Worker:
                     and entry.epoch == session.epoch
                 ):
                     await self._sweep_stop(session)
-            elif entry.pk not in self._acquiring:
+            elif entry.pk not in self.taker.acquiring:
                 await self._sweep_stranded(entry)
         old_enough = now - 2 * int(self.config.sweep_seconds * 1000)
         for session in list(self.sessions.values()):
@@ -695,7 +609,7 @@ class Worker:
             or record.lease_owner != self.worker_id
             or record.lease_epoch != entry.epoch
             or entry.pk in self.sessions
-            or entry.pk in self._acquiring
+            or entry.pk in self.taker.acquiring
             or not self.liveness.may_write(self._clock())
         ):
             return
@@ -755,6 +669,7 @@ class Worker:
             return
         self._stopping = True
         settings = self.config.settings
+        self.taker.stop()
         self.poller.stop()
         count = len(self.sessions)
         self.logger.info(
@@ -774,7 +689,7 @@ class Worker:
                 self._drain_complete = not self.sessions
                 await self.outbox.flush()
                 poller = self._background.get("poller")
-                if poller is not None and (self.outbox.sent > hints_before or self._acquiring):
+                if poller is not None and (self.outbox.sent > hints_before or self.taker.acquiring):
                     # Our hints may have been caught by our own long poll, or an acquire is
                     # in flight: let the poller hand messages and leases back (it does so
                     # once stopped) before we go.
@@ -849,7 +764,7 @@ async def serve(config: WorkerConfig) -> int:
     incarnation = 1
     logger: Any = None  # one Powertools Logger per process (a second one has no formatter)
     while True:
-        worker = Worker(config, logger=logger)
+        worker = Worker.from_config(config, logger=logger)
         logger = worker.logger
         code = await worker.run()
         if code != EXIT_LEASE_LOST or worker.signalled:

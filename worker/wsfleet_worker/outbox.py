@@ -1,0 +1,59 @@
+"""HintOutbox: the worker's hints to its peers, sent in batches as they are queued.
+
+A worker hints a connection it lets go while the connection should keep streaming: a release
+on drain, a session that crashed or was handed over, a stranded connection the sweep freed,
+a connection won while draining and handed back. Callers must not wait for SQS (a drain
+releases a thousand connections; the sweep and the session callbacks are not the place for a
+round trip), so :meth:`HintOutbox.add` only queues: whatever accumulates while one
+SendMessageBatch is in flight goes out together in the next. A hint that cannot be sent is
+logged and dropped: its connection is free and STARTED, so it sits in gsi_unowned and the
+reconciler hints it after its grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from wsfleet.hint_sender import HintSender
+from wsfleet.hints import Hint
+
+from .offload import Offloader
+from .upstream import describe_error
+
+__all__ = ["HintOutbox"]
+
+
+class HintOutbox:
+    """Sends hints in batches as they are queued: whatever accumulates while one
+    SendMessageBatch is in flight goes out together in the next."""
+
+    def __init__(self, sender: HintSender, offloader: Offloader, logger: Any) -> None:
+        self._sender = sender
+        self._offloader = offloader
+        self._logger = logger
+        self._pending: list[Hint] = []
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+
+    def add(self, hint: Hint) -> None:
+        self._pending.append(hint)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                failed = await self._offloader.sqs(self._sender.send_many, batch)
+            except Exception as exc:  # the reconciler will find these leases free
+                failed = batch
+                self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
+            self.sent += len(batch) - len(failed)
+            if failed:
+                self._logger.warning("hints not sent", extra={"count": len(failed)})
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far has been sent (or given up on)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
