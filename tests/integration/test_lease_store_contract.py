@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from lease_helpers import FakeClock, register as register_worker
 
 from wsfleet.aws import dynamodb_client
 from wsfleet.exceptions import (
@@ -33,19 +34,6 @@ pytestmark = pytest.mark.integration
 LEASE_MS = 2_000
 URL = "wss://up.example/s"
 FAR = 10**15  # "before" bound that includes every unowned_since_ms
-
-
-class FakeClock:
-    """A settable wall clock, so expiry is tested without sleeping."""
-
-    def __init__(self, start: int = 1_800_000_000_000) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
 
 
 @pytest.fixture
@@ -88,16 +76,7 @@ def started(store: LeaseStore, cid: str = "c1") -> str:
 
 
 def register(store: LeaseStore, clock: FakeClock, worker_id: str) -> WorkerRecord:
-    worker = WorkerRecord(
-        worker_id=worker_id,
-        control_queue_url=f"http://q/{worker_id}",
-        started_at_ms=clock.now,
-        heartbeat_at_ms=clock.now,
-        expires_at_ms=clock.now + LEASE_MS,
-        capacity=100,
-    )
-    store.register_worker(worker)
-    return worker
+    return register_worker(store, clock, worker_id, lease_ms=LEASE_MS)
 
 
 def listing(store: LeaseStore, state: DesiredState, limit: int = 2) -> list[str]:

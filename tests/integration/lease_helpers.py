@@ -1,0 +1,33 @@
+"""What the lease-store tests share: a settable clock and a registered worker."""
+
+from __future__ import annotations
+
+from wsfleet.record import WorkerRecord
+from wsfleet.store import LeaseStore
+
+
+class FakeClock:
+    """A settable wall clock in epoch ms, so expiry is tested without sleeping."""
+
+    def __init__(self, start: int = 1_800_000_000_000) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+def register(store: LeaseStore, clock: FakeClock, worker_id: str, *, lease_ms: int) -> WorkerRecord:
+    """Register ``worker_id`` with a lease of ``lease_ms`` from the clock's now."""
+    worker = WorkerRecord(
+        worker_id=worker_id,
+        control_queue_url=f"http://q/{worker_id}",
+        started_at_ms=clock.now,
+        heartbeat_at_ms=clock.now,
+        expires_at_ms=clock.now + lease_ms,
+        capacity=100,
+    )
+    store.register_worker(worker)
+    return worker
