@@ -142,9 +142,10 @@ def run_compat(*, timeout: float = 900) -> dict[str, Any]:
 def dynalite_race(racers: int = 16, rounds: int = 40) -> dict[str, Any]:
     """Conditional-write atomicity on dynalite itself, without LeaseStore's error mapping.
 
-    ``racers`` threads (one client each) race the acquire condition of wsfleet
-    (``lease_expires_at_ms < :now``, epoch + 1) on a fresh item per round; exactly one
-    conditional UpdateItem per round may succeed and the epoch must end at 1.
+    ``racers`` threads (one client each) race a conditional acquire (the first lease model's
+    condition, ``lease_expires_at_ms < :now``, epoch + 1: what is tested is the atomicity of a
+    conditional UpdateItem, which v2's acquire relies on the same way) on a fresh item per
+    round; exactly one conditional UpdateItem per round may succeed and the epoch must end at 1.
     """
     import threading
     from concurrent.futures import ThreadPoolExecutor
