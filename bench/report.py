@@ -113,7 +113,8 @@ def _coordination_part(name: str, r: dict[str, Any]) -> list[str]:
         "/ 1 KB) of the larger image; index write per index entry that appears, disappears, "
         "changes key or changes a projected attribute; read: ceil(bytes / 4 KB), half when "
         "eventually consistent). Streams still streaming at the end: "
-        f"{_met(r.get('still_streaming_at_end'))}.",
+        f"{_met(r.get('still_streaming_at_end'))}; a steady state (no worker registered, "
+        f"nobody killed in the window): {_met(r.get('steady_state'))}.",
         "",
     ]
     writes, reads = r["writes_per_connection_hour"], r["reads_per_connection_hour"]

@@ -347,7 +347,12 @@ def run_coordination_cost(
     checkpoint_periods: int = 2,
     rate: float = 0.2,
 ) -> dict[str, Any]:
-    """One worker with ``connections``; coordination requests and units per connection-hour."""
+    """One worker with ``connections``; coordination requests and units per connection-hour.
+
+    ``factor``: on a loaded 2-core machine the serialised moto server answers a renewal up to
+    2-3 s late at 1,000 connections, so the compressed lease must stay longer than that (at
+    factor 10, lease 2 s, the worker self-fenced again and again: a recovery was measured, not
+    a steady state; the result says so in ``steady_state``)."""
     from .scale_record import PRODUCTION_V2, record
 
     window = checkpoint_periods * PRODUCTION_V2["checkpoint"] / factor
@@ -360,7 +365,13 @@ def run_coordination_cost(
     figures = classify(raw, connection_hours)
     totals = figures["totals_per_connection_hour"]
     v1 = {**V1_PER_CONNECTION_HOUR, "read_units": _v1_reads_per_connection_hour()}
-    met = (recording["still_streaming_at_end"] and totals["write_units"] <= 10
+    counted = figures["counted_in_window"]["writes"]
+    # A steady state has no worker registering and nobody killed: if the worker's lease lapsed
+    # (it self-fenced and started over under a new id) the window measured a recovery instead.
+    steady = (recording["still_streaming_at_end"]
+              and counted["worker register / delete"]["requests"] == 0
+              and counted["reconciler hint claims and kills"]["requests"] == 0)  # fmt: skip
+    met = (steady and totals["write_units"] <= 10
            and totals["writes"] <= 10 and totals["reads"] <= 10
            and totals["read_units"] <= 10)  # fmt: skip
     return {
@@ -378,6 +389,7 @@ def run_coordination_cost(
             "lambdas_behind_proxy": ["router", "reconciler", "stream_notifier"],
         },
         "still_streaming_at_end": recording["still_streaming_at_end"],
+        "steady_state": steady,
         "operations": recording["operations"],
         **figures,
         "v1_per_connection_hour": v1,
