@@ -240,6 +240,24 @@ def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
     return totals
 
 
+def _breakdown(fleet: Any, ids: list[str], signalled_at: float) -> dict[str, Any]:
+    """Where a failover's time went, per stream, from the upstream's session log (seconds
+    after the signal): the old session closed, the new one opened (acquire + connect), its
+    first frame (the failover figure). Percentiles of each."""
+    grouped = by_stream(fleet.simulator.sessions())
+    closed, opened = [], []
+    for stream_id in ids:
+        sessions = grouped.get(stream_id, [])
+        old = [s.closed_at for s in sessions if s.opened_at <= signalled_at and s.closed_at]
+        new = [s.opened_at for s in sessions if s.opened_at > signalled_at]
+        if old:
+            closed.append(max(old) - signalled_at)
+        if new:
+            opened.append(min(new) - signalled_at)
+    figures = {"old_session_closed": percentiles(closed), "new_session_opened": percentiles(opened)}
+    return {name: stats.to_dict() for name, stats in figures.items() if stats is not None}
+
+
 def run_disruption(
     kind: str,
     *,
@@ -311,6 +329,7 @@ def run_disruption(
         stats = percentiles(gaps.values())
         assert stats is not None
         result["seconds"] = stats.to_dict()
+        result["breakdown_seconds"] = _breakdown(fleet, ids, signalled_at)
         result["ratio_to_lease"] = {
             key: round(value / lease, 3)
             for key, value in stats.to_dict().items()

@@ -65,6 +65,18 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
         header = ["K", "DynamoDB", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99",
                   "max", "p50 / p99 as x lease", "target", "met"]  # fmt: skip
     parts = [title, "", _table(header, rows)] if rows else [title, "", "(not run)"]
+    breakdown = [
+        [name, *(f"{_s(b[k]['p50'])} / {_s(b[k]['p99'])}" if k in b else "-"
+                 for k in ("old_session_closed", "new_session_opened")),
+         f"{_s(r['seconds']['p50'])} / {_s(r['seconds']['p99'])}"]
+        for name, r in items if (b := r.get("breakdown_seconds")) and "seconds" in r
+    ]  # fmt: skip
+    if breakdown:
+        parts += ["", "Where the time went (seconds after the signal, p50 / p99, from the "
+                  "upstream's session log): the old session's socket closed; the new owner's "
+                  "session opened (release, hint, acquire, connect); its first frame.", "",
+                  _table(["run", "old session closed", "new session opened", "first frame"],
+                         breakdown)]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts)
 
