@@ -411,16 +411,15 @@ def _compat_section(document: dict[str, Any]) -> str:
         failed = [t for t in r["tests"] if t["outcome"] != "passed"]
         if failed:
             parts.append(
-                "Why they fail: dynalite 4.0.0 accepts `ReturnValuesOnConditionCheckFailure="
-                "ALL_OLD` (DynamoDB, June 2023) but never returns the item with a "
-                "ConditionalCheckFailedException. LeaseStore reads the refusal's item to tell "
-                "conflict from stopped from missing, so on dynalite a refused acquire becomes "
-                "ConnectionNotFound instead of LeaseConflict (the 32-thread race test then "
-                "deadlocks on its barrier, hence its timeout), and a refused START without an "
-                "item takes the 'deleted meanwhile' branch and recurses until RecursionError. "
-                "The conditional writes themselves are atomic on dynalite (raw race above): "
-                "the gap is LeaseStore's reliance on ALL_OLD, fixable with a consistent "
-                "GetItem when a refusal carries no item (and a bounded retry in `start`)."
+                "On dynalite: dynalite 4.0.0 accepts `ReturnValuesOnConditionCheckFailure="
+                "ALL_OLD` but never returns the item with a ConditionalCheckFailedException, so "
+                "LeaseStore's fallback (a consistent GetItem when a refusal carries no item) "
+                "serves every refusal there. `test_refusals_without_the_old_item_are_still_"
+                "classified` exercises that fallback by stripping the item from moto's answers "
+                "and ends by asserting that the wrapper stripped more than 5 items: on dynalite "
+                "there is nothing to strip (`assert 0 > 5`), after every classification "
+                "assertion before it passed. A premise of the test (the server sends ALL_OLD), "
+                "not a failure of the store."
             )
             parts.append("")
             parts.append(_table(["test", "outcome", "first line"],
@@ -436,14 +435,16 @@ def _targets(document: dict[str, Any]) -> str:
         t = r.get("totals_per_connection_hour")
         if t:
             n = r["settings"]["connections"]
+            steady = bool(r.get("steady_state", r.get("still_streaming_at_end")))
             rows.append(["request cost: coordination writes <= 10 per conn-hour at 1,000/worker",
                          name, f"{t['writes']:.2f} writes, {t['write_units']:.2f} WCU "
                          f"(+ {t['gsi_write_units']:.2f} GSI WCU) at {n:,} on one worker; "
-                         "v1: 720 writes, 2,160 WCU",
-                         _met(t["writes"] <= 10 and t["write_units"] <= 10)])  # fmt: skip
+                         "v1: 720 writes, 2,160 WCU" + ("" if steady else "; NOT a steady state"),
+                         _met(steady and t["writes"] <= 10 and t["write_units"] <= 10)])
             rows.append(["request cost: coordination reads <= 10 per conn-hour at 1,000/worker",
-                         name, f"{t['reads']:.2f} reads, {t['read_units']:.2f} RCU",
-                         _met(t["reads"] <= 10 and t["read_units"] <= 10)])  # fmt: skip
+                         name, f"{t['reads']:.2f} reads, {t['read_units']:.2f} RCU"
+                         + ("" if steady else "; NOT a steady state"),
+                         _met(steady and t["reads"] <= 10 and t["read_units"] <= 10)])
     for name, r in _results(document, "scale"):
         models = dict(_scale_models(r))
         v2 = models.get("v2")
@@ -481,7 +482,9 @@ def _targets(document: dict[str, Any]) -> str:
         label = ("STOP p99 < 1 s (control channel)" if r.get("control_channel")
                  else "STOP without the control channel p99 <= sweep interval + 1 s")
         if "seconds" in r:
-            rows.append([label, name, f"p99 {r['seconds']['p99']:.2f} s",
+            sweep = "" if r.get("control_channel") else (
+                f" (sweep every {r['settings'].get('sweep_seconds')} s)")
+            rows.append([label, name, f"p99 {r['seconds']['p99']:.2f} s{sweep}",
                          _met(r.get("target_met"))])
         elif "error" in r:
             rows.append([label, name, f"failed: {r['error'][:80]}", _met(False)])
