@@ -5,15 +5,18 @@ and ``bench/RESULTS.md`` (the tables, the command, the machine and the settings)
 
 Options::
 
-    python -m bench                     # full run (about 20-25 min on 2 cores)
+    python -m bench                     # full run (about 35-40 min on 2 cores)
     python -m bench --quick             # smaller K, shorter windows (about 8-10 min)
     python -m bench --only crash stop   # some groups only (results of others are kept)
     python -m bench --render            # re-render RESULTS.md from results.json
 
-Groups: crash, handoff, stop, cost, capacity, flood, reconcile, compat, scale. Loss/duplicate
-figures come with crash and handoff (each run audits the messages table afterwards). ``scale``
-records this checkout's request stream per partition key and writes ``bench/SCALE.md`` beside
-the recorded v1 baseline (bench/scale_record.py, bench/scale_model.py).
+Groups: cost, crash, handoff, stop, capacity, flood, throughput, reconcile, compat, scale.
+Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
+messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
+coordination writes and reads per connection-hour at 1,000 connections per worker, every
+cadence time-compressed by 2.5). ``scale`` records this checkout's request stream per partition
+key and writes ``bench/SCALE.md`` beside the recorded v1 baseline (bench/scale_record.py,
+bench/scale_model.py).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from .harness import ROOT, machine
 
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-GROUPS = ("crash", "handoff", "stop", "cost", "capacity", "flood", "reconcile", "compat", "scale")
+GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
+          "compat", "scale")
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,16 @@ def _steps(quick: bool) -> list[Step]:
     from wsfleet_local.dynalite import available as dynalite_available
 
     from .fleet_bench import Profile, run_disruption, run_stop_latency
-    from .request_cost import run_request_cost
+    from .request_cost import run_coordination_cost, run_request_cost
     from .scale_record import run_scale
     from .wrapped import run_capacity, run_compat, run_flood, run_reconcile
 
     steps: list[Step] = []
+    # Issue #12's cost target first: 1,000 connections on one worker, every production cadence
+    # divided by 2.5 (lease 8 s: at 2 s the worker's renewals on the loaded moto server ran
+    # late enough to self-fence), a window of one compressed checkpoint period (240 s).
+    steps.append(Step("cost", "coordination-cost-1000", lambda d: run_coordination_cost(
+        run_dir=d, connections=1000, factor=2.5, checkpoint_periods=1)))
 
     def disruption(kind: str, k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
         suffix = "" if dynamodb == "moto" else f"-{dynamodb}"
@@ -66,7 +75,7 @@ def _steps(quick: bool) -> list[Step]:
     handoff = functools.partial(disruption, "handoff")
 
     def stop(channel: bool, n: int) -> Step:
-        name = "stop-control-channel" if channel else "stop-heartbeat-fallback"
+        name = "stop-control-channel" if channel else "stop-sweep-fallback"
         return Step("stop", name, lambda d: run_stop_latency(
             control_channel=channel, streams=n, profile=Profile.DEFAULT, rate=2.0, run_dir=d))
 
@@ -76,7 +85,7 @@ def _steps(quick: bool) -> list[Step]:
         steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
             run_dir=d, phases=[(10, 1.0), (20, 5.0), (50, 20.0)], window_seconds=10)))
         steps.append(Step("capacity", "capacity-1000", lambda d: run_capacity(
-            connections=1000, rate=0.2, lease=30, heartbeat=10, margin=3, window=20)))
+            connections=1000, rate=0.2, lease=20, heartbeat=5, margin=2, window=20)))
         steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
             items=[10_000], scenarios=["steady"])))
     else:
@@ -94,9 +103,9 @@ def _steps(quick: bool) -> list[Step]:
         steps.append(Step("cost", "request-cost-flush-250ms", lambda d: run_request_cost(
             run_dir=d, phases=[(20, 5.0)], window_seconds=20, flush_ms=250)))
         steps.append(Step("capacity", "capacity-1000", lambda d: run_capacity(
-            connections=1000, rate=0.2, lease=30, heartbeat=10, margin=3, window=45)))
+            connections=1000, rate=0.2, lease=20, heartbeat=5, margin=2, window=45)))
         steps.append(Step("capacity", "capacity-5000", lambda d: run_capacity(
-            connections=5000, rate=0.02, lease=180, heartbeat=60, margin=10, window=60)))
+            connections=5000, rate=0.02, lease=20, heartbeat=5, margin=2, window=60)))
         steps.append(Step("reconcile", "reconcile", lambda d: run_reconcile(
             items=[10_000, 100_000], scenarios=["steady"])))
     # Memory bounded in bytes: one worker, many sessions, a flood of maximum-size frames.

@@ -45,9 +45,10 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
         s, st = r["seconds"], r["settings"]
         ratio = r.get("ratio_to_lease", {})
         if kind == "stop":
-            label = "control channel" if r.get("control_channel") else "heartbeat fallback"
+            label = "control channel" if r.get("control_channel") else "sweep fallback"
             rows.append([label, st["streams"],
-                         f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
+                         f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g} / "
+                         f"{st.get('sweep_seconds', '-')}",
                          _s(s["p50"]), _s(s["p95"]), _s(s["p99"]), _s(s["max"]),
                          r.get("target") or r.get("bound"), _met(r.get("target_met"))])  # fmt: skip
         else:
@@ -58,12 +59,24 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
                          f"{ratio.get('p50', 0):.2f} / {ratio.get('p99', 0):.2f}",
                          r.get("target"), _met(r.get("target_met"))])  # fmt: skip
     if kind == "stop":
-        header = ["path", "streams", "lease / heartbeat (s)", "p50", "p95", "p99", "max",
+        header = ["path", "streams", "lease / heartbeat / sweep (s)", "p50", "p95", "p99", "max",
                   "target", "met"]  # fmt: skip
     else:
         header = ["K", "DynamoDB", "lease / heartbeat (s)", "frames/s/stream", "p50", "p95", "p99",
                   "max", "p50 / p99 as x lease", "target", "met"]  # fmt: skip
     parts = [title, "", _table(header, rows)] if rows else [title, "", "(not run)"]
+    breakdown = [
+        [name, *(f"{_s(b[k]['p50'])} / {_s(b[k]['p99'])}" if k in b else "-"
+                 for k in ("old_session_closed", "new_session_opened")),
+         f"{_s(r['seconds']['p50'])} / {_s(r['seconds']['p99'])}"]
+        for name, r in items if (b := r.get("breakdown_seconds")) and "seconds" in r
+    ]  # fmt: skip
+    if breakdown:
+        parts += ["", "Where the time went (seconds after the signal, p50 / p99, from the "
+                  "upstream's session log): the old session's socket closed; the new owner's "
+                  "session opened (release, hint, acquire, connect); its first frame.", "",
+                  _table(["run", "old session closed", "new session opened", "first frame"],
+                         breakdown)]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts)
 
@@ -81,15 +94,73 @@ def _loss_section(document: dict[str, Any]) -> str:
     header = ["run", "streams", "seqs up to checkpoints", "frames stored", "lost",
               "wrong content", "stale epoch", "overlapping sessions", "replay gaps", "exactly once"]
     return "\n".join(["## 4. Loss and duplicates after 1 and 2", "",
-                      "Every seq from 1 to the record's checkpoint must be stored exactly once, "
-                      "with content `<id>:<seq>`, under its own sort key; no frame under an "
-                      "older epoch after a newer one; no two upstream sessions open at once.", "",
+                      "After the takeover every stream is STOPped through the API (the STOP "
+                      "writes the final checkpoint). Every seq from 1 to the record's checkpoint "
+                      "must be stored exactly once, with content `<id>:<seq>`, under its own sort "
+                      "key; no frame under an older epoch after a newer one; no two upstream "
+                      "sessions of one stream open at the same time (no tolerance: any overlap "
+                      "is a violation).", "",
                       _table(header, rows) if rows else "(not run)"])  # fmt: skip
 
 
+def _n(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _coordination_part(name: str, r: dict[str, Any]) -> list[str]:
+    st = r["settings"]
+    prod, comp = st["production_cadences_seconds"], st["compressed_cadences_seconds"]
+    cadence = ", ".join(f"{k.replace('_', ' ')} {prod[k]:g} s ({comp[k]:g} s)" for k in prod)
+    parts = [
+        f"`{name}`: **{st['connections']:,} connections on one worker**, "
+        f"{st['frames_per_second_per_stream']} frames/s each. Production cadences, run "
+        f"**time-compressed by {st['time_compression_factor']:g}** (every cadence divided by "
+        f"it, every measured rate divided by it; the run's cadence in brackets): {cadence}. "
+        f"Window {st['window_seconds_wall']:g} s wall = {st['window_seconds_production']:g} s "
+        f"of production time (checkpoint periods: {st['checkpoint_periods_in_window']}, so every "
+        "connection checkpoints the same number of times in it). The worker and each Lambda "
+        f"({', '.join(st['lambdas_behind_proxy'])}) talk to DynamoDB through the counting proxy "
+        "under their own label. Writes and their index writes come from the table's stream "
+        "images, reads from the proxy's journal; units with DynamoDB's rules (write: ceil(size "
+        "/ 1 KB) of the larger image; index write per index entry that appears, disappears, "
+        "changes key or changes a projected attribute; read: ceil(bytes / 4 KB), half when "
+        "eventually consistent). Streams still streaming at the end: "
+        f"{_met(r.get('still_streaming_at_end'))}; a steady state (no worker registered, "
+        f"nobody killed in the window): {_met(r.get('steady_state'))}.",
+        "",
+    ]
+    writes, reads = r["writes_per_connection_hour"], r["reads_per_connection_hour"]
+    rows = [[c, _n(w["requests"], 3), _n(w["write_units"], 3), _n(w["gsi_writes"], 3),
+             _n(w["gsi_write_units"], 3), "", ""] for c, w in writes.items()]  # fmt: skip
+    rows += [[c, "", "", "", "", _n(x["requests"], 3), _n(x["read_units"], 3)]
+             for c, x in reads.items()]  # fmt: skip
+    t = r["totals_per_connection_hour"]
+    rows.append(["**v2 total**", f"**{_n(t['writes'], 3)}**", f"**{_n(t['write_units'], 3)}**",
+                 f"**{_n(t['gsi_writes'], 3)}**", f"**{_n(t['gsi_write_units'], 3)}**",
+                 f"**{_n(t['reads'], 3)}**", f"**{_n(t['read_units'], 3)}**"])  # fmt: skip
+    v1 = r.get("v1_per_connection_hour") or {}
+    if v1:
+        rows.append(["v1 for comparison (per-connection renewal, 720/h x 3 WCU)",
+                     _n(v1.get("writes"), 0), _n(v1.get("write_units"), 0),
+                     _n(v1.get("gsi_writes"), 0), _n(v1.get("gsi_write_units"), 0), "-",
+                     _n(v1.get("read_units"), 3)])  # fmt: skip
+    parts.append(_table(["per connection-hour", "writes", "WCU", "GSI writes", "GSI WCU",
+                         "reads", "RCU"], rows))  # fmt: skip
+    parts += ["", f"Target: {r['target']}: {_met(r.get('target_met'))}. v1 figures: "
+              f"{v1.get('source', '-')} (its reads: the v1 reconciler's query per pass, recorded "
+              "at 50 connections per worker).", ""]  # fmt: skip
+    return parts
+
+
 def _cost_section(document: dict[str, Any]) -> str:
-    parts = ["## 5. Request cost (steady state, one worker, counted at the proxy)", ""]
+    parts = ["## 5. Request cost (steady state, one worker, counted at the proxy)", "",
+             "### 5a. Coordination cost per connection-hour (issue #12: <= 10 writes, <= 10 "
+             "reads at 1,000 connections per worker)", ""]  # fmt: skip
     items = _results(document, "cost")
+    for name, r in items:
+        if "writes_per_connection_hour" in r:
+            parts += _coordination_part(name, r)
+    parts += ["### 5b. Messages table: requests per message", ""]
     for name, r in items:
         if "phases" not in r:
             continue
@@ -105,24 +176,24 @@ def _cost_section(document: dict[str, Any]) -> str:
             rows.append([p["streams"], p["frames_per_second_per_stream"], p["messages_per_second"],
                          p["message_write_requests"], p["messages_written"],
                          p["requests_per_message"], p["messages_per_request"],
-                         p["renewals_per_connection_hour"], p["wcu_per_connection_hour_renewals"],
-                         p["wcu_per_message"], p["dynamodb_reads_by_worker"],
+                         p["wcu_per_message"], p.get("connection_table_updates"),
+                         p["dynamodb_reads_by_worker"],
                          p["sqs_requests_per_worker_hour"]])  # fmt: skip
         parts.append(_table(
             ["streams", "frames/s/stream", "msg/s stored", "BatchWriteItem", "messages",
-             "requests/message", "messages/request", "renewals per conn-hour",
-             "WCU per conn-hour (renewals, incl. GSI)", "WCU/message",
-             "worker DynamoDB reads", "SQS requests per worker-hour"], rows))  # fmt: skip
+             "requests/message", "messages/request", "WCU/message",
+             "connections-table updates in window", "worker DynamoDB reads in window",
+             "SQS requests per worker-hour"], rows))  # fmt: skip
         first = r["phases"][0] if r["phases"] else None
         if first:
             parts.append("")
             parts.append(
                 f"Item sizes: connection item {first['connection_item_bytes']} B, message item "
-                f"{first['message_item_bytes']} B. A renewal rewrites the base item (1 WCU) and "
-                "the GSI entry, whose sort key `lease_expires_at_ms` changes (delete + put: 2 "
-                f"WCU): {first['wcu_per_renewal']} WCU per renewal. No polling reads: "
-                f"{_met(r.get('no_polling_reads'))}. <= 1 request per 20 messages at >= 100 "
-                f"msg/s: {_met(r.get('target_met'))}."
+                f"{first['message_item_bytes']} B. The window is shorter than CHECKPOINT_SECONDS "
+                "(600 s), so the connections-table updates here are the worker-lease renewals "
+                "(5a has the full accounting); the worker's reads are its sweep's gsi_owner "
+                "queries (every 30 s). <= 1 request per 20 messages at >= 100 msg/s: "
+                f"{_met(r.get('target_met'))}."
             )
             parts.append("")
     parts += _error_rows(items)
@@ -147,14 +218,18 @@ def _capacity_section(document: dict[str, Any]) -> str:
                      r.get("renew_lateness_max_ms_incl_ramp"), r.get("renew_lateness_limit_ms"),
                      f"{r.get('self_fenced')} / {r.get('lease_lost')}",
                      _met(r.get("target_met"))])  # fmt: skip
-    header = ["connections", "frames/s/conn", "lease / heartbeat / margin (s)", "renewals/s",
+    header = ["connections", "frames/s/conn", "lease / heartbeat / margin (s)",
+              "worker-lease renewals/s",
               "ramp (s)", "held at end", "RSS KB/conn", "RSS idle / peak (MB)", "CPU % of a core",
               "msg/s", "CPU ms/msg", "max renew lateness steady (ms)",
               "incl. ramp (ms)", "limit: half lease (ms)", "self-fenced / lost", "target met"]
     parts = ["## 6. Capacity: one worker process", "",
-             "bench/worker_capacity.py (wrapped). The embedded backend serialises every request "
-             "(a few hundred writes/s), so lease, heartbeat and frame rate are chosen for it to "
-             "sustain; they are printed in each row.", "",
+             "bench/worker_capacity.py (wrapped), at the production lease (20 s / heartbeat "
+             "5 s): in v2 a worker renews one item per heartbeat whatever it holds, so the "
+             "renewal lateness is the worker lease's (`RenewLatenessMs`). The embedded backend "
+             "serialises every request (a few hundred writes/s), so the frame rate is chosen "
+             "for it to sustain; a run is met only if every connection streams (at least half "
+             "the offered frames stored).", "",
              _table(header, rows) if rows else "(not run)"]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts)
@@ -188,6 +263,82 @@ def _flood_section(document: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _throughput_section(document: dict[str, Any]) -> str:
+    items = _results(document, "throughput")
+    parts = ["## 6c. Throughput: frames stored per second per worker vCPU", "",
+             "bench/throughput.py (wrapped): the tables on dynalite (SQS on moto), an upstream "
+             "sending small numbered frames as fast as the worker reads, one worker holding the "
+             "connections. Frames stored (MessagesWritten) over the worker's CPU seconds (user + "
+             "system, all threads, from /proc) in the same interval = frames/s per vCPU. The "
+             "upstream and dynalite share the machine's cores (their use is shown). A second pass "
+             "runs under cProfile for the profile; afterwards every stream is read back: seqs "
+             "1..max each once with its own content. Target: >= 10,000 frames/s per vCPU.", ""]
+    for name, r in items:
+        if "error" in r:
+            continue
+        v = r.get("verify") or {}
+        others = r.get("other_processes_cores_used") or {}
+        parts.append(_table(
+            ["run", "connections (active)", "frames stored/s", "worker cores used",
+             "frames/s per vCPU", "CPU us/frame", "write requests/frame",
+             "upstream / dynalite cores", "exactly once (frames)", "target met"],
+            [[name, f"{r['settings']['connections']} ({r.get('active_connections')})",
+              r.get("frames_stored_per_second"), r.get("worker_cores_used"),
+              r.get("frames_per_cpu_second"), r.get("cpu_us_per_frame"),
+              r.get("write_requests_per_frame"),
+              " / ".join(str(x) for x in others.values()),
+              f"{_met(v.get('exactly_once'))} ({v.get('frames_stored')})",
+              _met(r.get("target_met"))]]))  # fmt: skip
+        for title, key, column in (("cProfile, % of busy CPU time", "profile_cprofile",
+                                    "own_percent"),
+                                   ("py-spy, % of samples", "profile_py_spy", "percent")):
+            profile = r.get(key) or {}
+            if profile.get("by_own"):
+                parts += ["", f"Top of the profile by own time ({title}):", ""]
+                parts.append(_table(["%", "function"],
+                                    [[row[column], f"`{row['function']}`"]
+                                     for row in profile["by_own"][:12]]))  # fmt: skip
+        parts.append("")
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
+def _scale_models(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(v, (r.get(v) or {}).get("model") or {}) for v in ("v1", "v2") if r.get(v)]
+
+
+def _scale_section(document: dict[str, Any]) -> str:
+    items = _results(document, "scale")
+    parts = ["## 9. Scale model: the hottest partition key", "",
+             "bench/scale_record.py records a local fleet's request stream per partition-key "
+             "value (every cadence divided by 10; the Lambdas behind the proxy too) and "
+             "bench/scale_model.py scales it: the write and read rate of every key of the table "
+             "and of each index per 1,000 connections (1,000 per worker), and the fleet size at "
+             "which the hottest key reaches 50 % / 100 % of DynamoDB's per-partition limits "
+             "(1,000 WCU/s, 3,000 RCU/s). The full tables are in **bench/SCALE.md**; v1 is the "
+             "baseline recorded on main before v2 (bench/scale_v1.json).", ""]
+    for _name, r in items:
+        if "error" in r:
+            continue
+        rows = []
+        for version, m in _scale_models(r):
+            hot = m.get("hottest") or {}
+            pch = m.get("per_connection_hour") or {}
+            rows.append([version, f"{hot.get('target')} `{hot.get('key')}`",
+                         _n(hot.get("wcu_per_s_at_1000"), 3), _n(hot.get("rcu_per_s_at_1000"), 3),
+                         _n(m.get("ceiling_50"), 0), _n(m.get("ceiling_100"), 0),
+                         _n(pch.get("connection_item_wcu")),
+                         _n(pch.get("index_wcu_from_connection_items")),
+                         _met(m.get("target_met"))])  # fmt: skip
+        parts.append(_table(["model", "hottest key", "its WCU/s per 1,000 conns",
+                             "its RCU/s per 1,000 conns", "connections at 50 % of a partition",
+                             "at 100 %", "connection-item WCU per conn-hour",
+                             "index WCU per conn-hour", ">= 1,000,000 at < 50 %"], rows))
+        parts.append("")
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
 def _pass(run: dict[str, Any], which: str) -> dict[str, Any]:
     """One pass of a reconcile run, in either output format of bench/reconcile_pass.py."""
     nested = run.get(which)
@@ -217,12 +368,16 @@ def _reconcile_section(document: dict[str, Any]) -> str:
               "sends", "hints sent", "warm 2nd pass", "cold 2nd pass", "hints re-sent",
               "queue depth"]  # fmt: skip
     parts = ["## 7. Reconciler pass time", "",
-             "bench/reconcile_pass.py (wrapped): real `Reconciler.run_pass` over N connection "
-             "items on the embedded backend (1% orphaned, page size 500). First pass: query, "
-             "claim and send a hint per orphan; warm 2nd pass: same container, the hint ledger "
-             "skips the claims; cold 2nd pass: a new container, every claim refused by "
-             "DynamoDB, nothing re-sent. The GSI query reads only leases expiring before the "
-             "next pass; on moto its cost still grows with the table (moto scans the index).",
+             "bench/reconcile_pass.py (wrapped): real `Reconciler.run_pass` (lease model v2) "
+             "over N connection items on the embedded backend; `steady`: every worker alive, "
+             "1% of the connections free and STARTED past the grace (a lost hint). A v2 pass "
+             "reads the worker items (gsi_workers + BatchGetItem), gsi_owner of lapsed workers "
+             "only and the 16 gsi_unowned shards: live connections cost it nothing. First "
+             "pass: find, claim and hint every orphan; warm 2nd pass: same container, the hint "
+             "ledger skips the claims; cold 2nd pass: a new container, every claim refused by "
+             "DynamoDB, nothing re-sent. moto's GSI query still reads the whole table per page, "
+             "so on moto a pass grows with the table; the figures show where its time goes, "
+             "not production latency.",
              "", _table(header, rows) if rows else "(not run)"]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts)
@@ -246,7 +401,7 @@ def _compat_section(document: dict[str, Any]) -> str:
         race = r.get("raw_race")
         if race:
             parts.append(
-                f"Raw race on dynalite (wsfleet's acquire condition, {race['racers']} threads x "
+                f"Raw race on dynalite (a conditional acquire, {race['racers']} threads x "
                 f"{race['rounds']} rounds, no LeaseStore error mapping): "
                 f"{race['rounds_with_exactly_one_winner']}/{race['rounds']} rounds with exactly "
                 f"one winner, max {race['max_winners_in_a_round']} winner(s) in a round, epochs "
@@ -256,16 +411,15 @@ def _compat_section(document: dict[str, Any]) -> str:
         failed = [t for t in r["tests"] if t["outcome"] != "passed"]
         if failed:
             parts.append(
-                "Why they fail: dynalite 4.0.0 accepts `ReturnValuesOnConditionCheckFailure="
-                "ALL_OLD` (DynamoDB, June 2023) but never returns the item with a "
-                "ConditionalCheckFailedException. LeaseStore reads the refusal's item to tell "
-                "conflict from stopped from missing, so on dynalite a refused acquire becomes "
-                "ConnectionNotFound instead of LeaseConflict (the 32-thread race test then "
-                "deadlocks on its barrier, hence its timeout), and a refused START without an "
-                "item takes the 'deleted meanwhile' branch and recurses until RecursionError. "
-                "The conditional writes themselves are atomic on dynalite (raw race above): "
-                "the gap is LeaseStore's reliance on ALL_OLD, fixable with a consistent "
-                "GetItem when a refusal carries no item (and a bounded retry in `start`)."
+                "On dynalite: dynalite 4.0.0 accepts `ReturnValuesOnConditionCheckFailure="
+                "ALL_OLD` but never returns the item with a ConditionalCheckFailedException, so "
+                "LeaseStore's fallback (a consistent GetItem when a refusal carries no item) "
+                "serves every refusal there. `test_refusals_without_the_old_item_are_still_"
+                "classified` exercises that fallback by stripping the item from moto's answers "
+                "and ends by asserting that the wrapper stripped more than 5 items: on dynalite "
+                "there is nothing to strip (`assert 0 > 5`), after every classification "
+                "assertion before it passed. A premise of the test (the server sends ALL_OLD), "
+                "not a failure of the store."
             )
             parts.append("")
             parts.append(_table(["test", "outcome", "first line"],
@@ -277,58 +431,106 @@ def _compat_section(document: dict[str, Any]) -> str:
 
 def _targets(document: dict[str, Any]) -> str:
     rows = []
-    for group, label in (("crash", "1. crash failover p99 <= lease + 1 s"),
-                         ("handoff", "2. graceful hand-off p99 < 1 s")):  # fmt: skip
+    for name, r in _results(document, "cost"):
+        t = r.get("totals_per_connection_hour")
+        if t:
+            n = r["settings"]["connections"]
+            steady = bool(r.get("steady_state", r.get("still_streaming_at_end")))
+            rows.append(["request cost: coordination writes <= 10 per conn-hour at 1,000/worker",
+                         name, f"{t['writes']:.2f} writes, {t['write_units']:.2f} WCU "
+                         f"(+ {t['gsi_write_units']:.2f} GSI WCU) at {n:,} on one worker; "
+                         "v1: 720 writes, 2,160 WCU" + ("" if steady else "; NOT a steady state"),
+                         _met(steady and t["writes"] <= 10 and t["write_units"] <= 10)])
+            rows.append(["request cost: coordination reads <= 10 per conn-hour at 1,000/worker",
+                         name, f"{t['reads']:.2f} reads, {t['read_units']:.2f} RCU"
+                         + ("" if steady else "; NOT a steady state"),
+                         _met(steady and t["reads"] <= 10 and t["read_units"] <= 10)])
+    for name, r in _results(document, "scale"):
+        models = dict(_scale_models(r))
+        v2 = models.get("v2")
+        if v2:
+            hot = v2.get("hottest") or {}
+            v1 = models.get("v1") or {}
+            v1_hot = v1.get("hottest") or {}
+            rows.append(["scale: >= 1,000,000 connections with the hottest key < 50 % of its "
+                         "limit (bench/SCALE.md)", name,
+                         f"v2 hottest {hot.get('target')} `{hot.get('key')}`: 50 % at "
+                         f"{_n(v2.get('ceiling_50'), 0)} connections; v1 hottest "
+                         f"{v1_hot.get('target')} `{v1_hot.get('key')}`: 50 % at "
+                         f"{_n(v1.get('ceiling_50'), 0)}",
+                         _met(v2.get("target_met"))])  # fmt: skip
+    for name, r in _results(document, "throughput"):
+        if "error" not in r:
+            rows.append(["throughput >= 10,000 frames/s per vCPU at 100 conns (dynalite)", name,
+                         f"{_n(r.get('frames_per_cpu_second'), 0)} frames/s per vCPU "
+                         f"({r.get('frames_stored_per_second')} frames/s on "
+                         f"{r.get('worker_cores_used')} cores)",
+                         _met(r.get("target_met"))])  # fmt: skip
+    for group, label in (("crash", "crash failover p99 <= lease + 1 s"),
+                         ("handoff", "graceful hand-off p99 < 1 s")):  # fmt: skip
         for name, r in _results(document, group):
+            on = r.get("settings", {}).get("dynamodb", "moto")
+            k = r.get("connections")
+            issue = " (#12 target)" if on == "dynalite" and k == 100 else ""
             if "seconds" in r:
-                rows.append([label, name, f"p99 {r['seconds']['p99']:.2f} s "
-                             f"(lease {r['settings']['lease_seconds']:g} s)",
+                rows.append([f"{label}{issue}", name, f"p99 {r['seconds']['p99']:.2f} s "
+                             f"(lease {r['settings']['lease_seconds']:g} s, K = {k}, {on})",
                              _met(r.get("target_met"))])  # fmt: skip
+            elif "error" in r:
+                rows.append([f"{label}{issue}", name, f"failed: {r['error'][:80]}", _met(False)])
     for name, r in _results(document, "stop"):
-        if "seconds" in r and r.get("control_channel"):
-            rows.append(["3. STOP p99 < 1 s (control channel)", name,
-                         f"p99 {r['seconds']['p99']:.2f} s", _met(r.get("target_met"))])
+        label = ("STOP p99 < 1 s (control channel)" if r.get("control_channel")
+                 else "STOP without the control channel p99 <= sweep interval + 1 s")
+        if "seconds" in r:
+            sweep = "" if r.get("control_channel") else (
+                f" (sweep every {r['settings'].get('sweep_seconds')} s)")
+            rows.append([label, name, f"p99 {r['seconds']['p99']:.2f} s{sweep}",
+                         _met(r.get("target_met"))])
+        elif "error" in r:
+            rows.append([label, name, f"failed: {r['error'][:80]}", _met(False)])
     audits = [r["audit"] for g in ("crash", "handoff") for _, r in _results(document, g)
               if r.get("audit")]  # fmt: skip
     if audits:
         lost = sum(a["lost"] for a in audits)
-        dup = sum(a["wrong_content"] + a["stale_epoch"] + a["overlapping_sessions"] for a in audits)
-        rows.append(["4. every seq exactly once", f"{len(audits)} runs",
-                     f"{lost} lost, {dup} duplicated / stale", _met(all(a["ok"] for a in audits))])
+        dup = sum(a["wrong_content"] for a in audits)
+        stale = sum(a["stale_epoch"] for a in audits)
+        overlaps = sum(a["overlapping_sessions"] for a in audits)
+        rows.append(["0 lost, 0 duplicated, 0 stale-epoch, 0 overlapping sessions",
+                     f"{len(audits)} runs", f"{lost} lost, {dup} wrong content, {stale} stale "
+                     f"epoch, {overlaps} overlaps", _met(all(a["ok"] for a in audits))])
     for name, r in _results(document, "cost"):
         if "phases" in r:
             busy = [p for p in r["phases"] if p["messages_per_second"] >= 90]
             worst = max((p["requests_per_message"] or 0 for p in busy), default=None)
-            rows.append(["5. no polling reads", name,
-                         f"{sum(p['dynamodb_reads_by_worker'] for p in r['phases'])} reads",
-                         _met(r.get("no_polling_reads"))])  # fmt: skip
-            rows.append(["5. <= 1 request / 20 messages at >= 100 msg/s", name,
+            rows.append(["messages: <= 1 request / 20 messages at >= 100 msg/s", name,
                          f"{worst} requests/message" if worst is not None else "-",
                          _met(r.get("target_met"))])  # fmt: skip
     for name, r in _results(document, "capacity"):
         if "error" not in r:
             big = (r.get("settings") or {}).get("connections", 0) >= 5000
-            label = ("6. >= 5,000 conns, < 100 KB each, lateness <= lease/2" if big
-                     else "6. < 100 KB per conn, lateness <= lease/2 (smaller run)")  # fmt: skip
+            label = ("capacity: >= 5,000 conns, < 100 KB each, lateness <= lease/2" if big
+                     else "capacity: < 100 KB per conn, lateness <= lease/2 (smaller run)")
             rows.append([label, name,
                          f"{r.get('owned_at_end_of_window')} held, "
-                         f"{r.get('rss_per_connection_kb')} KB/conn, max lateness "
-                         f"{r.get('renew_lateness_max_ms_steady')} ms of "
+                         f"{r.get('messages_per_second')} msg/s, "
+                         f"{r.get('rss_per_connection_kb')} KB/conn, max worker-lease renew "
+                         f"lateness {r.get('renew_lateness_max_ms_steady')} ms of "
                          f"{r.get('renew_lateness_limit_ms')}",
                          _met(r.get("target_met"))])  # fmt: skip
     for name, r in _results(document, "flood"):
         if "error" not in r:
             rows.append(["memory: peak RSS under a max-size frame flood < task memory", name,
                          f"{r.get('peak_rss_mib')} MiB of {r.get('task_memory_mib')}, "
-                         f"{r.get('connections')} conns, {r.get('lease_lost')} leases lost",
+                         f"{r.get('connections')} conns, {r.get('received_mib')} MiB received, "
+                         f"{r.get('lease_lost')} leases lost",
                          _met(r.get("target_met"))])  # fmt: skip
     for name, r in _results(document, "compat"):
         if "tests" in r:
-            rows.append(["8. LeaseStore + race tests pass on dynalite", name,
+            rows.append(["LeaseStore + race tests pass on dynalite", name,
                          f"{r['passed']} passed / {r['failed']} failed",
                          _met(r["failed"] == 0)])  # fmt: skip
             if r.get("raw_race"):
-                rows.append(["8. conditional writes atomic on dynalite", name,
+                rows.append(["conditional writes atomic on dynalite", name,
                              f"max {r['raw_race']['max_winners_in_a_round']} winner per round",
                              _met(r["raw_race"]["ok"])])  # fmt: skip
     return "## Targets\n\n" + _table(["target", "run", "measured", "met"], rows)
@@ -336,51 +538,60 @@ def _targets(document: dict[str, Any]) -> str:
 
 NOTES = """## Notes: method and what limits the figures
 
+- **Lease model v2.** Each worker holds one liveness lease (its `WORKER#<id>` item), renewed
+  every heartbeat whatever it holds; connection items carry the owner and an epoch (the fence)
+  and are written only on acquire / release, STOP, checkpoint (at most every
+  CHECKPOINT_SECONDS, 600 s, when advanced) and error notes. The v1 figures shown beside the v2
+  ones (one lease per connection, renewed every heartbeat) are labelled as such and come from
+  the last v1 run of this bench (RESULTS.md of commit eedcb49) and bench/scale_v1.json.
 - **The embedded backend is the bottleneck, not wsfleet.** moto runs in one process behind one
   global lock (wsfleet_local.backend), so every DynamoDB and SQS call of every process is
-  serialised. On this machine, with other agents running at the same time, a conditional
-  UpdateItem took about 15-20 ms and a 25-item BatchWriteItem 13-40 ms (measured while
-  building the proxy). Anything that is a chain of N writes (a drain, a takeover of N
-  connections) therefore costs N x 15-20 ms here; on DynamoDB the same writes run concurrently
-  (16 I/O threads per worker) in single-digit milliseconds each.
-- **The backend's SQS long-poll emulation** serves a waiting ReceiveMessage as short polls under
-  that same lock, re-polling at once when an SQS write lands and otherwise every 100 ms (for
-  delayed messages). SQS itself is slow there: a SendMessageBatch of 10 took about 32 ms (ad hoc
-  measurement on an idle machine: 100 hints in 10 batches, 0.32 s), so the 100 hints of a
-  100-connection hand-off take about a third of a second to send, one batch after another.
-- **Runs named `-dynalite`** keep the tables on dynalite 4.0.0 (node, concurrent: 400 conditional
-  UpdateItems took 0.8 s from 16 threads, against 2.9 s on the moto server, measured ad hoc the
-  same way) while SQS, the simulator, the Lambdas and the workers are unchanged. They show what
-  the serialised moto server costs the K = 100 runs; dynalite has no Streams, so they cannot
-  measure STOP.
-- **Crash failover follows the lease by design**: the dead worker's last renewal happened
-  0-1 heartbeat before the kill, so its leases expire lease - U(0, heartbeat) after it. The
-  reconciler's early hint is delayed with SQS DelaySeconds (whole seconds) rounded *down*, so it
-  lands in the lease's last second; the worker that receives it waits out the rest
-  (`wsfleet.lease.acquire_wait_ms`) and acquires at the expiry; then one connect, and the
-  replay from the checkpoint. K = 100 on moto is run at lease 8 s / heartbeat 2 s instead of
-  4 s / 1 s: 100 renewals/s on one worker is more than the moto server sustains beside the rest
-  (the worker rightly holds back new acquires while its renewals run late). On dynalite it runs
-  at 4 s / 1 s.
-- **Crash failover of 100 connections on moto** can end past the lease + 1 s, most at the short
-  8 s lease: every hint goes out on time (the reconciler log shows all 100 sent in the passes
-  around the expiry), but the peers' 100 acquires and 100 connects queue behind the
-  reconciler's 100 claim writes and the renewals on the one serialised backend. The same run on
-  dynalite, at a 4 s lease, stays within the lease + 1 s.
+  serialised; a chain of N writes (a drain, a takeover of N connections) costs N x 15-20 ms
+  here, while DynamoDB runs them concurrently (16 I/O threads per worker). SQS is slow there
+  too: a SendMessageBatch of 10 took about 32 ms, so the 100 hints of a 100-connection
+  hand-off take about a third of a second to send, one batch after another.
+- **Runs named `-dynalite`** keep the tables on dynalite 4.0.0 (node, concurrent) while SQS,
+  the simulator, the Lambdas and the workers are unchanged: issue #12's K = 100 crash and
+  hand-off targets are judged on them. dynalite has no Streams, so they cannot measure STOP.
+- **Crash failover follows the worker lease by design**: the dead worker's last renewal
+  happened 0-1 heartbeat before the kill, so its lease expires lease - U(0, heartbeat) after
+  it. The reconciler finds the worker lapsing (gsi_workers, BatchGetItem of worker items),
+  claims the hinting once, lists its connections from gsi_owner and sends their hints delayed
+  to land in the lease's last second; the peer that receives one waits out the rest and takes
+  over at the expiry (killing the dead worker's item first, one conditional write by the
+  first taker); then one connect and the replay from the last checkpoint.
+- **K = 100 on moto** (crash-medium-100, crash-default-100, handoff-default-100) is not what
+  issue #12's targets are judged on: the 100 takeovers (each a consistent read of the dead
+  worker's item, a conditional update, a connect) and 100 hint receives queue behind one another
+  and behind everything else on the one serialised moto server. The same runs on dynalite
+  (`-dynalite`) are the targets' runs.
+- **Coordination cost at time compression 2.5, not 10.** At 10 (lease 2 s, fence 1.8 s after a
+  renewal) the worker's lease renewals on the loaded moto server (load average up to 6 from
+  other sessions) ran up to 2.7 s late at 1,000 connections: the worker self-fenced and started
+  over under a new id several times in the window, which measured a recovery, not a steady
+  state (the step reports `steady_state` and is only met with it). At 2.5 (lease 8 s) the run
+  was steady.
 - **Graceful hand-off of K connections** is K releases (each with the final checkpoint), K hints
   and K acquires by the peers. On moto those are serialised conditional writes, so the last
   connection of 100 waits for all of them; on dynalite the writes overlap and what is left is
-  mostly sending and receiving the 100 hints on the moto SQS (see above). With K = 10 the same
-  path is a few hundred milliseconds either way.
-- **STOP without the control channel** is bounded by the heartbeat (the next renewal is
-  refused): up to one heartbeat plus one renewal.
-- **Request cost** is counted at the fault proxy, which sees every request of the worker
-  process (the proxy injects nothing in these runs). The Lambdas are not behind it: the
-  reconciler costs one GSI Query per pass (plus one SendMessageBatch and one conditional
-  claim write per orphan), independent of the number of healthy connections; the notifier
-  costs one SendMessage per STOP.
+  mostly sending and receiving the 100 hints on the moto SQS. The breakdown under section 2
+  shows it: the releasing worker has closed every socket 28 ms after the SIGTERM, and the new
+  owners' sessions open one after another from about 0.25 s to 1.2 s, about 10 ms per
+  connection, the pace of hints received 10 at a time through the serialised moto SQS and
+  acquired by two peers (an inference from the timings; the peers' hint receive and acquire
+  were not timed separately).
+- **STOP without the control channel** (`WORKER_CONTROL_CHANNEL=false`) is noticed by the
+  worker's sweep: every WORKER_SWEEP_SECONDS it queries gsi_owner for its own connections
+  (desired_state is projected), confirms a STOPPED one with a consistent read and closes it.
+  Bound: the sweep interval plus the index's propagation and the close.
+- **Request cost.** 5a counts every request of the worker *and* of the Lambdas (router,
+  reconciler, notifier: each behind the proxy under its own label) to the connections table,
+  time-compressed (see 5a). The reconciler's reads are per pass, not per connection: at one
+  worker they are spread over 1,000 connections, in a larger fleet over more (its 16
+  gsi_unowned shard queries are per fleet). 5b is counted at the proxy for the worker only.
 - **Capacity** uses bench/worker_capacity.py as is: one worker process, its own backend and
-  simulator; RSS per connection is (RSS at N - RSS idle) / N.
+  simulator; RSS per connection is (RSS at N - RSS idle) / N; "renew lateness" is the worker
+  lease renewal's (`RenewLatenessMs`: one renewal per heartbeat for all N connections).
 - **Chaos suite** (tests/chaos, not a benchmark): see the report of `make test`; it prints the
   seed, the events and the invariant figures of each run.
 """
@@ -427,27 +638,33 @@ def render(document: dict[str, Any]) -> str:
         _latency_section(
             "## 1. Crash failover (SIGKILL a worker holding K connections)\n\n"
             "Time from the SIGKILL to the first frame the upstream sent to the new owner. The "
-            "dead worker's leases run out (expected: lease minus up to one heartbeat); the "
-            "reconciler's early hint lands in the lease's last second (SQS DelaySeconds is whole "
-            "seconds, rounded down) and the peer that receives it acquires at the expiry.",
+            "dead worker's *worker lease* runs out (expected: lease minus up to one heartbeat; "
+            "connection items have no expiry in v2); the reconciler's early hints land in the "
+            "lease's last second (SQS DelaySeconds is whole seconds, rounded down) and the peers "
+            "that receive them take over at the expiry. Issue #12's target is the K = 100 run "
+            "on dynalite tables.",
             _results(document, "crash"), kind="failover"),
         _latency_section(
             "## 2. Graceful hand-off (SIGTERM a worker holding K connections)\n\n"
             "The worker closes each socket, writes the final checkpoint with the release and sends "
-            "a hint per connection; peers acquire at once (no expiry, no reconcile pass).",
+            "a hint per connection; peers acquire at once (no expiry, no reconcile pass). Issue "
+            "#12's target is the K = 100 run on dynalite tables.",
             _results(document, "handoff"), kind="failover"),
         _latency_section(
             "## 3. STOP latency (API STOP -> upstream socket closed)\n\n"
             "Control channel: DynamoDB Streams (local poller every 150 ms) -> STOP notifier -> the "
             "owner's control queue -> the session closes. Fallback "
-            "(`WORKER_CONTROL_CHANNEL=false`): the next renewal is refused.",
+            "(`WORKER_CONTROL_CHANNEL=false`): the worker's sweep (every WORKER_SWEEP_SECONDS, "
+            "gsi_owner) finds the connection STOPPED and closes it.",
             _results(document, "stop"), kind="stop"),
         _loss_section(document),
         _cost_section(document),
         _capacity_section(document),
         _flood_section(document),
+        _throughput_section(document),
         _reconcile_section(document),
         _compat_section(document),
+        _scale_section(document),
         NOTES.strip(),
     ]
     return "\n\n".join(sections) + "\n"

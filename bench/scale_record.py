@@ -299,8 +299,13 @@ def record(
     lambdas: tuple[str, ...] | None = None,
     emulate_reconciler: bool = False,
     commit: str | None = None,
+    keep_raw: bool = False,
 ) -> dict[str, Any]:
     """Run a fleet with compressed cadences; the per-key loads of its steady-state window.
+
+    ``keep_raw``: the result also has ``raw`` (the window's stream records, journal entries
+    and the latest item images, not JSON-serialisable): bench/request_cost.py sorts them by
+    what each request was for.
 
     For a checkout whose Lambdas are not all ported yet (before the v2 branches are merged):
     ``lambdas`` runs only those (and the router, whose START is then not used: STARTs are
@@ -324,6 +329,8 @@ def record(
         drain_timeout_seconds=10.0,
         queue_wait_seconds=2,
         max_connections=math.ceil(connections / workers) + 5,  # about even across workers
+        **({"checkpoint_seconds": compressed["checkpoint"]} if "checkpoint" in compressed else {}),
+        **({"sweep_seconds": compressed["worker_sweep"]} if "worker_sweep" in compressed else {}),
     )
     worker_env = {"POWERTOOLS_LOG_LEVEL": "WARNING"}
     if "checkpoint" in compressed:
@@ -397,7 +404,13 @@ def record(
             "passes of list_worker_ids, get_workers and unowned for every shard, label "
             f"`{EMULATED_LABEL}`)."
         )
+    raw = (
+        {"raw": {"stream_records": window_records, "entries": entries, "images": images,
+                 "table": table, "table_name": table_name}}
+        if keep_raw else {}
+    )  # fmt: skip
     return {
+        **raw,
         "version": version,
         "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": commit or _git_commit(template_path.parent),

@@ -333,7 +333,8 @@ def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[st
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from wsfleet.hints import Hint, HintSender
+    from wsfleet.hint_sender import HintSender
+    from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
     from wsfleet_local.backend import EmbeddedBackend
     from wsfleet_local.dynalite import Dynalite, available
