@@ -30,6 +30,7 @@ for DynamoDB: a concurrent implementation that shows what the serialised moto se
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -140,7 +141,9 @@ def fleet_for_bench(
 ) -> Any:
     """A fleet context (``.fleet``); ``proxied``: workers go through the counting proxy;
     ``dynamodb``: where the tables are (see :class:`wsfleet_local.fleet.LocalFleet`)."""
-    env = {"POWERTOOLS_LOG_LEVEL": "WARNING", **worker_env}
+    # WSFLEET_BENCH_WORKER_LOG_LEVEL=DEBUG keeps every worker log line (where a run's time went).
+    level = os.environ.get("WSFLEET_BENCH_WORKER_LOG_LEVEL", "WARNING")
+    env = {"POWERTOOLS_LOG_LEVEL": level, **worker_env}
     if proxied:
         from wsfleet_local.faults import FaultyFleet
 

@@ -40,7 +40,7 @@ class Offloader:
     """Bounded thread pools and ``await``-able helpers to run calls on them."""
 
     def __init__(
-        self, *, io_threads: int = 16, write_threads: int = 4, sqs_threads: int = 2
+        self, *, io_threads: int = 16, write_threads: int = 4, sqs_threads: int = 4
     ) -> None:
         self._lease = ThreadPoolExecutor(1, thread_name_prefix="wsfleet-lease")
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="wsfleet-io")

@@ -4,10 +4,10 @@ A worker hints a connection it lets go while the connection should keep streamin
 on drain, a session that crashed or was handed over, a stranded connection the sweep freed,
 a connection won while draining and handed back. Callers must not wait for SQS (a drain
 releases a thousand connections; the sweep and the session callbacks are not the place for a
-round trip), so :meth:`HintOutbox.add` only queues: whatever accumulates while one
-SendMessageBatch is in flight goes out together in the next. A hint that cannot be sent is
-logged and dropped: its connection is free and STARTED, so it sits in gsi_unowned and the
-reconciler hints it after its grace.
+round trip), so :meth:`HintOutbox.add` only queues: whatever accumulates while the sends are
+in flight goes out together next, ten hints per SendMessageBatch, the batches at once. A hint
+that cannot be sent is logged and dropped: its connection is free and STARTED, so it sits in
+gsi_unowned and the reconciler hints it after its grace.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 from typing import Any
 
 from wsfleet.hint_sender import HintSender
-from wsfleet.hints import Hint
+from wsfleet.hints import SQS_BATCH_LIMIT, Hint
 
 from .offload import Offloader
 from .upstream import describe_error
@@ -25,8 +25,7 @@ __all__ = ["HintOutbox"]
 
 
 class HintOutbox:
-    """Sends hints in batches as they are queued: whatever accumulates while one
-    SendMessageBatch is in flight goes out together in the next."""
+    """Sends hints in batches as they are queued (see the module docstring)."""
 
     def __init__(self, sender: HintSender, offloader: Offloader, logger: Any) -> None:
         self._sender = sender
@@ -43,15 +42,24 @@ class HintOutbox:
 
     async def _drain(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                failed = await self._offloader.sqs(self._sender.send_many, batch)
-            except Exception as exc:  # the reconciler will find these leases free
-                failed = batch
-                self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
-            self.sent += len(batch) - len(failed)
-            if failed:
-                self._logger.warning("hints not sent", extra={"count": len(failed)})
+            pending, self._pending = self._pending, []
+            # One SendMessageBatch per ten hints, all at once (bounded by the SQS pool): a
+            # drain of a hundred connections must not send ten batches one after another.
+            chunks = [
+                pending[start:start + SQS_BATCH_LIMIT]
+                for start in range(0, len(pending), SQS_BATCH_LIMIT)
+            ]
+            await asyncio.gather(*(self._send(chunk) for chunk in chunks))
+
+    async def _send(self, batch: list[Hint]) -> None:
+        try:
+            failed = await self._offloader.sqs(self._sender.send_many, batch)
+        except Exception as exc:  # the reconciler will find these connections free
+            failed = batch
+            self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
+        self.sent += len(batch) - len(failed)
+        if failed:
+            self._logger.warning("hints not sent", extra={"count": len(failed)})
 
     async def flush(self) -> None:
         """Wait until everything queued so far has been sent (or given up on)."""
