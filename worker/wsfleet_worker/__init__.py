@@ -16,7 +16,8 @@ Layout, sans-I/O core first:
   :mod:`.control_channel` (the worker's STOP queue);
 * :mod:`.taking` - the lease taker: free slots, acquire, hand back; :mod:`.outbox` - the
   hints this worker sends;
-* :mod:`.worker` - builds the parts, start, run, sweep, graceful shutdown;
+* :mod:`.sweep` - the worker's own connections in gsi_owner against its sessions;
+* :mod:`.worker` - builds the parts, start, run, graceful shutdown;
   :mod:`.health` - container health check.
 
 Names resolve lazily so ``python -m wsfleet_worker.health`` does not import boto3.

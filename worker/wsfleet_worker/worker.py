@@ -67,21 +67,18 @@ from wsfleet.clock import Clock, now_ms
 from wsfleet.control import StopCommand, stop_confirmed
 from wsfleet.exceptions import (
     ConfigurationError,
-    LeaseError,
     WsfleetError,
 )
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
-from wsfleet.lease import Lease, is_ours
 from wsfleet.messages import MessageStore
 from wsfleet.record import (
     ConnectionRecord,
-    DesiredState,
     WorkerRecord,
     connection_id_from_pk,
     incarnation_id,
 )
-from wsfleet.store import IndexEntry, LeaseStore
+from wsfleet.store import LeaseStore
 
 from . import health
 from .config import WorkerConfig
@@ -95,6 +92,7 @@ from .poller import HintPoller
 from .protocol import ExitReason
 from .session import Session, SessionContext, SessionResult
 from .sqs_consumer import QueueConsumer
+from .sweep import OwnershipSweep
 from .taking import LeaseTaker
 from .upstream import Connector, describe_error, make_connector
 
@@ -185,6 +183,20 @@ class Worker:
             clock=clock,
         )
         self.poller = HintPoller(hint_queue, self.taker, metrics, logger)
+        self.ownership = OwnershipSweep(
+            leases,
+            self.worker_id,
+            offloader,
+            self.liveness,
+            self.taker,
+            outbox,
+            metrics,
+            logger,
+            sessions=self.sessions,
+            sweep_ms=int(config.sweep_seconds * 1000),
+            stopping=lambda: self._stopping,
+            clock=clock,
+        )
         self._context = SessionContext(
             config=config,
             worker_id=self.worker_id,
@@ -203,7 +215,6 @@ class Worker:
         self._stopping = False
         self._signals = 0
         self._started_at_ms = 0
-        self._sweeps = 0
         self._drain_complete = False
         self.exit_code = 0
 
@@ -539,105 +550,14 @@ class Worker:
             if self.liveness.fenced or self._stopping:
                 return
             try:
-                await self.sweep()
+                await self.ownership.run_once()
             except WsfleetError as exc:
                 self.metrics.count("SweepFailures")
                 self.logger.warning("sweep failed", extra={"error": describe_error(exc)})
 
     async def sweep(self) -> None:
-        """Compare what gsi_owner says this worker owns with the sessions it runs.
-
-        * A STOPPED entry whose session runs: the STOP's fallback path (its control message
-          was lost, or there is no control channel). Confirmed by a consistent read, then
-          the session ends STOPPED (``via="sweep"``).
-        * An entry with no session (and none being acquired or ending): a stranded
-          connection, e.g. a release that never landed. Confirmed by a consistent read,
-          released and, if STARTED, hinted: a live worker must never keep a connection it
-          does not stream, since nothing else would free it while this worker lives.
-        * A session running for more than two sweeps that the index does not show: read
-          consistently; if the connection is not ours any more, the session is fenced.
-
-        The index is eventually consistent; every action rests on the consistent read.
-        """
-        self._sweeps += 1
-        entries = await self.offloader.io(lambda: list(self.leases.owned_by(self.worker_id)))
-        now = self._clock()
-        indexed = {entry.pk for entry in entries}
-        for entry in entries:
-            if self.liveness.fenced or self._stopping:
-                return
-            session = self.sessions.get(entry.pk)
-            if session is not None:
-                if (
-                    session.reason is None
-                    and entry.desired_state is not DesiredState.STARTED
-                    and entry.epoch == session.epoch
-                ):
-                    await self._sweep_stop(session)
-            elif entry.pk not in self.taker.acquiring:
-                await self._sweep_stranded(entry)
-        old_enough = now - 2 * int(self.config.sweep_seconds * 1000)
-        for session in list(self.sessions.values()):
-            if self.liveness.fenced or self._stopping:
-                return
-            if (
-                session.reason is None
-                and session.pk not in indexed
-                and session.started_at_ms < old_enough
-            ):
-                await self._sweep_unlisted(session)
-
-    async def _sweep_stop(self, session: Session) -> None:
-        record = await self.offloader.io(self.leases.get, session.pk)
-        if (
-            record is not None
-            and record.desired_state is not DesiredState.STARTED
-            and is_ours(record, session.lease)
-            and session.reason is None
-        ):
-            self.metrics.count("SweepStops")
-            self.logger.info(
-                "STOP found by the sweep",
-                extra={"connection_id": session.connection_id, "epoch": session.epoch},
-            )
-            session.finish(ExitReason.STOPPED, via="sweep")
-
-    async def _sweep_stranded(self, entry: IndexEntry) -> None:
-        record = await self.offloader.io(self.leases.get, entry.pk)
-        if (
-            record is None
-            or record.lease_owner != self.worker_id
-            or record.lease_epoch != entry.epoch
-            or entry.pk in self.sessions
-            or entry.pk in self.taker.acquiring
-            or not self.liveness.may_write(self._clock())
-        ):
-            return
-        started = record.desired_state is DesiredState.STARTED
-        lease = Lease(entry.pk, self.worker_id, entry.epoch)
-        try:
-            await self.offloader.io(self.leases.release, lease, stopped=not started)
-        except LeaseError:
-            return  # someone else's now, or not ours to release any more
-        self.metrics.count("SweepReleases")
-        self.logger.warning(
-            "stranded connection released by the sweep",
-            extra={"connection_id": record.connection_id, "epoch": entry.epoch,
-                   "desired_state": record.desired_state.value},
-        )
-        if started:
-            self.outbox.add(Hint(entry.pk, epoch=entry.epoch))
-
-    async def _sweep_unlisted(self, session: Session) -> None:
-        record = await self.offloader.io(self.leases.get, session.pk)
-        if session.reason is None and (record is None or not is_ours(record, session.lease)):
-            self.metrics.count("SweepFenced")
-            self.logger.warning(
-                "the sweep found a running session's connection owned elsewhere; fencing it",
-                extra={"connection_id": session.connection_id, "epoch": session.epoch,
-                       "holder": record.lease_owner if record else None},
-            )
-            session.fence("sweep")
+        """One pass of :class:`~wsfleet_worker.sweep.OwnershipSweep` (tests call it)."""
+        await self.ownership.run_once()
 
     async def _flush_metrics_periodically(self) -> None:
         while True:
