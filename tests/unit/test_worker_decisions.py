@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import wsfleet_worker.worker as worker_module
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import StoreError
 from wsfleet.hints import Hint
@@ -492,3 +493,48 @@ async def test_a_drained_worker_releases_everything_then_retires_its_item():
     assert len(worker.outbox.hints) == 3  # type: ignore[attr-defined]
     assert store.get_worker("w1", consistent=True).dead
     assert worker.exit_code == 0
+
+
+# ---------------------------------------------------------------- incarnations (serve)
+class KeyedLogger(Logger):
+    def append_keys(self, **keys: Any) -> None:
+        self.lines.append(("keys", "", keys))
+
+
+class ScriptedWorker:
+    """What serve() sees of a Worker: a run with a set outcome."""
+
+    def __init__(self, config: WorkerConfig, outcome: tuple[int, bool], logger: Any) -> None:
+        self.worker_id = config.settings.worker_id
+        self.code, self.started = outcome
+        self.signalled = False
+        self.logger = logger
+
+    async def run(self) -> int:
+        return self.code
+
+
+def run_serve(monkeypatch: Any, outcomes: list[tuple[int, bool]]) -> tuple[int, list[str]]:
+    ids: list[str] = []
+    script = iter(outcomes)
+
+    def build(config: WorkerConfig, *, logger: Any = None) -> ScriptedWorker:
+        ids.append(config.settings.worker_id)
+        return ScriptedWorker(config, next(script), logger or KeyedLogger())
+
+    monkeypatch.setattr(worker_module.Worker, "from_config", staticmethod(build))
+    config = WorkerConfig(settings=Settings(hint_queue_url="https://q", worker_id="w0"))
+    return asyncio.run(worker_module.serve(config)), ids
+
+
+def test_a_lost_lease_and_failed_restarts_start_over_until_an_incarnation_runs(monkeypatch):
+    # the lease is lost; the next two incarnations cannot start (a throttled table); the
+    # fourth runs and ends normally
+    code, ids = run_serve(
+        monkeypatch, [(EXIT_LEASE_LOST, True), (1, False), (1, False), (0, True)]
+    )
+    assert (code, ids) == (0, ["w0", "w0+2", "w0+3", "w0+4"])
+
+
+def test_the_first_incarnation_that_cannot_start_ends_the_process(monkeypatch):
+    assert run_serve(monkeypatch, [(1, False)]) == (1, ["w0"])

@@ -58,11 +58,12 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Iterator
 from dataclasses import replace
 from typing import Any
 
 from wsfleet.aws import dynamodb_client, sqs_client
+from wsfleet.backoff import backoff
 from wsfleet.clock import Clock, now_ms
 from wsfleet.control import StopCommand, stop_confirmed
 from wsfleet.exceptions import (
@@ -102,6 +103,9 @@ __all__ = ["EXIT_LEASE_LOST", "Worker", "main", "serve"]
 #: from 1 (failure) and 2 (configuration), so operators and the fleet can tell it apart.
 EXIT_LEASE_LOST = 3
 
+#: Longest wait between attempts to start a new incarnation after the previous one's lease
+#: was lost (while the table is throttled or stalled).
+_RESTART_BACKOFF_CAP_SECONDS = 10.0
 #: Bounds after DRAIN_TIMEOUT_SECONDS: hints still queued when the drain timed out, then
 #: deregistering and deleting the control queue. Keep drain + both below ECS's stopTimeout.
 _LATE_HINTS_TIMEOUT_SECONDS = 2.0
@@ -216,6 +220,8 @@ class Worker:
         self._signals = 0
         self._started_at_ms = 0
         self._drain_complete = False
+        #: ``start`` completed (registered, machinery running): a failure after is not a start's
+        self.started = False
         self.exit_code = 0
 
     @classmethod
@@ -322,6 +328,7 @@ class Worker:
             self.logger.exception("worker failed to start", extra={"error": describe_error(exc)})
             await self._cleanup()
             return 1
+        self.started = True
         await self._stop.wait()
         await self.shutdown()
         return self.exit_code
@@ -677,22 +684,39 @@ async def serve(config: WorkerConfig) -> int:
 
     Each incarnation is a fresh :class:`Worker` (its own control queue, item, pools and
     sessions) under :func:`~wsfleet.record.incarnation_id` of the configured id. A signal ends
-    the process whatever the incarnation was doing; so does an incarnation that cannot start
-    (DynamoDB unreachable: exit 1, and the orchestrator decides).
+    the process whatever the incarnation was doing. The first incarnation that cannot start
+    ends it too (exit 1: a configuration or network problem the orchestrator must see); a
+    later one retries with jittered backoff under the next id, since the process has already
+    shown it can run and the trouble that cost its lease (a throttled or stalled table) is
+    what keeps a start from landing.
     """
     base_id = config.settings.worker_id
     incarnation = 1
     logger: Any = None  # one Powertools Logger per process (a second one has no formatter)
+    delays: Iterator[float] | None = None
     while True:
         worker = Worker.from_config(config, logger=logger)
         logger = worker.logger
         code = await worker.run()
-        if code != EXIT_LEASE_LOST or worker.signalled:
+        if worker.signalled:
             return code
+        if worker.started:
+            delays = None
+            if code != EXIT_LEASE_LOST:
+                return code
+            reason = "worker lease lost: starting over under a new identity"
+        elif incarnation == 1:
+            return code
+        else:
+            delays = delays or backoff(initial=0.5, cap=_RESTART_BACKOFF_CAP_SECONDS)
+            await asyncio.sleep(next(delays))
+            if worker.signalled:
+                return code
+            reason = "incarnation could not start; trying again under a new identity"
         incarnation += 1
         worker_id = incarnation_id(base_id, incarnation)
         worker.logger.warning(
-            "worker lease lost: starting over under a new identity",
+            reason,
             extra={"previous": worker.worker_id, "next": worker_id, "incarnation": incarnation},
         )
         logger.append_keys(worker_id=worker_id)
