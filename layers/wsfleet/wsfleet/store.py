@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
@@ -87,6 +88,8 @@ UNOWNED_INDEX = "gsi_unowned"
 STATE_INDEX = "gsi_state"
 WORKERS_INDEX = "gsi_workers"
 _MAX_ERROR_CHARS = 1024
+#: Dead worker ids an acquiring worker remembers (oldest forgotten first).
+_DEAD_OWNERS_REMEMBERED = 1024
 _BATCH_GET_LIMIT = 100
 #: Checkpoints only move forward (see DynamoDBLeaseStore._holder_write).
 _MONOTONIC_SEQ = "(attribute_not_exists(last_seq) OR last_seq <= :seq)"
@@ -162,6 +165,8 @@ class LeaseStore(ABC):
         self.lease_ms = lease_ms
         self.stopped_retention_ms = stopped_retention_ms
         self._clock = clock
+        self._dead_owners: dict[str, None] = {}  # insertion-ordered set (see _owner_verdict)
+        self._dead_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Any, client: Any = None) -> LeaseStore:
@@ -207,10 +212,7 @@ class LeaseStore(ABC):
         except _Refused as refused:
             current = _startable(pk, refused.current)
         if current.lease_owner and current.lease_owner != owner:
-            worker = self.get_worker(current.lease_owner, consistent=True)
-            verdict, wait_ms = takeover_verdict(worker, self._clock(), max_wait_ms)
-            if verdict is TakeoverVerdict.KILL and not self.kill_worker(current.lease_owner):
-                verdict = TakeoverVerdict.CONFLICT  # it renewed just in time
+            verdict, wait_ms = self._owner_verdict(current.lease_owner, max_wait_ms)
             if verdict in (TakeoverVerdict.WAIT, TakeoverVerdict.CONFLICT):
                 raise LeaseConflict(
                     f"{pk} is held by {current.lease_owner!r}",
@@ -231,10 +233,29 @@ class LeaseStore(ABC):
         gsi_unowned then; an owner that is over never releases (its item may even be deleted,
         so no reconcile pass would list it), so the restart drops it instead.
         """
-        verdict, _ = takeover_verdict(self.get_worker(owner, consistent=True), self._clock(), 0)
-        if verdict is TakeoverVerdict.KILL:
-            return self.kill_worker(owner)
+        verdict, _ = self._owner_verdict(owner, 0)
         return verdict is TakeoverVerdict.TAKE
+
+    def _owner_verdict(self, owner: str, max_wait_ms: int) -> tuple[TakeoverVerdict, int]:
+        """:func:`takeover_verdict` for ``owner``, with the kill carried out: TAKE once the
+        owner is dead (by our kill or before), CONFLICT if it renewed just in time.
+
+        Death is permanent (no heartbeat is accepted after ``dead_at_ms``; a deleted item is
+        never re-created under its id), so a dead owner is remembered: the peers taking over a
+        dead worker's thousand connections read its item once each, not once per connection.
+        """
+        if owner in self._dead_owners:
+            return TakeoverVerdict.TAKE, 0
+        worker = self.get_worker(owner, consistent=True)
+        verdict, wait_ms = takeover_verdict(worker, self._clock(), max_wait_ms)
+        if verdict is TakeoverVerdict.KILL:
+            verdict = TakeoverVerdict.TAKE if self.kill_worker(owner) else TakeoverVerdict.CONFLICT
+        if verdict is TakeoverVerdict.TAKE:
+            with self._dead_lock:
+                self._dead_owners[owner] = None
+                while len(self._dead_owners) > _DEAD_OWNERS_REMEMBERED:
+                    del self._dead_owners[next(iter(self._dead_owners))]
+        return verdict, wait_ms
 
     # ------------------------------------------------------------------ primitives
     @abstractmethod
