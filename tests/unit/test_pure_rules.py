@@ -42,6 +42,7 @@ def loaded_after_import(module: str) -> list[str]:
         "wsfleet.record",
         "wsfleet.reconcile",
         "wsfleet.hints",
+        "wsfleet.upstream_options",
         "wsfleet.backoff",
         "wsfleet_worker.protocol",
         "wsfleet_worker.checkpoint",

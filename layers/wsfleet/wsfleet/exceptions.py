@@ -7,6 +7,7 @@ One root, so callers can catch "anything wsfleet said" in one place::
     ├── StoreError                DynamoDB/SQS failed in a way we could not classify
     ├── ConnectionNotFound        no connection item with that pk
     ├── InvalidUpstreamUrl        ws_url refused (scheme, host, SSRF guard); also a ValueError
+    ├── InvalidUpstreamOptions    a START's ``upstream`` object refused; also a ValueError
     ├── UpstreamRefused           the worker refused a redirect hop or a resolved address
     ├── WorkerDead                this worker's lease was killed or deleted: never renew again
     └── LeaseError                a conditional lease write was refused; carries `current`
@@ -29,6 +30,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionNotFound",
     "ConnectionStopped",
+    "InvalidUpstreamOptions",
     "InvalidUpstreamUrl",
     "LeaseConflict",
     "LeaseError",
@@ -70,6 +72,18 @@ class InvalidUpstreamUrl(WsfleetError, ValueError):
     """
 
     field = "ws_url"
+
+
+class InvalidUpstreamOptions(WsfleetError, ValueError):
+    """A START's ``upstream`` object was refused (:mod:`wsfleet.upstream_options`).
+
+    ``field`` is the offending path (``upstream.headers``, ``upstream.credential.ref``), for
+    the router's 422. The message never repeats a header value or a secret reference's tail.
+    """
+
+    def __init__(self, message: str, field: str = "upstream") -> None:
+        super().__init__(f"{field}: {message}" if not message.startswith(field) else message)
+        self.field = field
 
 
 class UpstreamRefused(WsfleetError):

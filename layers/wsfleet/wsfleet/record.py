@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
+
 __all__ = [
     "CONNECTION_ID_PATTERN",
     "CONNECTION_PREFIX",
@@ -180,6 +182,13 @@ class ConnectionRecord:
     failure_seq: int | None = None
     #: Free and STARTED since then (the gsi_unowned sort key); None while owned or not STARTED.
     unowned_since_ms: int | None = None
+    #: How to talk to the upstream beyond its URL (headers, credential reference, subscribe
+    #: message, resume mapping); the default is the plain ``ws_url`` dialogue.
+    upstream: UpstreamOptions = DEFAULT_OPTIONS
+    #: Resumes after which the upstream's first frame skipped past the checkpoint, and the
+    #: frames skipped in all (:func:`wsfleet.upstream_options.resume_gap`).
+    resume_gaps: int = 0
+    gap_frames: int = 0
 
     @property
     def connection_id(self) -> str:
@@ -217,6 +226,9 @@ class ConnectionRecord:
             unowned_since_ms=(
                 None if item.get("unowned_since_ms") is None else int(item["unowned_since_ms"])
             ),
+            upstream=UpstreamOptions.from_item(item.get("upstream")),
+            resume_gaps=_int(item, "resume_gaps"),
+            gap_frames=_int(item, "gap_frames"),
         )
 
     def to_item(self) -> dict[str, Any]:
@@ -227,6 +239,10 @@ class ConnectionRecord:
         """
         item = asdict(self)
         item["desired_state"] = str(self.desired_state)
+        item["upstream"] = None if self.upstream.is_default else self.upstream.to_item()
+        for counter in ("resume_gaps", "gap_frames"):
+            if not item[counter]:
+                item[counter] = None  # absent until a gap is seen: items stay as they were
         keys, removed = index_keys(
             self.pk,
             self.desired_state,
