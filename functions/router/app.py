@@ -91,6 +91,7 @@ from wsfleet.record import (
 from wsfleet.settings import Settings
 from wsfleet.store import LeaseStore
 from wsfleet.upstream import InvalidUpstreamUrl, redact_url, validate_ws_url
+from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -197,6 +198,8 @@ class EventRequest(BaseModel):
     event_type: EventType
     connection_id: ConnectionId
     ws_url: StrictStr | None = None
+    #: Per-connection upstream options (wsfleet.upstream_options), START only.
+    upstream: dict[str, Any] | None = None
 
 
 class StartRequest(BaseModel):
@@ -206,6 +209,9 @@ class StartRequest(BaseModel):
 
     ws_url: StrictStr
     resume: StrictBool = True
+    #: Headers, subprotocols, a credential by reference, a subscribe message, the seq pointer
+    #: and the resume mode (wsfleet.upstream_options; README "Real upstreams").
+    upstream: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------- response models
@@ -234,8 +240,20 @@ class FailuresView(BaseModel):
     at_seq: int | None
 
 
+class GapsView(BaseModel):
+    """Resumes after which the upstream's first frame skipped past the checkpoint, and the
+    frames skipped in all (an upstream with ``resume: none`` cannot replay what was sent
+    while nobody listened)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resumes: int
+    frames: int
+
+
 class ConnectionView(BaseModel):
-    """One connection (``ws_url`` with query values masked)."""
+    """One connection (``ws_url`` with query values masked, ``upstream`` with header values
+    masked; a credential is only ever a reference)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -248,6 +266,8 @@ class ConnectionView(BaseModel):
     stop_reason: str | None
     last_error: str | None
     failures: FailuresView
+    upstream: dict[str, Any]
+    gaps: GapsView
     created_at_ms: int
     updated_at_ms: int
 
@@ -323,6 +343,8 @@ def connection_view(
         "last_error": record.last_error,
         # Crash-loop breaker: failures counted at checkpoint at_seq (FAILED once it tripped).
         "failures": {"count": record.failure_count, "at_seq": record.failure_seq},
+        "upstream": record.upstream.to_view(),
+        "gaps": {"resumes": record.resume_gaps, "frames": record.gap_frames},
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }
@@ -464,15 +486,19 @@ def decode_next_token(token: str, state: DesiredState) -> dict[str, Any]:
 def post_event(body: EventRequest) -> JsonResponse:
     """The article's single endpoint: START or STOP by ``event_type``."""
     if body.event_type == "STOP":
+        if body.upstream is not None:
+            raise ApiError(
+                HTTPStatus.UNPROCESSABLE_ENTITY, "upstream applies to START only", "upstream"
+            )
         return _stop(body.connection_id)
     if body.ws_url is None:
         raise ApiError(HTTPStatus.UNPROCESSABLE_ENTITY, "ws_url is required for START", "ws_url")
-    return _start(body.connection_id, body.ws_url, resume=True)
+    return _start(body.connection_id, body.ws_url, resume=True, upstream=body.upstream)
 
 
 @app.put("/connections/<connection_id>", responses=_CREATED_OR_OUTCOME)
 def put_connection(connection_id: ConnectionId, body: StartRequest) -> JsonResponse:
-    return _start(connection_id, body.ws_url, resume=body.resume)
+    return _start(connection_id, body.ws_url, resume=body.resume, upstream=body.upstream)
 
 
 @app.delete("/connections/<connection_id>", responses=_OUTCOME)
@@ -520,15 +546,20 @@ def list_connections(
     )
 
 
-def _start(connection_id: str, ws_url: str, *, resume: bool) -> Response:
+def _start(
+    connection_id: str, ws_url: str, *, resume: bool, upstream: dict[str, Any] | None
+) -> Response:
     deps = dependencies()
     validate_ws_url(
         ws_url,
         allowed_hosts=deps.settings.allowed_upstream_hosts,
         allow_insecure=deps.settings.allow_insecure_ws,
     )
+    options = parse_upstream_options(
+        upstream, secret_prefixes=deps.settings.upstream_secret_prefixes
+    )
     try:
-        result = deps.store.start(connection_id, ws_url, resume=resume)
+        result = deps.store.start(connection_id, ws_url, resume=resume, upstream=options)
     except ConnectionNotFound:  # deleted (TTL) while a concurrent START restarted it
         raise ApiError(
             HTTPStatus.CONFLICT, "connection changed concurrently; retry", "connection_id"
@@ -659,6 +690,12 @@ def _on_api_error(exc: ApiError) -> Response:
 def _on_invalid_url(exc: InvalidUpstreamUrl) -> Response:
     logger.info("request refused", extra={"status": 422, "fields": ["ws_url"]})
     return _error(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc), "ws_url")
+
+
+@app.exception_handler(InvalidUpstreamOptions)
+def _on_invalid_options(exc: InvalidUpstreamOptions) -> Response:
+    logger.info("request refused", extra={"status": 422, "fields": [exc.field]})
+    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc), exc.field)
 
 
 @app.exception_handler(ConnectionNotFound)

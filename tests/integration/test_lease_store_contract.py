@@ -28,6 +28,7 @@ from wsfleet.lease import Lease
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import INDEX_SHARDS, DesiredState, WorkerRecord, index_shard
 from wsfleet.store import DynamoDBLeaseStore, IndexEntry, LeaseStore
+from wsfleet.upstream_options import DEFAULT_OPTIONS, ResumeMode, UpstreamOptions
 
 pytestmark = pytest.mark.integration
 
@@ -181,6 +182,26 @@ def test_restart_keeps_the_checkpoint_for_the_same_url_only(store, clock):
     store.stop(pk)
     moved = store.start("c1", "wss://elsewhere.example/s")
     assert (moved.record.last_seq, moved.record.ws_url) == (0, "wss://elsewhere.example/s")
+
+
+def test_start_stores_the_upstream_options_and_a_restart_replaces_them(store, clock):
+    options = UpstreamOptions(
+        headers=(("X-Client", "acme"),), seq_pointer="/meta/seq", resume=ResumeMode.NONE
+    )
+    pk = started(store)
+    register(store, clock, "w1")
+    lease = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(lease, 41)
+    store.release(lease)
+    store.stop(pk)
+    restarted = store.start("c1", URL, upstream=options)
+    assert restarted.restarted and store.get(pk).upstream == options
+    assert restarted.record.last_seq == 0  # another seq pointer: another numbering
+    store.stop(pk)
+    assert store.start("c1", URL).record.upstream == DEFAULT_OPTIONS
+    assert "upstream" not in store.get(pk).to_item()
+    created = store.start("c2", URL, upstream=options)
+    assert created.created and store.get(created.record.pk).upstream == options
 
 
 def test_restart_while_the_stopped_session_still_owns_it(store, clock):

@@ -486,7 +486,8 @@ def test_get_shows_the_lease_state(router, store, worker_a):
     assert 0 < lease["expires_in_ms"] <= 20_000
     assert set(reply.body) == {
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "failures", "created_at_ms", "updated_at_ms",
+        "stop_reason", "last_error", "failures", "upstream", "gaps", "created_at_ms",
+        "updated_at_ms",
     }
 
 
@@ -754,3 +755,59 @@ def test_store_failure_is_a_503_without_details(router, monkeypatch, caplog):
     assert "no-such-table" not in json.dumps(reply.body)
     logged = [r for r in caplog.records if r.getMessage() == "connection store unavailable"]
     assert logged and logged[0].exc_info is not None  # logged with the cause
+
+
+# ---------------------------------------------------------------------- upstream options
+SECRET_PREFIX = "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/upstream/"
+
+
+def test_start_stores_upstream_options_and_shows_them_masked(router, store, monkeypatch):
+    monkeypatch.setenv("UPSTREAM_SECRET_PREFIXES", SECRET_PREFIX)
+    router.reset_dependencies()
+    upstream = {
+        "headers": {"X-Client": "acme-7"},
+        "subprotocols": ["feed.v2"],
+        "credential": {"ref": SECRET_PREFIX + "feed-AbCdEf", "header": "Authorization",
+                       "format": "Bearer {{secret}}"},
+        "subscribe": {"op": "subscribe", "from": "{{from_seq}}"},
+        "seq_pointer": "/meta/seq",
+        "resume": "subscribe",
+    }
+    reply = invoke(
+        router, api_event("PUT", "/connections/c1", {"ws_url": URL, "upstream": upstream})
+    )
+    assert reply.status == 201
+    assert reply.body["upstream"]["headers"] == {"X-Client": "***"}
+    assert reply.body["upstream"]["subscribe"] == upstream["subscribe"]
+    assert reply.body["upstream"]["credential"]["ref"] == SECRET_PREFIX + "feed-AbCdEf"
+    assert reply.body["gaps"] == {"resumes": 0, "frames": 0}
+    stored = store.get(connection_pk("c1"))
+    assert stored is not None and stored.upstream.seq_pointer == "/meta/seq"
+    assert stored.upstream.headers == (("X-Client", "acme-7"),)
+
+
+@pytest.mark.parametrize(
+    ("upstream", "field"),
+    [
+        ({"headers": {"Authorization": "Bearer tok-3141592"}}, "upstream.headers"),
+        ({"resume": "subscribe"}, "upstream.resume"),
+        ({"credential": {"ref": SECRET_PREFIX + "x", "header": "Authorization"}},
+         "upstream.credential"),  # no UPSTREAM_SECRET_PREFIXES in this deployment
+        ("not an object", "upstream"),
+    ],
+)
+def test_bad_upstream_options_are_a_422_naming_the_field(router, aws, upstream, field):
+    reply = invoke(router, api_event("POST", "/events", {
+        "event_type": "START", "connection_id": "c1", "ws_url": URL, "upstream": upstream,
+    }))
+    assert reply.status == 422
+    assert field in [error["field"] for error in reply.body.get("errors", [reply.body])]
+    assert "tok-3141592" not in json.dumps(reply.body)  # a refused value is never echoed
+    assert all_items(aws) == []
+
+
+def test_stop_with_upstream_options_is_refused(router):
+    reply = invoke(router, api_event("POST", "/events", {
+        "event_type": "STOP", "connection_id": "c1", "upstream": {},
+    }))
+    assert reply.status == 422

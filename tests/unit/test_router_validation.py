@@ -82,7 +82,8 @@ def test_connection_view_redacts_the_url_and_lists_every_field():
     assert view["last_seq"] == 9
     assert list(view) == [
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "failures", "created_at_ms", "updated_at_ms",
+        "stop_reason", "last_error", "failures", "upstream", "gaps", "created_at_ms",
+        "updated_at_ms",
     ]
     assert view["failures"] == {"count": 0, "at_seq": None}
 

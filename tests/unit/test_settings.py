@@ -30,6 +30,7 @@ def test_every_variable_is_read():
         "ALLOW_INSECURE_WS": "true",
         "CONTROL_QUEUE_SENDER_ARNS": "arn:aws:iam::1:role/N",
         "CHECKPOINT_SECONDS": "30",
+        "UPSTREAM_SECRET_PREFIXES": "arn:aws:ssm:us-east-1:1:parameter/Wsfleet/, x",
     }
     assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
@@ -41,6 +42,7 @@ def test_every_variable_is_read():
     assert s.allow_insecure_ws is True
     assert s.checkpoint_ms == 30_000
     assert s.control_queue_sender_arns == "arn:aws:iam::1:role/N"  # ARNs keep their case
+    assert s.upstream_secret_prefixes == ("arn:aws:ssm:us-east-1:1:parameter/Wsfleet/", "x")
     assert s.require_hint_queue_url() == "http://q"
 
 

@@ -49,7 +49,10 @@ from .store import (
     StopResult,
     _raise_refusal,
     _Refused,
+    _restart_removals,
+    _restart_values,
 )
+from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 
 __all__ = ["InMemoryLeaseStore"]
 
@@ -132,9 +135,18 @@ class InMemoryLeaseStore(LeaseStore):
         return {pk: ConnectionRecord.from_item(item) for pk, item in found.items() if item}
 
     # ------------------------------------------------------------------ API-side writes
-    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> StartResult:
+    def start(
+        self,
+        connection_id: str,
+        ws_url: str,
+        *,
+        resume: bool = True,
+        upstream: UpstreamOptions = DEFAULT_OPTIONS,
+    ) -> StartResult:
         now = self._clock()
-        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(resume=resume)
+        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
+            resume=resume, upstream=upstream
+        )
         with self._lock:  # the read and the write below as one step, like the two conditions
             current = _record(self._items.get(record.pk))
             if current is None:
@@ -147,11 +159,18 @@ class InMemoryLeaseStore(LeaseStore):
         with self._lock:
             changed = _record(self._items.get(record.pk)) != current
             if not changed:
-                return self._restart(current, ws_url, resume, now, owner_over)
-        return self.start(connection_id, ws_url, resume=resume)  # it changed meanwhile: again
+                return self._restart(current, ws_url, resume, upstream, now, owner_over)
+        # It changed meanwhile: again.
+        return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
 
     def _restart(
-        self, current: ConnectionRecord, ws_url: str, resume: bool, now: int, owner_over: bool
+        self,
+        current: ConnectionRecord,
+        ws_url: str,
+        resume: bool,
+        upstream: UpstreamOptions,
+        now: int,
+        owner_over: bool,
     ) -> StartResult:
         """STOPPED/FAILED -> STARTED (the caller holds the lock)."""
         owner = "" if owner_over else current.lease_owner
@@ -166,11 +185,12 @@ class InMemoryLeaseStore(LeaseStore):
             "ws_url": ws_url,
             "updated_at_ms": now,
             "resume": resume,
-            "last_seq": current.last_seq if current.ws_url == ws_url else 0,
+            **_restart_values(current, ws_url, upstream),
             **keys,
         }
         for name in (
             "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
+            *_restart_removals(current, ws_url, upstream),
             *removed,
         ):
             item.pop(name, None)

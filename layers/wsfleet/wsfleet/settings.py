@@ -120,6 +120,11 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "Private/loopback IP literals are refused unless listed. The worker applies it "
            "to every redirect hop and resolved address too: a listed name resolving to a "
            "private address is refused unless that address is listed.", "router, worker"),
+    EnvVar("UPSTREAM_SECRET_PREFIXES", "upstream_secret_prefixes", "",
+           "Comma-separated ARN prefixes a START's upstream.credential.ref must start with "
+           "(Secrets Manager secret or SSM parameter ARNs; the template sets both forms from "
+           "UpstreamSecretPrefix, and the worker role may read only those). Empty turns "
+           "credentials by reference off (422).", "router"),
     EnvVar("ALLOW_INSECURE_WS", "allow_insecure_ws", "false",
            "Accept ws:// upstream URLs (wss:// is always accepted).", "router, worker"),
     # -- worker process tuning (WorkerConfig) ---------------------------------------------
@@ -198,6 +203,7 @@ class Settings:
     reconcile_pass_seconds: float = 10.0
     reconcile_page_size: int = 500
     allowed_upstream_hosts: tuple[str, ...] = ()
+    upstream_secret_prefixes: tuple[str, ...] = ()
     allow_insecure_ws: bool = False
 
     def __post_init__(self) -> None:
@@ -265,6 +271,8 @@ class Settings:
 # ---------------------------------------------------------------------------- parsing
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+#: Lists compared case-insensitively (host names); ARNs and the like keep their case.
+_CASE_INSENSITIVE = frozenset({"ALLOWED_UPSTREAM_HOSTS"})
 
 
 def read_environment(target: type, scope: Scope, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -291,8 +299,10 @@ def _parse_value(name: str, raw: str, kind: Any) -> Any:
         raise ConfigurationError(f"{name} must be true or false, got {raw!r}")
     if kind is int or kind is float:
         return _parse_number(name, raw, kind)
-    if typing.get_origin(kind) is tuple:  # comma-separated host names: case-insensitive
-        return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
+    if typing.get_origin(kind) is tuple:  # comma-separated; host names are case-insensitive
+        parts = (part.strip() for part in raw.split(","))
+        fold = name in _CASE_INSENSITIVE
+        return tuple(part.lower() if fold else part for part in parts if part)
     return raw
 
 

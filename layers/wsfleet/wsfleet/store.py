@@ -69,6 +69,7 @@ from .record import (
     index_keys,
     worker_pk,
 )
+from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 
 __all__ = [
     "OWNER_INDEX",
@@ -122,6 +123,34 @@ class StartResult:
     record: ConnectionRecord
     created: bool = False
     restarted: bool = False
+
+
+def _same_stream(current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions) -> bool:
+    """A restart resumes from ``last_seq`` only if it means the same stream: the same URL and
+    the same place of the seq in a frame (another pointer numbers frames differently)."""
+    return current.ws_url == ws_url and current.upstream.seq_pointer == upstream.seq_pointer
+
+
+def _restart_values(
+    current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions
+) -> dict[str, Any]:
+    """What a restart (STOPPED/FAILED -> STARTED) sets besides state and index keys."""
+    values: dict[str, Any] = {
+        "last_seq": current.last_seq if _same_stream(current, ws_url, upstream) else 0
+    }
+    if not upstream.is_default:
+        values["upstream"] = upstream.to_item()
+    return values
+
+
+def _restart_removals(
+    current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions
+) -> tuple[str, ...]:
+    """What a restart removes: default options, and a new stream's gap history."""
+    removals: tuple[str, ...] = ("upstream",) if upstream.is_default else ()
+    if not _same_stream(current, ws_url, upstream):
+        removals += ("resume_gaps", "gap_frames")
+    return removals
 
 
 @dataclass(frozen=True)
@@ -277,15 +306,23 @@ class LeaseStore(ABC):
         """Many connection items (missing ones are absent from the result)."""
 
     @abstractmethod
-    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> StartResult:
+    def start(
+        self,
+        connection_id: str,
+        ws_url: str,
+        *,
+        resume: bool = True,
+        upstream: UpstreamOptions = DEFAULT_OPTIONS,
+    ) -> StartResult:
         """Create a STARTED connection, or leave a live one exactly as it is.
 
         * New id: the item is created free (``created=True``).
         * Already STARTED: nothing is written. Re-sending START must never move a healthy
           stream to another worker.
-        * STOPPED or FAILED: flipped back to STARTED (``restarted=True``). ``last_seq`` is kept
-          when the URL is unchanged, so the stream resumes where it stopped; a new URL starts
-          from 0. The crash-loop breaker's count is reset.
+        * STOPPED or FAILED: flipped back to STARTED (``restarted=True``) with the START's URL
+          and ``upstream`` options. ``last_seq`` (and the gap counters) are kept when the URL
+          and the seq pointer are unchanged, so the stream resumes where it stopped; another
+          stream starts from 0. The crash-loop breaker's count is reset.
         """
 
     @abstractmethod
@@ -656,9 +693,18 @@ class DynamoDBLeaseStore(LeaseStore):
         return found
 
     # ------------------------------------------------------------------ API-side writes
-    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> StartResult:
+    def start(
+        self,
+        connection_id: str,
+        ws_url: str,
+        *,
+        resume: bool = True,
+        upstream: UpstreamOptions = DEFAULT_OPTIONS,
+    ) -> StartResult:
         now = self._clock()
-        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(resume=resume)
+        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
+            resume=resume, upstream=upstream
+        )
         try:
             self._call(
                 "put_item",
@@ -685,11 +731,12 @@ class DynamoDBLeaseStore(LeaseStore):
                     "ws_url": ws_url,
                     "updated_at_ms": now,
                     "resume": resume,
-                    "last_seq": current.last_seq if current.ws_url == ws_url else 0,
+                    **_restart_values(current, ws_url, upstream),
                     **keys,
                 },
                 remove=(
                     "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
+                    *_restart_removals(current, ws_url, upstream),
                     *removed,
                 ),
                 # The owner condition keeps the index keys right.
@@ -708,7 +755,7 @@ class DynamoDBLeaseStore(LeaseStore):
                 raise ConnectionNotFound(current.pk) from exc
             if winner.desired_state is DesiredState.STARTED:
                 return StartResult(winner)
-            return self.start(connection_id, ws_url, resume=resume)
+            return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
         return StartResult(ConnectionRecord.from_item(item), restarted=True)
 
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
