@@ -319,6 +319,7 @@ def test_takeover_of_an_expired_worker_kills_it_and_fences_it(store, clock):
         lambda: store.mark_failed(old, "x", count=1, at_seq=1),
         lambda: store.record_error(old, "late"),
         lambda: store.note_failure(old, "late", count=1, at_seq=1),
+        lambda: store.note_gap(old, resumes=1, frames=5),
     ):
         with pytest.raises(LeaseLost) as lost:
             write()
@@ -508,6 +509,19 @@ def test_note_failure_survives_a_hand_over(store, clock):
     assert (taken.failure_count, taken.failure_seq, taken.last_error) == (1, 7, "crashed")
     with pytest.raises(LeaseLost):
         store.note_failure(first, "crashed", count=2, at_seq=7)
+
+
+def test_gap_totals_survive_a_hand_over_and_are_fenced(store, clock):
+    pk = started(store)
+    register(store, clock, "w1")
+    first = Lease.of(store.acquire(pk, "w1"))
+    store.note_gap(first, resumes=1, frames=30)
+    store.release(first)
+    taken = store.acquire(pk, "w2")
+    assert (taken.resume_gaps, taken.gap_frames) == (1, 30)
+    with pytest.raises(LeaseLost):
+        store.note_gap(first, resumes=2, frames=31)
+    assert (store.get(pk).resume_gaps, store.get(pk).gap_frames) == (1, 30)
 
 
 # ------------------------------------------------------------------ indexes across shards

@@ -98,6 +98,7 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     store.checkpoint(lease, 4)
     store.record_error(lease, "upstream closed 1011")
     store.note_failure(lease, "crashed", count=1, at_seq=4)
+    store.note_gap(lease, resumes=1, frames=30)
     store.release(lease, last_seq=5)  # hand-off: free and STARTED (gsi_unowned)
     # ... the endings: STOPPED by the holder, FAILED by the breaker, released after a STOP
     store.mark_stopped(Lease.of(store.acquire(connection_pk("b"), "w1")), "done", last_seq=1)

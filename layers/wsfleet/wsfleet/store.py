@@ -460,6 +460,17 @@ class LeaseStore(ABC):
             },
         )
 
+    def note_gap(self, lease: Lease, *, resumes: int, frames: int) -> None:
+        """Store the connection's resume-gap totals (survive hand-overs), fenced.
+
+        Totals, not increments: the holder is the only writer under its epoch, so it adds its
+        own gaps to the counts it acquired with and writes the sums (an ADD retried after an
+        ambiguous timeout would count one gap twice).
+        """
+        self._fenced(
+            lease, {"resume_gaps": resumes, "gap_frames": frames, "updated_at_ms": self._clock()}
+        )
+
     # workers
     @abstractmethod
     def register_worker(self, worker: WorkerRecord) -> None:
