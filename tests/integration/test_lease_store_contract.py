@@ -166,13 +166,19 @@ def test_stop_is_idempotent_and_unknown_is_not_found(store):
         store.stop("CONN#missing")
 
 
-def test_restart_keeps_the_checkpoint_for_the_same_url_only(store, clock):
+def stopped_at_checkpoint(store, clock, seq: int) -> str:
+    """A connection streamed up to ``seq`` by w1, released, then STOPPED; its pk."""
     pk = started(store)
     register(store, clock, "w1")
     lease = Lease.of(store.acquire(pk, "w1"))
-    store.checkpoint(lease, 41)
+    store.checkpoint(lease, seq)
     store.release(lease)
     store.stop(pk)
+    return pk
+
+
+def test_restart_keeps_the_checkpoint_for_the_same_url_only(store, clock):
+    pk = stopped_at_checkpoint(store, clock, 41)
     clock.advance(5)
     result = store.start("c1", URL)
     assert result.restarted and result.record.desired_state is STARTED
@@ -188,12 +194,7 @@ def test_start_stores_the_upstream_options_and_a_restart_replaces_them(store, cl
     options = UpstreamOptions(
         headers=(("X-Client", "acme"),), seq_pointer="/meta/seq", resume=ResumeMode.NONE
     )
-    pk = started(store)
-    register(store, clock, "w1")
-    lease = Lease.of(store.acquire(pk, "w1"))
-    store.checkpoint(lease, 41)
-    store.release(lease)
-    store.stop(pk)
+    pk = stopped_at_checkpoint(store, clock, 41)
     restarted = store.start("c1", URL, upstream=options)
     assert restarted.restarted and store.get(pk).upstream == options
     assert restarted.record.last_seq == 0  # another seq pointer: another numbering
