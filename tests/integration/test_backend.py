@@ -7,11 +7,8 @@ the shared fixtures, and each test provisions resources under its own prefix.
 from __future__ import annotations
 
 import json
-import os
-import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -42,6 +39,7 @@ from wsfleet_local.backend import (
     load_template,
     provision_resources,
 )
+from wsfleet_local.procs import pid_alive, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -118,31 +116,6 @@ def send_query(endpoint_url: str, params: dict[str, str], *, timeout: float = 60
 def query_bodies(response: bytes) -> list[str]:
     root = ET.fromstring(response)
     return [element.text or "" for element in root.iterfind(".//sqs:Message/sqs:Body", SQS_XMLNS)]
-
-
-def reap(process: subprocess.Popen[bytes]) -> None:
-    """Kill the child if it still runs, wait for it and close its stdout pipe."""
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-    assert process.stdout is not None
-    process.stdout.close()
-
-
-def read_ready_line(process: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        assert selector.select(timeout), "no ready line from the backend"
-    return json.loads(process.stdout.readline())
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # ----------------------------------------------------------------- fixtures
@@ -588,29 +561,21 @@ def test_stop_ends_the_child_and_frees_the_port() -> None:
 def test_command_line_prints_env_and_exits_cleanly_on_sigterm() -> None:
     # GIVEN the command line asked to create resources
     prefix = f"cli-{uuid.uuid4().hex[:8]}"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wsfleet_local.backend",
-            "--port",
-            "0",
-            "--create-resources",
-            prefix,
-        ],
-        stdout=subprocess.PIPE,
-    )
+    child = spawn(
+        "backend", [sys.executable, "-m", "wsfleet_local.backend", "--port", "0",
+                    "--create-resources", prefix], capture_stdout=True,
+    )  # fmt: skip
     try:
-        ready = read_ready_line(process)
+        ready = child.read_json_line(60)
 
         # WHEN its printed env is used, then it is signalled
         env = ready["env"]
         dynamodb = make_client(env["AWS_ENDPOINT_URL"], "dynamodb")
         table = dynamodb.describe_table(TableName=env["CONNECTIONS_TABLE"])["Table"]
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=20)
+        child.send_signal(signal.SIGTERM)
+        code = child.wait(20)
     finally:
-        reap(process)
+        child.stop(signal.SIGKILL)
 
     # THEN it served the resources it announced and exited with status 0
     assert ready["endpoint_url"] == env["AWS_ENDPOINT_URL"]
@@ -620,20 +585,18 @@ def test_command_line_prints_env_and_exits_cleanly_on_sigterm() -> None:
 
 def test_child_exits_when_its_parent_goes_away() -> None:
     # GIVEN a child watching its stdin, as EmbeddedBackend starts it
-    process = subprocess.Popen(
-        [sys.executable, "-m", "wsfleet_local.backend", "--port", "0", "--exit-on-stdin-eof"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+    child = spawn(
+        "backend", [sys.executable, "-m", "wsfleet_local.backend", "--port", "0",
+                    "--exit-on-stdin-eof"], stdin_pipe=True, capture_stdout=True,
+    )  # fmt: skip
     try:
-        read_ready_line(process)
+        child.read_json_line(60)
 
         # WHEN the parent's end of the pipe closes (as it does when the parent dies)
-        assert process.stdin is not None
-        process.stdin.close()
+        child.close_stdin()
 
         # THEN the child exits cleanly on its own
-        code = process.wait(timeout=20)
+        code = child.wait(20)
     finally:
-        reap(process)
+        child.stop(signal.SIGKILL)
     assert code == 0
