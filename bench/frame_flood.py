@@ -33,8 +33,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_capacity import create_connections, emf_documents, value, wait_for
 
@@ -81,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.settings import ENVIRONMENT
-    from wsfleet_local.backend import EmbeddedBackend
+    from wsfleet_local.backend import EmbeddedBackend, local_client
 
     defaults = {v.name: v.default for v in ENVIRONMENT}
     workdir = Path(tempfile.mkdtemp(prefix="wsfleet-flood-"))
@@ -94,12 +92,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         url = json.loads(upstream.stdout.readline())["url"]  # type: ignore[union-attr]
         resources = backend.create_resources(f"flood-{uuid.uuid4().hex[:6]}")
-        session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            region_name=resources.region,
-        )  # fmt: skip
-        dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
-        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
+        sqs = local_client("sqs", resources.endpoint_url, resources.region)
         log_path = workdir / "worker.log"
         worker_env = {
             **os.environ,

@@ -50,8 +50,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_capacity import cpu_seconds, create_connections, value, wait_for
 
@@ -336,7 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
-    from wsfleet_local.backend import EmbeddedBackend
+    from wsfleet_local.backend import EmbeddedBackend, local_client
     from wsfleet_local.dynalite import Dynalite, available
 
     if not available():
@@ -353,15 +351,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         url = json.loads(upstream.stdout.readline())["url"]  # type: ignore[union-attr]
         resources = backend.create_resources(f"tp-{uuid.uuid4().hex[:6]}")
-        session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            region_name=resources.region,
-        )  # fmt: skip
-        moto_dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
+        moto_dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
         dynalite.start()
         dynalite.clone_tables(moto_dynamodb, resources.tables.values())
-        dynamodb = session.client("dynamodb", endpoint_url=dynalite.endpoint_url)
-        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        dynamodb = local_client("dynamodb", dynalite.endpoint_url, resources.region)
+        sqs = local_client("sqs", resources.endpoint_url, resources.region)
         store = DynamoDBLeaseStore(dynamodb, resources.connections_table, lease_ms=30_000)
         ids = [f"tp{i:04d}" for i in range(args.connections)]
         create_connections(dynamodb, resources.connections_table, ids, url)

@@ -40,8 +40,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -119,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
-    from wsfleet_local.backend import EmbeddedBackend
+    from wsfleet_local.backend import EmbeddedBackend, local_client
     from wsfleet_local.procs import ChildProcess, spawn
 
     workdir = Path(tempfile.mkdtemp(prefix="wsfleet-capacity-"))
@@ -134,13 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sim_url = simulator.read_json_line(60)["url"]
         resources = backend.create_resources(f"cap-{uuid.uuid4().hex[:6]}")
         env = resources.env()
-        session = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=resources.region,
-        )
-        dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
-        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
+        sqs = local_client("sqs", resources.endpoint_url, resources.region)
         store = DynamoDBLeaseStore(
             dynamodb, resources.connections_table, lease_ms=int(args.lease * 1000)
         )

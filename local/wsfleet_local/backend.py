@@ -51,7 +51,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,6 +77,7 @@ __all__ = [
     "TemplateError",
     "find_template",
     "load_template",
+    "local_client",
     "main",
     "provision_resources",
     "serve",
@@ -565,24 +567,14 @@ def _referenced_ids(value: Any) -> set[str]:
 
 def _creation_order(resources: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Logical ids in an order where every resource comes after the ones it refers to."""
-    order: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(logical_id: str) -> None:
-        if logical_id in order:
-            return
-        if logical_id in visiting:
-            raise TemplateError(f"circular reference through {logical_id}")
-        visiting.add(logical_id)
-        properties = resources[logical_id].get("Properties") or {}
-        for dependency in sorted(_referenced_ids(properties) & resources.keys()):
-            visit(dependency)
-        visiting.discard(logical_id)
-        order.append(logical_id)
-
-    for logical_id in resources:
-        visit(logical_id)
-    return order
+    graph = {
+        logical_id: _referenced_ids(definition.get("Properties") or {}) & resources.keys()
+        for logical_id, definition in resources.items()
+    }
+    try:
+        return list(TopologicalSorter(graph).static_order())
+    except CycleError as exc:
+        raise TemplateError(f"circular reference through {exc.args[1][0]}") from exc
 
 
 _INDEX_KEYS = ("IndexName", "KeySchema", "Projection", "ProvisionedThroughput")
@@ -669,7 +661,9 @@ class Resources:
     """The stack's tables and queues as created on a local endpoint.
 
     ``tables``/``queues`` map every AWS::DynamoDB::Table / AWS::SQS::Queue of the template by
-    logical id (table names / queue URLs), including any the named fields do not cover.
+    logical id (table names / queue URLs), including any the named fields do not cover;
+    ``attributes`` holds what ``!GetAtt`` returns for each, keyed ``"LogicalId.Attribute"``
+    (the ARNs as the backend reported them: nobody needs to format one).
 
     Example::
 
@@ -688,6 +682,15 @@ class Resources:
     stream_arn: str  # ConnectionsTable's LatestStreamArn
     tables: dict[str, str]
     queues: dict[str, str]
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def get_att(self) -> dict[tuple[str, str], str]:
+        """``attributes`` keyed ``(logical_id, attribute)``, as StackResolver takes them."""
+        return {
+            (logical_id, attribute): value
+            for key, value in self.attributes.items()
+            for logical_id, attribute in [key.split(".", 1)]
+        }
 
     def env(self) -> dict[str, str]:
         """Environment variables that point wsfleet code (and boto3) at these resources.
@@ -709,15 +712,26 @@ class Resources:
         }
 
 
-def _local_client(service: str, endpoint_url: str, region: str) -> Any:
+def local_client(service: str, endpoint_url: str, region: str = DEFAULT_REGION) -> Any:
+    """A boto3 client for ``service`` on a local endpoint: the local dummy credentials, an own
+    session (so the caller's environment and profile play no part) and wsfleet's
+    :func:`~wsfleet.aws.client_config` (timeouts, "standard" retries).
+
+    Example::
+
+        >>> local_client("dynamodb", resources.endpoint_url).list_tables()["TableNames"]
+        ['t1-ConnectionsTable', 't1-MessagesTable']
+    """
     import boto3
+
+    from wsfleet.aws import client_config
 
     session = boto3.session.Session(
         aws_access_key_id=LOCAL_ACCESS_KEY,
         aws_secret_access_key=LOCAL_SECRET_KEY,
         region_name=region,
     )
-    return session.client(service, endpoint_url=endpoint_url)
+    return session.client(service, endpoint_url=endpoint_url, config=client_config())
 
 
 def provision_resources(
@@ -748,8 +762,8 @@ def provision_resources(
         if isinstance(definition, dict) and definition.get("Type") in (TABLE_TYPE, QUEUE_TYPE)
     }
     parameters = template.get("Parameters") or {}
-    dynamodb = _local_client("dynamodb", endpoint_url, region)
-    sqs = _local_client("sqs", endpoint_url, region)
+    dynamodb = local_client("dynamodb", endpoint_url, region)
+    sqs = local_client("sqs", endpoint_url, region)
     tables: dict[str, str] = {}
     queues: dict[str, str] = {}
     attributes: dict[tuple[str, str], str] = {}  # GetAtt values of what exists so far
@@ -826,6 +840,7 @@ def provision_resources(
         stream_arn=stream_arns[CONNECTIONS_TABLE_ID],
         tables=tables,
         queues=queues,
+        attributes={f"{key[0]}.{key[1]}": value for key, value in attributes.items()},
     )
 
 

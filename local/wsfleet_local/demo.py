@@ -43,6 +43,7 @@ from rich.text import Text
 from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 
 from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
+from .backend import local_client
 from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
 from .simulator import SessionRecord, first_frame_after
@@ -114,8 +115,6 @@ class _Monitor:
     """Reads the system, keeps the live view fresh, waits for conditions. Main thread only."""
 
     def __init__(self, fleet: LocalFleet, console: Console, stream_ids: Sequence[str]) -> None:
-        import boto3
-
         self.fleet = fleet
         self.console = console
         self.stream_ids = list(stream_ids)
@@ -123,11 +122,7 @@ class _Monitor:
         self.phase = "starting"
         self.slot_state: dict[int, str] = {}
         resources = fleet.resources
-        self.ddb = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=resources.region,
-        ).client("dynamodb", endpoint_url=resources.endpoint_url)
+        self.ddb = local_client("dynamodb", resources.endpoint_url, resources.region)
         self.live: Live | None = None
         self.last: Snapshot | None = None
 

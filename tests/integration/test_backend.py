@@ -17,6 +17,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -354,6 +355,24 @@ def test_hint_queue_has_the_template_attributes_and_redrives_to_the_dlq(
         "maxReceiveCount": 5,
     }
     assert dlq["Attributes"]["MessageRetentionPeriod"] == "1209600"
+
+
+def test_resources_carry_the_get_att_values_the_backend_reported(
+    embedded: EmbeddedBackend, resources: Resources
+) -> None:
+    # GIVEN created resources WHEN their GetAtt map is read
+    get_att = resources.get_att()
+
+    # THEN it holds the ARNs the backend gave (the fleet resolves the template's !GetAtt with it)
+    dynamodb = make_client(embedded.endpoint_url, "dynamodb")
+    sqs = make_client(embedded.endpoint_url, "sqs")
+    table = dynamodb.describe_table(TableName=resources.connections_table)["Table"]
+    dlq = sqs.get_queue_attributes(QueueUrl=resources.hint_dlq_url, AttributeNames=["QueueArn"])
+    assert get_att[("ConnectionsTable", "Arn")] == table["TableArn"]
+    assert get_att[("ConnectionsTable", "StreamArn")] == resources.stream_arn
+    assert get_att[("HintDeadLetterQueue", "Arn")] == dlq["Attributes"]["QueueArn"]
+    assert get_att[("HintQueue", "QueueUrl")] == resources.hint_queue_url
+    assert Resources(**json.loads(json.dumps(asdict(resources)))) == resources  # the ready line
 
 
 def test_resources_of_two_prefixes_are_independent(embedded: EmbeddedBackend) -> None:
