@@ -40,6 +40,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from wsfleet.messages import MessageStore
 from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 
 from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
@@ -377,23 +378,11 @@ def _stop_some(
 
 
 def _read_messages(monitor: _Monitor, stream_id: str) -> list[dict[str, Any]]:
-    from boto3.dynamodb.types import TypeDeserializer
-
-    deserializer = TypeDeserializer()
-    pages = monitor.ddb.get_paginator("query").paginate(
-        TableName=monitor.fleet.resources.messages_table,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues={":pk": {"S": connection_pk(stream_id)}},
-        # only what the audit reads: moto's cost grows with every attribute it serialises
-        ProjectionExpression="#seq, #data, #epoch",
-        ExpressionAttributeNames={"#seq": "seq", "#data": "message_data", "#epoch": "lease_epoch"},
-        ConsistentRead=True,
+    store = MessageStore(monitor.ddb, monitor.fleet.resources.messages_table)
+    # only what the audit reads: moto's cost grows with every attribute it serialises
+    return store.read_all(
+        connection_pk(stream_id), attributes=("seq", "message_data", "lease_epoch")
     )
-    return [
-        {key: deserializer.deserialize(value) for key, value in raw.items()}
-        for page in pages
-        for raw in page.get("Items", [])
-    ]
 
 
 def run_demo(options: DemoOptions, console: Console) -> DemoReport:
