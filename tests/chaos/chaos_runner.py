@@ -158,6 +158,7 @@ class _Sampler(threading.Thread):
         self.errors = 0
 
     def run(self) -> None:
+        from wsfleet.record import connection_id_from_pk
         from wsfleet_local.client import scan_table
 
         while not self._halt.is_set():
@@ -172,7 +173,7 @@ class _Sampler(threading.Thread):
                 self.samples.append(
                     Sample(
                         t=t,
-                        stream_id=str(item["pk"])[5:],
+                        stream_id=connection_id_from_pk(str(item["pk"])),
                         epoch=int(item.get("lease_epoch", 0)),
                         owner=str(item.get("lease_owner", "")),
                         last_seq=int(item.get("last_seq", 0)),
@@ -488,11 +489,14 @@ def _records(client: Any, table: str) -> dict[str, Any]:
 
 def _table(client: Any, table: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Connection records by stream id and worker records by worker id."""
-    from wsfleet.record import ConnectionRecord, WorkerRecord
+    from wsfleet.record import ConnectionRecord, WorkerRecord, connection_id_from_pk
     from wsfleet_local.client import scan_table
 
     connections, workers = scan_table(client, table)
-    records = {str(item["pk"])[5:]: ConnectionRecord.from_item(item) for item in connections}
+    records = {
+        connection_id_from_pk(str(item["pk"])): ConnectionRecord.from_item(item)
+        for item in connections
+    }
     return records, {str(w["worker_id"]): WorkerRecord.from_item(w) for w in workers}
 
 
