@@ -33,7 +33,8 @@ ones. Command line::
     python -m wsfleet_local.backend [--host 127.0.0.1] [--port 0] [--create-resources PREFIX]
 
 prints one JSON line (``{"endpoint_url": ...}`` plus ``"env"``/``"resources"`` when asked)
-to stdout once the server answers, then serves until SIGTERM/SIGINT.
+to stdout once the server answers, then serves until SIGTERM/SIGINT
+(:func:`wsfleet_local.procs.serve_until_stopped`, which every local child uses).
 """
 
 from __future__ import annotations
