@@ -913,7 +913,9 @@ class EmbeddedBackend:
             "--host", self.host, "--port", str(self.port), "--exit-on-stdin-eof",
         ]  # fmt: skip
         # The child answers before it prints its line (main() waits for its health path).
-        self._child = spawn("backend", command, stdin_pipe=True, capture_stdout=True)
+        self._child = spawn(
+            "backend", command, stdin_pipe=True, capture_stdout=True, inherit_stderr=True
+        )
         try:
             ready = self._child.read_json_line(START_TIMEOUT_SECONDS)
             self._endpoint_url = str(ready["endpoint_url"])

@@ -221,12 +221,14 @@ def spawn(
     log_path: Path | None = None,
     stdin_pipe: bool = False,
     capture_stdout: bool = False,
+    inherit_stderr: bool = False,
     cwd: Path | None = None,
 ) -> ChildProcess:
     """Start ``argv`` in its own session, dying with this process; output to ``log_path``.
 
     Without ``capture_stdout`` both stdout and stderr go to the log file (or /dev/null); with
-    it, stdout is a pipe read by :meth:`ChildProcess.read_json_line`.
+    it, stdout is a pipe read by :meth:`ChildProcess.read_json_line`. ``inherit_stderr``
+    leaves stderr on this process's own (where pytest captures it, say).
     """
     log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     sink: Any = log if log is not None else subprocess.DEVNULL
@@ -238,7 +240,7 @@ def spawn(
             cwd=cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else sink,
-            stderr=sink,
+            stderr=None if inherit_stderr else sink,
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
