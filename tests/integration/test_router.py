@@ -811,3 +811,24 @@ def test_stop_with_upstream_options_is_refused(router):
         "event_type": "STOP", "connection_id": "c1", "upstream": {},
     }))
     assert reply.status == 422
+
+
+def test_the_subscribe_limit_is_reachable_under_the_body_cap(router, aws):
+    # GIVEN subscribe messages at the limit and one byte above it, in START bodies that stay
+    # under the router's body cap either way
+    from wsfleet.upstream_options import MAX_SUBSCRIBE_BYTES
+
+    def start_with(cid: str, subscribe: str) -> tuple[Reply, int]:
+        body = {"ws_url": URL, "upstream": {"subscribe": subscribe}}
+        event = api_event("PUT", f"/connections/{cid}", body)
+        return invoke(router, event), len(event["body"].encode())
+
+    at_limit, _ = start_with("c1", "x" * MAX_SUBSCRIBE_BYTES)
+    above, size_above = start_with("c2", "x" * (MAX_SUBSCRIBE_BYTES + 1))
+    assert size_above < router.MAX_BODY_BYTES
+    # THEN the first is stored and the second is this field's 422, not the body's 413
+    assert at_limit.status == 201, at_limit.body
+    assert above.status == 422
+    assert above.body["field"] == "upstream.subscribe"
+    assert str(MAX_SUBSCRIBE_BYTES) in above.body["message"]
+    assert len(all_items(aws)) == 1
