@@ -354,6 +354,7 @@ class LocalFleet:
             parameters=self.stack.parameters,
             overrides=self._parameter_overrides(),
             attributes=attributes,
+            conditions=self.stack.conditions,
         )
 
     def _start_dynalite(self) -> None:
