@@ -137,6 +137,7 @@ def _print_usage(fleet: Any) -> None:
         f"curl -X PUT {api}/connections/s1 -H 'content-type: application/json' "
         f'-d \'{{"ws_url": "{sim}/s1"}}\'',
         f"curl {api}/connections/s1",
+        "wsfleet get s1",
         f"curl '{api}/connections?state=STARTED'",
         f"curl -X DELETE {api}/connections/s1",
         "wsfleet status --watch",

@@ -258,3 +258,20 @@ def test_the_local_endpoint_variable_follows_the_template_condition(stack):
     assert router_env(LocalEndpointUrl="http://127.0.0.1:4566")["AWS_ENDPOINT_URL"] == (
         "http://127.0.0.1:4566"
     )
+
+
+def test_the_router_gets_the_secret_prefixes_the_stack_is_given(stack):
+    prefixes = (
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/,"
+        "arn:aws:ssm:us-east-1:123456789012:parameter/wsfleet/"
+    )
+
+    def router_env(**overrides):
+        return StackResolver(
+            stack_name="demo", region="us-east-1",
+            names={"ConnectionsTable": "t", "MessagesTable": "m", "HintQueue": "q"},
+            parameters=stack.parameters, overrides=overrides, conditions=stack.conditions,
+        ).environment(stack.function("router"))
+
+    assert router_env()["UPSTREAM_SECRET_PREFIXES"] == ""  # off by default
+    assert router_env(UpstreamSecretPrefix=prefixes)["UPSTREAM_SECRET_PREFIXES"] == prefixes
