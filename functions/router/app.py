@@ -556,7 +556,9 @@ def _start(
         allow_insecure=deps.settings.allow_insecure_ws,
     )
     options = parse_upstream_options(
-        upstream, secret_prefixes=deps.settings.upstream_secret_prefixes
+        upstream,
+        secret_prefixes=deps.settings.upstream_secret_prefixes,
+        default_seq_field=deps.settings.seq_field,
     )
     try:
         result = deps.store.start(connection_id, ws_url, resume=resume, upstream=options)

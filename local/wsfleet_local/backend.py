@@ -779,6 +779,7 @@ def provision_resources(
                 names={**tables, **queues},
                 parameters=parameters,
                 attributes=dict(attributes),
+                conditions=template.get("Conditions") or {},
             )
             try:
                 properties = resolver.resolve(definition.get("Properties") or {})

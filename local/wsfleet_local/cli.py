@@ -5,6 +5,10 @@ Commands::
     wsfleet local up [--workers N] [--port P]   the whole system on 127.0.0.1 until Ctrl-C
     wsfleet demo [--workers 3] [--streams 12]   crash + deploy + STOP scenario, then an audit
     wsfleet start ID URL [--api URL]            START a connection (PUT /connections/ID)
+            [-H 'Name: value'] [--subprotocol P] [--secret-ref ARN --secret-in header:NAME]
+            [--subscribe MSG] [--seq-pointer /p] [--resume query|subscribe|none]
+            [--upstream JSON | --upstream-file PATH]     (README "Real upstreams")
+    wsfleet get ID [--api URL]                  its view: lease, checkpoint, upstream, gaps
     wsfleet stop ID [--api URL]                 STOP it (DELETE /connections/ID)
     wsfleet status [--watch] [--api URL | --table NAME]
 
@@ -12,6 +16,10 @@ Commands::
 A non-loopback API URL is a deployed, IAM-authorised API Gateway: requests are SigV4-signed
 with your usual AWS credentials. ``status --table`` reads the connections table directly
 (``$AWS_ENDPOINT_URL`` selects a local backend), so it works against AWS without the API.
+
+Exit status: 0 done; 1 the API failed or said no for another reason (404, 5xx, unreachable);
+2 bad input, whether found here (an option, ``--upstream`` JSON) or refused by the API (400,
+413, 415, 422), always with a message naming the option or field, never a traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -73,9 +82,18 @@ def _api_client(api: str | None, region: str | None = None) -> Any:
     return ApiClient(url, region=region)
 
 
+#: API answers that mean "your input": the same exit status as a bad option.
+_INPUT_REFUSED = frozenset({400, 413, 415, 422})
+
+
 def _fail(exc: Exception) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(1)
+    err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    return typer.Exit(2 if getattr(exc, "status", None) in _INPUT_REFUSED else 1)
+
+
+def _usage_error(exc: Exception) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    return typer.Exit(2)
 
 
 # ----------------------------------------------------------------------------- local up
@@ -119,6 +137,7 @@ def _print_usage(fleet: Any) -> None:
         f"curl -X PUT {api}/connections/s1 -H 'content-type: application/json' "
         f'-d \'{{"ws_url": "{sim}/s1"}}\'',
         f"curl {api}/connections/s1",
+        "wsfleet get s1",
         f"curl '{api}/connections?state=STARTED'",
         f"curl -X DELETE {api}/connections/s1",
         "wsfleet status --watch",
@@ -297,6 +316,9 @@ def _print_view(view: dict[str, Any], output: str) -> None:
         raise typer.Exit(2)
 
 
+_UPSTREAM = "Upstream (README: Real upstreams)"
+
+
 @app.command()
 def start(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
@@ -304,19 +326,140 @@ def start(
     api: ApiOption = None,
     region: RegionOption = None,
     no_resume: Annotated[
-        bool, typer.Option("--no-resume", help="Never resume from a seq.")
+        bool,
+        typer.Option("--no-resume", help="Start from live data, ignoring any checkpoint."),
     ] = False,
+    upstream_json: Annotated[
+        str | None,
+        typer.Option("--upstream", metavar="JSON", rich_help_panel=_UPSTREAM,
+                     help="The whole upstream object as JSON; the options below add to it."),
+    ] = None,
+    upstream_file: Annotated[
+        Path | None,
+        typer.Option("--upstream-file", metavar="PATH", rich_help_panel=_UPSTREAM,
+                     help="The upstream object from a JSON file."),
+    ] = None,
+    headers: Annotated[
+        list[str] | None,
+        typer.Option("--header", "-H", metavar="'NAME: VALUE'", rich_help_panel=_UPSTREAM,
+                     help="Extra handshake header (repeatable). Stored in plain text: secrets "
+                     "go through --secret-ref."),
+    ] = None,
+    subprotocols: Annotated[
+        list[str] | None,
+        typer.Option("--subprotocol", metavar="NAME", rich_help_panel=_UPSTREAM,
+                     help="Offered WebSocket subprotocol (repeatable)."),
+    ] = None,
+    secret_ref: Annotated[
+        str | None,
+        typer.Option("--secret-ref", metavar="ARN", rich_help_panel=_UPSTREAM,
+                     help="Secrets Manager secret or SSM parameter ARN; the value is read by "
+                     "the worker at each connect, never stored."),
+    ] = None,
+    secret_in: Annotated[
+        str | None,
+        typer.Option("--secret-in", metavar="header:NAME|query:NAME|subscribe",
+                     rich_help_panel=_UPSTREAM,
+                     help="Where the secret goes (subscribe: the {{secret}} of --subscribe)."),
+    ] = None,
+    secret_format: Annotated[
+        str | None,
+        typer.Option("--secret-format", metavar="TEXT", rich_help_panel=_UPSTREAM,
+                     help="Header value around the secret, e.g. 'Bearer {{secret}}'."),
+    ] = None,
+    secret_json_key: Annotated[
+        str | None,
+        typer.Option("--secret-json-key", metavar="KEY", rich_help_panel=_UPSTREAM,
+                     help="The secret is a JSON object: use this key's value."),
+    ] = None,
+    subscribe: Annotated[
+        str | None,
+        typer.Option("--subscribe", metavar="MESSAGE", rich_help_panel=_UPSTREAM,
+                     help="Message sent after the handshake: a JSON object/array (sent as "
+                     "JSON) or text; {{from_seq}} and {{secret}} are filled in."),
+    ] = None,
+    seq_pointer: Annotated[
+        str | None,
+        typer.Option("--seq-pointer", metavar="POINTER", rich_help_panel=_UPSTREAM,
+                     help="JSON pointer of a frame's seq, e.g. /data/seq (default /seq)."),
+    ] = None,
+    resume_mode: Annotated[
+        str | None,
+        typer.Option("--resume", metavar="query|subscribe|none", rich_help_panel=_UPSTREAM,
+                     help="How the upstream resumes: query parameter (default), the "
+                     "{{from_seq}} of --subscribe, or none (live only; gaps are reported)."),
+    ] = None,
     json_flag: JsonOption = False,
     output: OutputOption = "text",
 ) -> None:
     """START a connection: a worker acquires its lease and streams it."""
-    from .client import ApiError
+    from .client import ApiError, UpstreamUsageError, build_upstream, read_upstream_json
 
     try:
-        view = _api_client(api, region).start(connection_id, ws_url, resume=not no_resume)
+        upstream = build_upstream(
+            read_upstream_json(upstream_json, upstream_file),
+            headers=headers or (),
+            subprotocols=subprotocols or (),
+            secret_ref=secret_ref,
+            secret_in=secret_in,
+            secret_format=secret_format,
+            secret_json_key=secret_json_key,
+            subscribe=subscribe,
+            seq_pointer=seq_pointer,
+            resume=resume_mode,
+        )
+    except UpstreamUsageError as exc:
+        raise _usage_error(exc) from None
+    try:
+        view = _api_client(api, region).start(
+            connection_id, ws_url, resume=not no_resume, upstream=upstream
+        )
     except ApiError as exc:
         raise _fail(exc) from exc
     _print_view(view, "json" if json_flag else output)
+
+
+def _details(view: dict[str, Any]) -> list[str]:
+    """``wsfleet get``'s lines under the summary: the upstream options and the gap report."""
+    lines = [f"ws_url    {view.get('ws_url')}"]
+    upstream = view.get("upstream") or {}
+    lines.append(
+        "upstream  " + (json.dumps(upstream, separators=(",", ":")) if upstream else "default")
+    )
+    gaps = view.get("gaps") or {}
+    resumes, frames = gaps.get("resumes", 0), gaps.get("frames", 0)
+    if resumes:
+        lines.append(
+            f"gaps      {frames} frame(s) never received across {resumes} resume(s) "
+            "(the upstream could not replay them)"
+        )
+    else:
+        lines.append("gaps      none")
+    if view.get("last_error"):
+        lines.append(f"error     {view['last_error']}")
+    return lines
+
+
+@app.command()
+def get(
+    connection_id: Annotated[str, typer.Argument(metavar="ID")],
+    api: ApiOption = None,
+    region: RegionOption = None,
+    json_flag: JsonOption = False,
+    output: OutputOption = "text",
+) -> None:
+    """Show a connection: state, checkpoint, lease, upstream options, resume gaps."""
+    from .client import ApiError
+
+    try:
+        view = _api_client(api, region).get(connection_id)
+    except ApiError as exc:
+        raise _fail(exc) from exc
+    output = "json" if json_flag else output
+    _print_view(view, output)
+    if output == "text":
+        for line in _details(view):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()

@@ -12,6 +12,10 @@ worked out) or :func:`read_table` (a scan of the table, for ``--table``, which n
 (lease model v2): its lease state comes from its owner's ``WORKER#`` item, which the same
 scan returns, through the one set of rules the router uses (:func:`wsfleet.lease.lease_state`).
 
+:func:`build_upstream` turns ``wsfleet start``'s options (``-H``, ``--secret-ref``,
+``--subscribe``, ...) into a START's ``upstream`` object and checks it with the router's own
+schema before anything is sent, so a typo is a clear local error (:class:`UpstreamUsageError`).
+
 Example::
 
     api = ApiClient("http://127.0.0.1:8080/dev")
@@ -27,12 +31,13 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from wsfleet import lease as lease_rules
-from wsfleet.exceptions import WsfleetError
+from wsfleet.exceptions import InvalidUpstreamOptions, WsfleetError
 from wsfleet.record import (
     CONNECTION_PREFIX,
     WORKER_PREFIX,
@@ -40,11 +45,14 @@ from wsfleet.record import (
     DesiredState,
     WorkerRecord,
 )
+from wsfleet.upstream_options import parse_upstream_options
 
 __all__ = [
     "ApiClient",
     "ApiError",
     "ConnectionRow",
+    "UpstreamUsageError",
+    "build_upstream",
     "is_loopback_url",
     "read_table",
     "scan_table",
@@ -99,11 +107,20 @@ class ApiClient:
 
     # -- routes ------------------------------------------------------------------------------
 
-    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> dict[str, Any]:
-        """PUT /connections/{id}: START (idempotent; a live connection is not moved)."""
-        return self._call(
-            "PUT", f"/connections/{_quote(connection_id)}", {"ws_url": ws_url, "resume": resume}
-        )
+    def start(
+        self,
+        connection_id: str,
+        ws_url: str,
+        *,
+        resume: bool = True,
+        upstream: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """PUT /connections/{id}: START (idempotent; a live connection is not moved).
+        ``upstream`` is the per-connection options object (README "Real upstreams")."""
+        body: dict[str, Any] = {"ws_url": ws_url, "resume": resume}
+        if upstream is not None:
+            body["upstream"] = dict(upstream)
+        return self._call("PUT", f"/connections/{_quote(connection_id)}", body)
 
     def stop(self, connection_id: str) -> dict[str, Any]:
         """DELETE /connections/{id}: STOP (idempotent)."""
@@ -167,6 +184,177 @@ class ApiClient:
             request
         )
         return dict(request.headers.items())
+
+
+class UpstreamUsageError(WsfleetError, ValueError):
+    """``wsfleet start``'s upstream options cannot make a valid START; ``option`` names the
+    command-line option (or the ``upstream.*`` field) to fix."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message if message.startswith(option) else f"{option}: {message}")
+        self.option = option
+        self.message = message
+
+
+#: The fields each option fills, for "given twice" errors.
+_OPTION_FIELDS = {
+    "--subprotocol": "subprotocols",
+    "--secret-ref": "credential",
+    "--subscribe": "subscribe",
+    "--seq-pointer": "seq_pointer",
+    "--resume": "resume",
+}
+#: The options that set each field, named in a refusal of it.
+_FIELD_OPTIONS = {
+    "upstream.headers": "--header",
+    "upstream.subprotocols": "--subprotocol",
+    "upstream.credential": "--secret-ref/--secret-in/--secret-format/--secret-json-key",
+    "upstream.subscribe": "--subscribe",
+    "upstream.seq_pointer": "--seq-pointer",
+    "upstream.resume": "--resume",
+}
+#: A placeholder prefix for the local check: which prefixes a deployment accepts only the
+#: router knows (UPSTREAM_SECRET_PREFIXES), so the CLI checks everything else.
+_ANY_REF_PREFIX = ("arn:",)
+
+
+def parse_header(line: str) -> tuple[str, str]:
+    """``'Name: value'`` (curl's ``-H`` form) -> ``("Name", "value")``.
+
+    >>> parse_header("X-Client:  acme ")
+    ('X-Client', 'acme')
+    """
+    name, colon, value = line.partition(":")
+    if not colon or not name.strip() or name != name.strip():
+        raise UpstreamUsageError(f"expected 'Name: value', got {line[:40]!r}", "--header")
+    return name, value.strip()
+
+
+def parse_secret_in(text: str) -> dict[str, Any]:
+    """Where ``--secret-ref``'s value goes, as the ``credential`` fields besides ``ref``:
+    ``header:NAME``, ``query:NAME`` or ``subscribe`` (the ``{{secret}}`` of the message).
+
+    >>> parse_secret_in("header:Authorization"), parse_secret_in("subscribe")
+    ({'header': 'Authorization'}, {'subscribe': True})
+    """
+    kind, colon, name = text.partition(":")
+    if kind == "subscribe" and not name:
+        return {"subscribe": True}
+    if kind in ("header", "query") and colon and name:
+        return {kind: name}
+    raise UpstreamUsageError(
+        f"expected header:NAME, query:NAME or subscribe, got {text[:40]!r}", "--secret-in"
+    )
+
+
+def _subscribe_value(text: str) -> Any:
+    """A JSON object or array is sent as JSON (placeholders rendered JSON-aware); anything
+    else, including a bare JSON string or number, is sent as the text given."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, (dict, list)) else text
+
+
+def read_upstream_json(text: str | None, path: str | Path | None) -> dict[str, Any] | None:
+    """The ``--upstream JSON`` or ``--upstream-file PATH`` object (at most one of them)."""
+    if text is not None and path is not None:
+        raise UpstreamUsageError("give --upstream or --upstream-file, not both", "--upstream")
+    option = "--upstream" if text is not None else "--upstream-file"
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+            raise UpstreamUsageError(f"cannot read {path}: {reason}", option) from None
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UpstreamUsageError(f"not JSON ({exc.msg} at character {exc.pos})", option) from None
+    if not isinstance(value, dict):
+        raise UpstreamUsageError("must be a JSON object", option)
+    return value
+
+
+def build_upstream(
+    base: Mapping[str, Any] | None = None,
+    *,
+    headers: Sequence[str] = (),
+    subprotocols: Sequence[str] = (),
+    secret_ref: str | None = None,
+    secret_in: str | None = None,
+    secret_format: str | None = None,
+    secret_json_key: str | None = None,
+    subscribe: str | None = None,
+    seq_pointer: str | None = None,
+    resume: str | None = None,
+) -> dict[str, Any] | None:
+    """A START's ``upstream`` object from ``wsfleet start``'s options, checked with the
+    router's schema (:func:`wsfleet.upstream_options.parse_upstream_options`); None when no
+    option is given (today's dialogue). ``base`` is ``--upstream``/``--upstream-file``; an
+    option may add to its ``headers`` but not set a field it already sets.
+
+    >>> build_upstream(headers=["X-Client: acme"], resume="none")
+    {'headers': {'X-Client': 'acme'}, 'resume': 'none'}
+    >>> build_upstream(secret_ref="arn:aws:ssm:eu-west-1:123456789012:parameter/wsfleet/k",
+    ...                secret_in="query:api_key")["credential"]
+    {'ref': 'arn:aws:ssm:eu-west-1:123456789012:parameter/wsfleet/k', 'query': 'api_key'}
+    """
+    upstream: dict[str, Any] = dict(base or {})
+
+    def put(option: str, value: Any) -> None:
+        field = _OPTION_FIELDS[option]
+        if field in upstream:
+            raise UpstreamUsageError(f"{field} is also set by --upstream; give it once", option)
+        upstream[field] = value
+
+    if headers:
+        if not isinstance(upstream.get("headers", {}), dict):
+            raise UpstreamUsageError("upstream.headers must be an object", "--upstream")
+        merged = dict(upstream.get("headers") or {})
+        for line in headers:
+            name, value = parse_header(line)
+            if any(name.lower() == known.lower() for known in merged):
+                raise UpstreamUsageError(f"header {name} is given twice", "--header")
+            merged[name] = value
+        upstream["headers"] = merged
+    if subprotocols:
+        put("--subprotocol", list(subprotocols))
+    if secret_ref is None:
+        for option, given in (("--secret-in", secret_in), ("--secret-format", secret_format),
+                              ("--secret-json-key", secret_json_key)):
+            if given is not None:
+                raise UpstreamUsageError("needs --secret-ref", option)
+    else:
+        if secret_in is None:
+            raise UpstreamUsageError(
+                "needs --secret-in header:NAME, query:NAME or subscribe", "--secret-ref"
+            )
+        credential: dict[str, Any] = {"ref": secret_ref, **parse_secret_in(secret_in)}
+        if secret_format is not None:
+            credential["format"] = secret_format
+        if secret_json_key is not None:
+            credential["json_key"] = secret_json_key
+        put("--secret-ref", credential)
+    if subscribe is not None:
+        put("--subscribe", _subscribe_value(subscribe))
+    if seq_pointer is not None:
+        put("--seq-pointer", seq_pointer)
+    if resume is not None:
+        put("--resume", resume)
+    if base is None and not upstream:
+        return None
+    try:
+        parse_upstream_options(upstream, secret_prefixes=_ANY_REF_PREFIX)
+    except InvalidUpstreamOptions as exc:
+        # The schema's message starts with the field; say which option sets it.
+        hint = _FIELD_OPTIONS.get(".".join(exc.field.split(".")[:2]))
+        message = str(exc) + (f" (see {hint})" if hint else "")
+        raise UpstreamUsageError(message, exc.field) from None
+    return upstream
 
 
 def _quote(value: str) -> str:

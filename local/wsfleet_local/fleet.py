@@ -344,6 +344,7 @@ class LocalFleet:
             parameters=self.stack.parameters,
             overrides=self._parameter_overrides(),
             attributes=resources.get_att(),
+            conditions=self.stack.conditions,
         )
 
     def _start_dynalite(self) -> None:

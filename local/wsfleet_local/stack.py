@@ -6,7 +6,9 @@ FilterCriteria and retry settings, the reconciler's schedule. Rather than restat
 that in Python, :func:`read_stack` extracts it from the template (parsed by
 :func:`wsfleet_local.backend.load_template`, which turns ``!Ref`` into ``{"Ref": ...}``), and
 :class:`StackResolver` evaluates the intrinsic functions in environment variables against the
-locally created resources. The embedded backend's provisioner
+locally created resources, including the template's ``Conditions`` (``Fn::If`` with
+``AWS::NoValue`` leaves a variable or a list entry out, as CloudFormation does). The embedded
+backend's provisioner
 (:func:`wsfleet_local.backend.provision_resources`) uses the same resolver for the properties
 of the tables and queues it creates, so both read the template's intrinsics one way.
 
@@ -31,6 +33,7 @@ from typing import Any
 from wsfleet.exceptions import ConfigurationError
 
 __all__ = [
+    "NO_VALUE",
     "FunctionSpec",
     "Route",
     "ScheduleSource",
@@ -48,6 +51,25 @@ TASK_DEFINITION_TYPE = "AWS::ECS::TaskDefinition"
 #: SAM's default function timeout when neither the function nor Globals set one.
 DEFAULT_TIMEOUT_SECONDS = 3
 LOCAL_ACCOUNT_ID = "123456789012"
+
+
+class _NoValue:
+    """What ``Ref AWS::NoValue`` resolves to: the property, map entry or list item is left
+    out. :meth:`StackResolver.resolve` drops it from maps and lists; only a top-level value
+    can come back as it (then the caller leaves the variable unset, as CloudFormation does)."""
+
+    _instance: _NoValue | None = None
+
+    def __new__(cls) -> _NoValue:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NO_VALUE"
+
+
+NO_VALUE: Any = _NoValue()
 
 
 @dataclass(frozen=True)
@@ -136,6 +158,8 @@ class StackSpec:
 
     functions: Mapping[str, FunctionSpec]
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    #: The template's ``Conditions``, unevaluated (give them to :class:`StackResolver`).
+    conditions: Mapping[str, Any] = field(default_factory=dict)
     #: The worker container's environment (ECS task definition), unresolved; {} if none.
     worker_environment: Mapping[str, Any] = field(default_factory=dict)
 
@@ -229,6 +253,7 @@ def read_stack(template: Mapping[str, Any]) -> StackSpec:
     return StackSpec(
         functions=functions,
         parameters=dict(template.get("Parameters") or {}),
+        conditions=dict(template.get("Conditions") or {}),
         worker_environment=_worker_environment(template),
     )
 
@@ -253,12 +278,16 @@ class Unresolvable(ConfigurationError):
 
 @dataclass(frozen=True)
 class StackResolver:
-    """Evaluates Ref / GetAtt / Sub / Join against locally created resources.
+    """Evaluates Ref / GetAtt / Sub / Join / Split / Select and the condition functions (If,
+    Equals, Not, And, Or, Condition) against locally created resources.
 
     ``names`` maps logical ids to what ``Ref`` returns (table names, queue URLs);
     ``attributes`` maps ``(logical_id, attribute)`` to what ``GetAtt`` returns. Parameters take
-    ``overrides`` first, then their template ``Default``. Anything else (an unknown name, an
-    unsupported ``Fn::``) raises :class:`Unresolvable`.
+    ``overrides`` first, then their template ``Default``. ``conditions`` is the template's
+    ``Conditions`` section; ``Fn::If`` picks a branch by evaluating one, and a branch that is
+    ``Ref AWS::NoValue`` leaves its map entry or list item out (:data:`NO_VALUE` at the top).
+    Anything else (an unknown name or condition, an unsupported ``Fn::``) raises
+    :class:`Unresolvable`.
 
     Example::
 
@@ -274,6 +303,7 @@ class StackResolver:
     parameters: Mapping[str, Any]
     overrides: Mapping[str, Any] = field(default_factory=dict)
     attributes: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    conditions: Mapping[str, Any] = field(default_factory=dict)
 
     def ref(self, name: str) -> Any:
         pseudo = {
@@ -285,6 +315,8 @@ class StackResolver:
         }
         if name in pseudo:
             return pseudo[name]
+        if name == "AWS::NoValue":
+            return NO_VALUE
         if name in self.names:
             return self.names[name]
         if name in self.overrides:
@@ -300,29 +332,97 @@ class StackResolver:
         except KeyError:
             raise Unresolvable(f"GetAtt {name}.{attribute} has no local value") from None
 
+    def condition(self, name: str, _seen: tuple[str, ...] = ()) -> bool:
+        """Whether the template's condition ``name`` holds with these parameters."""
+        if name not in self.conditions:
+            raise Unresolvable(f"condition {name} is not in the template's Conditions")
+        if name in _seen:
+            raise Unresolvable(f"condition {name} refers to itself")
+        return self._truth(self.conditions[name], (*_seen, name))
+
+    def _truth(self, value: Any, seen: tuple[str, ...]) -> bool:
+        """A condition expression: Equals / Not / And / Or / Condition (or a literal)."""
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if isinstance(value, Mapping) and len(value) == 1:
+            ((key, argument),) = value.items()
+            if key == "Condition":
+                return self.condition(str(argument), seen)
+            if key == "Fn::Equals":
+                left, right = argument
+                # CloudFormation compares strings: a Number parameter's 20 equals "20".
+                return _env_string(self.resolve(left)) == _env_string(self.resolve(right))
+            if key == "Fn::Not":
+                (only,) = argument
+                return not self._truth(only, seen)
+            if key == "Fn::And":
+                return all(self._truth(item, seen) for item in argument)
+            if key == "Fn::Or":
+                return any(self._truth(item, seen) for item in argument)
+        raise Unresolvable(f"{value!r} is not a condition expression")
+
     def resolve(self, value: Any) -> Any:
         """The value with every supported intrinsic evaluated (Unresolvable otherwise)."""
+        return self._walk(value, only_conditions=False)
+
+    def resolve_conditions(self, value: Any) -> Any:
+        """The value with only ``Fn::If`` and ``AWS::NoValue`` evaluated: what the template
+        means with these parameters, other intrinsics left as written (for reading a
+        resource's properties, e.g. an IAM policy, without any resource existing).
+
+        >>> r = StackResolver(stack_name="s", region="r", names={}, parameters={},
+        ...                   conditions={"On": {"Fn::Equals": ["a", "a"]}})
+        >>> r.resolve_conditions([{"Fn::If": ["On", {"Ref": "X"}, 0]},
+        ...                       {"Fn::If": ["On", {"Ref": "AWS::NoValue"}, 1]}])
+        [{'Ref': 'X'}]
+        """
+        return self._walk(value, only_conditions=True)
+
+    def _walk(self, value: Any, *, only_conditions: bool) -> Any:
         if isinstance(value, list):
-            return [self.resolve(item) for item in value]
+            items = (self._walk(item, only_conditions=only_conditions) for item in value)
+            return [item for item in items if item is not NO_VALUE]
         if not isinstance(value, Mapping):
             return value
         if len(value) == 1:
             ((key, argument),) = value.items()
-            if key == "Ref":
-                return self.ref(argument)
-            if key == "Fn::GetAtt":
-                name, attribute = (
-                    argument if isinstance(argument, list) else str(argument).split(".", 1)
-                )
-                return self.get_att(name, attribute)
-            if key == "Fn::Sub":
-                return self._sub(argument)
-            if key == "Fn::Join":
-                delimiter, items = argument
-                return str(delimiter).join(str(item) for item in self.resolve(items))
-            if key.startswith("Fn::"):
-                raise Unresolvable(f"{key} is not supported locally")
-        return {key: self.resolve(item) for key, item in value.items()}
+            if key == "Fn::If":
+                name, when_true, when_false = argument
+                chosen = when_true if self.condition(str(name)) else when_false
+                return self._walk(chosen, only_conditions=only_conditions)
+            if key == "Ref" and argument == "AWS::NoValue":
+                return NO_VALUE
+            if not only_conditions and (key in ("Ref", "Condition") or key.startswith("Fn::")):
+                return self._intrinsic(key, argument, value)
+        walked = (
+            (key, self._walk(item, only_conditions=only_conditions)) for key, item in value.items()
+        )
+        return {key: item for key, item in walked if item is not NO_VALUE}
+
+    def _intrinsic(self, key: str, argument: Any, value: Mapping[str, Any]) -> Any:
+        if key == "Ref":
+            return self.ref(argument)
+        if key == "Fn::GetAtt":
+            name, attribute = (
+                argument if isinstance(argument, list) else str(argument).split(".", 1)
+            )
+            return self.get_att(name, attribute)
+        if key == "Fn::Sub":
+            return self._sub(argument)
+        if key == "Fn::Join":
+            delimiter, items = argument
+            return str(delimiter).join(str(item) for item in self.resolve(items))
+        if key == "Fn::Split":
+            delimiter, text = argument
+            return str(self.resolve(text)).split(str(delimiter))
+        if key == "Fn::Select":
+            index, items = argument
+            return self.resolve(items)[int(self.resolve(index))]
+        if key in ("Fn::Equals", "Fn::Not", "Fn::And", "Fn::Or", "Condition"):
+            return self._truth(value, ())
+        raise Unresolvable(f"{key} is not supported locally")
 
     def _sub(self, argument: Any) -> str:
         text, variables = (argument, {}) if isinstance(argument, str) else argument
@@ -357,6 +457,8 @@ class StackResolver:
                 value = self.resolve(raw)
             except Unresolvable as exc:
                 logger.warning("%s: leaving %s unset locally: %s", owner, name, exc)
+                continue
+            if value is NO_VALUE:  # Fn::If chose AWS::NoValue: the variable is not declared
                 continue
             resolved[name] = _env_string(value)
         return resolved

@@ -28,7 +28,12 @@ from wsfleet.lease import Lease
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import INDEX_SHARDS, DesiredState, WorkerRecord, index_shard
 from wsfleet.store import DynamoDBLeaseStore, IndexEntry, LeaseStore
-from wsfleet.upstream_options import DEFAULT_OPTIONS, ResumeMode, UpstreamOptions
+from wsfleet.upstream_options import (
+    DEFAULT_OPTIONS,
+    ResumeMode,
+    UpstreamOptions,
+    parse_upstream_options,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -685,3 +690,30 @@ def test_claim_hint_once_per_free_spell_and_withdraw(store, clock):
     assert not store.withdraw_hint_claim(entry)
     assert not store.claim_hint(IndexEntry("CONN#nope", 0, STARTED, 5), rehint_after_ms=0)
     assert store.get("CONN#nope") is None
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [({}, {"seq_pointer": "/seq"}), ({"seq_pointer": "/seq"}, {}),
+     ({"seq_pointer": "/seq", "resume": "none"}, {"resume": "none"})],
+)
+def test_restart_spelling_out_the_default_seq_pointer_keeps_the_checkpoint(
+    store, clock, first, then
+):
+    # GIVEN a connection STARTed with options as the router parses them, streamed to 41 and
+    # STOPPED
+    def options(raw: dict[str, Any]) -> UpstreamOptions:
+        return parse_upstream_options(raw, secret_prefixes=(), default_seq_field="seq")
+
+    pk = store.start("c1", URL, upstream=options(first)).record.pk
+    register(store, clock, "w1")
+    lease = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(lease, 41)
+    store.release(lease)
+    store.stop(pk)
+    # WHEN it is STARTed again, adding or dropping "seq_pointer": "/seq" (the default)
+    restarted = store.start("c1", URL, upstream=options(then))
+    # THEN it is the same stream: the checkpoint is kept and no pointer is stored
+    assert restarted.restarted and restarted.record.last_seq == 41
+    assert "seq_pointer" not in (raw_item(store, pk).get("upstream") or {})
+    assert store.get(pk).upstream == options(then)

@@ -205,6 +205,7 @@ class Expect:
     given: Any = None
     body: dict[str, Any] | None = None  # key -> expected value (top level)
     field: str | None = None  # for refusals: the field the error names
+    env: dict[str, str] | None = None  # the router's settings for this sample (env.json's)
 
 
 EXPECTED: dict[str, Expect] = {
@@ -231,6 +232,17 @@ EXPECTED: dict[str, Expect] = {
     "api_post_events_metadata_url": Expect(422, field="ws_url"),
     "api_put_connection_bad_id": Expect(422, field="connection_id"),
     "api_list_connections_bad_token": Expect(400, field="next_token"),
+    "api_put_connection_header_secret": Expect(
+        201,
+        body={"connection_id": "demo-3", "gaps": {"resumes": 0, "frames": 0}},
+        env={"UPSTREAM_SECRET_PREFIXES": "arn:aws:secretsmanager:us-east-1:123456789012:secret:"
+                                         "wsfleet/"},
+    ),
+    "api_post_events_start_subscribe": Expect(201, body={"connection_id": "demo-4"}),
+    "api_put_connection_live_only": Expect(
+        201, body={"connection_id": "demo-5", "upstream": {"resume": "none"}}
+    ),
+    "api_post_events_header_in_plain": Expect(422, field="upstream.headers"),
 }
 
 
@@ -240,8 +252,11 @@ def test_every_sample_event_has_an_expectation():
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_sample_event(router, name):
+def test_sample_event(router, name, monkeypatch):
     expect = EXPECTED[name]
+    for variable, value in (expect.env or {}).items():
+        monkeypatch.setenv(variable, value)
+    router.reset_dependencies()
     if expect.given:
         expect.given(router)
 
@@ -811,3 +826,24 @@ def test_stop_with_upstream_options_is_refused(router):
         "event_type": "STOP", "connection_id": "c1", "upstream": {},
     }))
     assert reply.status == 422
+
+
+def test_the_subscribe_limit_is_reachable_under_the_body_cap(router, aws):
+    # GIVEN subscribe messages at the limit and one byte above it, in START bodies that stay
+    # under the router's body cap either way
+    from wsfleet.upstream_options import MAX_SUBSCRIBE_BYTES
+
+    def start_with(cid: str, subscribe: str) -> tuple[Reply, int]:
+        body = {"ws_url": URL, "upstream": {"subscribe": subscribe}}
+        event = api_event("PUT", f"/connections/{cid}", body)
+        return invoke(router, event), len(event["body"].encode())
+
+    at_limit, _ = start_with("c1", "x" * MAX_SUBSCRIBE_BYTES)
+    above, size_above = start_with("c2", "x" * (MAX_SUBSCRIBE_BYTES + 1))
+    assert size_above < router.MAX_BODY_BYTES
+    # THEN the first is stored and the second is this field's 422, not the body's 413
+    assert at_limit.status == 201, at_limit.body
+    assert above.status == 422
+    assert above.body["field"] == "upstream.subscribe"
+    assert str(MAX_SUBSCRIBE_BYTES) in above.body["message"]
+    assert len(all_items(aws)) == 1

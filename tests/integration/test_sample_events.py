@@ -240,7 +240,42 @@ API_SAMPLES_IN_ORDER = [
     ("api_post_events_not_json", 400),
     ("api_put_connection_bad_id", 422),
     ("api_list_connections_bad_token", 400),
+    # Real upstreams (README "Real upstreams"): env.json's UPSTREAM_SECRET_PREFIXES admits the
+    # secret the first one names.
+    ("api_put_connection_header_secret", 201),
+    ("api_post_events_start_subscribe", 201),
+    ("api_put_connection_live_only", 201),
+    ("api_post_events_header_in_plain", 422),
 ]
+
+SECRET_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/feeds/acme-token-AbCdEf"
+
+
+def check_upstream_answer(name: str, body: dict[str, Any]) -> None:
+    """What each upstream sample's answer shows (the others are checked by status alone)."""
+    if name == "api_put_connection_header_secret":
+        # the reference is stored and shown, never a value; header values are masked
+        assert body["upstream"] == {
+            "headers": {"X-Client": "***"},
+            "subprotocols": ["transcribe.v1"],
+            "credential": {"ref": SECRET_REF, "header": "Authorization",
+                           "format": "Bearer {{secret}}"},
+        }
+        assert body["gaps"] == {"resumes": 0, "frames": 0}
+    elif name == "api_post_events_start_subscribe":
+        assert body["upstream"] == {
+            "subscribe": {"op": "subscribe", "channel": "trades", "from": "{{from_seq}}"},
+            "seq_pointer": "/data/seq",
+            "resume": "subscribe",
+        }
+    elif name == "api_put_connection_live_only":
+        assert body["upstream"] == {"resume": "none"}
+        assert body["gaps"] == {"resumes": 0, "frames": 0}
+    elif name == "api_post_events_header_in_plain":
+        # a credential in a plain header is refused, naming the field, without echoing it
+        assert body["field"] == "upstream.headers"
+        assert "upstream.credential" in body["message"]
+        assert "sk-live-not-for-dynamodb" not in json.dumps(body)
 
 
 def test_api_samples_in_order(invoke: Any) -> None:
@@ -248,3 +283,9 @@ def test_api_samples_in_order(invoke: Any) -> None:
     for name, status in API_SAMPLES_IN_ORDER:
         response = invoke(name)
         assert response["statusCode"] == status, (name, response["body"])
+        check_upstream_answer(name, json.loads(response["body"]))
+
+
+def test_env_json_admits_the_secret_the_header_sample_names() -> None:
+    prefixes = ENV_JSON["RouterFunction"]["UPSTREAM_SECRET_PREFIXES"].split(",")
+    assert any(SECRET_REF.startswith(prefix) for prefix in prefixes)

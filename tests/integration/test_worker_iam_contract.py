@@ -24,6 +24,7 @@ from wsfleet.lease import Lease
 from wsfleet.record import WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import load_template
+from wsfleet_local.stack import StackResolver
 
 pytestmark = pytest.mark.integration
 
@@ -48,17 +49,39 @@ def request_attributes(params: dict[str, Any]) -> set[str]:
     return names
 
 
-def worker_write_limits() -> dict[str, set[str]]:
-    role = load_template(ROOT / "template.yaml")["Resources"]["WorkerTaskRole"]["Properties"]
+#: Parameters that add a conditional policy to the worker role (credentials by reference).
+WIDEST = {
+    "UpstreamSecretPrefix": "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/",
+    "UpstreamSecretKmsKeyArn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd",
+}
+
+
+def worker_statements(**parameters: str) -> list[dict[str, Any]]:
+    """The worker role's statements as a stack deployed with ``parameters`` has them (its
+    conditional policies evaluated; Defaults for what is not given)."""
+    template = load_template(ROOT / "template.yaml")
+    resolver = StackResolver(
+        stack_name="wsfleet", region="us-east-1", names={},
+        parameters=template["Parameters"], conditions=template["Conditions"],
+        overrides=parameters,
+    )
+    role = template["Resources"]["WorkerTaskRole"]["Properties"]
+    return [
+        statement
+        for policy in resolver.resolve_conditions(role["Policies"])
+        for statement in policy["PolicyDocument"]["Statement"]
+    ]
+
+
+def worker_write_limits(**parameters: str) -> dict[str, set[str]]:
     limits: dict[str, set[str]] = {}
-    for policy in role["Policies"]:
-        for statement in policy["PolicyDocument"]["Statement"]:
-            actions = statement["Action"]
-            writes = {"dynamodb:UpdateItem", "dynamodb:PutItem"} & set(actions)
-            if writes and "ConnectionsTable" in str(statement["Resource"]):
-                condition = statement["Condition"]
-                for key in condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]:
-                    limits[key] = set(condition["ForAllValues:StringEquals"]["dynamodb:Attributes"])
+    for statement in worker_statements(**parameters):
+        actions = statement["Action"]
+        writes = {"dynamodb:UpdateItem", "dynamodb:PutItem"} & set(actions)
+        if writes and "ConnectionsTable" in str(statement["Resource"]):
+            condition = statement["Condition"]
+            for key in condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]:
+                limits[key] = set(condition["ForAllValues:StringEquals"]["dynamodb:Attributes"])
     return limits
 
 
@@ -133,12 +156,11 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
         assert limits[key] == written, key
 
 
-def test_the_worker_role_may_not_delete_items() -> None:
-    role = load_template(ROOT / "template.yaml")["Resources"]["WorkerTaskRole"]["Properties"]
+@pytest.mark.parametrize("parameters", [{}, WIDEST], ids=["defaults", "with-secrets"])
+def test_the_worker_role_may_not_delete_items(parameters: dict[str, str]) -> None:
     actions = {
-        action
-        for policy in role["Policies"]
-        for statement in policy["PolicyDocument"]["Statement"]
-        for action in statement["Action"]
+        action for statement in worker_statements(**parameters) for action in statement["Action"]
     }
     assert "dynamodb:DeleteItem" not in actions
+    # and the secret policy adds no write limit of its own (nor lifts one)
+    assert worker_write_limits(**parameters) == worker_write_limits()

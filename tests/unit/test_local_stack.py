@@ -9,7 +9,7 @@ import pytest
 
 from wsfleet_local.backend import find_template, load_template
 from wsfleet_local.eventfilter import RecordFilter
-from wsfleet_local.stack import Route, StackResolver, Unresolvable, read_stack
+from wsfleet_local.stack import NO_VALUE, Route, StackResolver, Unresolvable, read_stack
 
 EVENTS = Path(find_template()).parent / "events"
 
@@ -131,7 +131,8 @@ def test_resolver_evaluates_getatt_sub_and_join():
         ({"Ref": "Missing"}, "Ref Missing"),
         ({"Fn::GetAtt": ["HintQueue", "Arn"]}, "GetAtt HintQueue.Arn"),
         ({"Fn::Sub": "${Missing.Arn}"}, "GetAtt Missing.Arn"),
-        ({"Fn::If": ["Cond", 1, 2]}, "Fn::If is not supported"),
+        ({"Fn::If": ["Cond", 1, 2]}, "condition Cond is not in the template"),
+        ({"Fn::FindInMap": ["M", "a", "b"]}, "Fn::FindInMap is not supported"),
     ],
 )
 def test_resolver_names_what_it_cannot_resolve(value, message):
@@ -153,3 +154,124 @@ def test_resolver_names_what_it_cannot_resolve(value, message):
 )
 def test_route_matching(route, method, path, expected):
     assert route.match(method, path) == expected
+
+
+# ------------------------------------------------------------------ conditions
+CONDITIONS = {
+    "HasName": {"Fn::Not": [{"Fn::Equals": [{"Ref": "Name"}, ""]}]},
+    "IsProd": {"Fn::Equals": [{"Ref": "Stage"}, "prod"]},
+    "ProdWithName": {"Fn::And": [{"Condition": "HasName"}, {"Condition": "IsProd"}]},
+    "ProdOrName": {"Fn::Or": [{"Condition": "HasName"}, {"Condition": "IsProd"}]},
+    "Big": {"Fn::Equals": [{"Ref": "Size"}, "20"]},
+    "Loop": {"Fn::Not": [{"Condition": "Loop"}]},
+}
+PARAMETERS = {
+    "Name": {"Type": "String", "Default": ""},
+    "Stage": {"Type": "String", "Default": "dev"},
+    "Size": {"Type": "Number", "Default": 20},
+}
+
+
+def resolver_with(**overrides):
+    return StackResolver(
+        stack_name="s", region="r", names={}, parameters=PARAMETERS, overrides=overrides,
+        conditions=CONDITIONS,
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "truth"),
+    [
+        ({}, {"HasName": False, "IsProd": False, "ProdWithName": False, "ProdOrName": False}),
+        ({"Name": "x"}, {"HasName": True, "IsProd": False, "ProdWithName": False,
+                         "ProdOrName": True}),
+        ({"Name": "x", "Stage": "prod"}, {"HasName": True, "IsProd": True,
+                                          "ProdWithName": True, "ProdOrName": True}),
+    ],
+)
+def test_conditions_evaluate_equals_not_and_or_and_condition(overrides, truth):
+    resolver = resolver_with(**overrides)
+    assert {name: resolver.condition(name) for name in truth} == truth
+    # a Number parameter compares as CloudFormation compares it: as a string
+    assert resolver.condition("Big") is True
+
+
+def test_if_picks_a_branch_and_no_value_leaves_the_entry_out():
+    value = {
+        "Name": {"Fn::If": ["HasName", {"Ref": "Name"}, {"Ref": "AWS::NoValue"}]},
+        "List": ["a", {"Fn::If": ["HasName", "b", {"Ref": "AWS::NoValue"}]}, "c"],
+        "Stage": {"Fn::If": ["IsProd", "live", {"Fn::Sub": "${Stage}-test"}]},
+    }
+    assert resolver_with().resolve(value) == {"List": ["a", "c"], "Stage": "dev-test"}
+    assert resolver_with(Name="n", Stage="prod").resolve(value) == {
+        "Name": "n", "List": ["a", "b", "c"], "Stage": "live",
+    }
+    assert resolver_with().resolve({"Ref": "AWS::NoValue"}) is NO_VALUE
+
+
+def test_split_select_and_conditions_as_values():
+    resolver = resolver_with(Name="a,b,c")
+    assert resolver.resolve({"Fn::Split": [",", {"Ref": "Name"}]}) == ["a", "b", "c"]
+    assert resolver.resolve({"Fn::Select": [1, {"Fn::Split": [",", {"Ref": "Name"}]}]}) == "b"
+    assert resolver.resolve({"Fn::Not": [{"Condition": "IsProd"}]}) is True
+
+
+def test_resolve_conditions_leaves_every_other_intrinsic_as_written():
+    policy = {
+        "Statement": [
+            {"Resource": {"Fn::GetAtt": ["Table", "Arn"]}},
+            {"Fn::If": ["HasName", {"Resource": {"Fn::Sub": "${Name}*"}}, {"Ref": "AWS::NoValue"}]},
+        ]
+    }
+    assert resolver_with().resolve_conditions(policy) == {
+        "Statement": [{"Resource": {"Fn::GetAtt": ["Table", "Arn"]}}]
+    }
+    assert resolver_with(Name="p").resolve_conditions(policy)["Statement"][1] == {
+        "Resource": {"Fn::Sub": "${Name}*"}
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"Fn::If": ["Loop", 1, 2]}, "condition Loop refers to itself"),
+        ({"Fn::If": ["Nope", 1, 2]}, "condition Nope is not in"),
+    ],
+)
+def test_bad_conditions_are_named(value, message):
+    with pytest.raises(Unresolvable, match=message):
+        resolver_with().resolve(value)
+
+
+def test_the_local_endpoint_variable_follows_the_template_condition(stack):
+    # GIVEN the template's Globals: AWS_ENDPOINT_URL only when LocalEndpointUrl is given
+    def router_env(**overrides):
+        resolver = StackResolver(
+            stack_name="demo", region="us-east-1",
+            names={"ConnectionsTable": "t", "MessagesTable": "m", "HintQueue": "q"},
+            parameters=stack.parameters, overrides=overrides, conditions=stack.conditions,
+        )
+        return resolver.environment(stack.function("router"))
+
+    # THEN a deployed stack (the default) declares no such variable, and sam local gets it
+    assert "AWS_ENDPOINT_URL" not in router_env()
+    assert router_env(LocalEndpointUrl="http://127.0.0.1:4566")["AWS_ENDPOINT_URL"] == (
+        "http://127.0.0.1:4566"
+    )
+
+
+def test_the_router_gets_the_secret_prefixes_the_stack_is_given(stack):
+    prefixes = (
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/,"
+        "arn:aws:ssm:us-east-1:123456789012:parameter/wsfleet/"
+    )
+
+    def router_env(**overrides):
+        return StackResolver(
+            stack_name="demo", region="us-east-1",
+            names={"ConnectionsTable": "t", "MessagesTable": "m", "HintQueue": "q"},
+            parameters=stack.parameters, overrides=overrides, conditions=stack.conditions,
+        ).environment(stack.function("router"))
+
+    assert router_env()["UPSTREAM_SECRET_PREFIXES"] == ""  # off by default
+    assert router_env(UpstreamSecretPrefix=prefixes)["UPSTREAM_SECRET_PREFIXES"] == prefixes

@@ -10,6 +10,8 @@ docs/deploy.md, which must agree with it) and pins each of them. Fast, no networ
 from __future__ import annotations
 
 import ast
+import fnmatch
+import functools
 import json
 import re
 import tomllib
@@ -22,7 +24,9 @@ import pytest
 from wsfleet.record import INDEX_SHARDS, WORKER_INDEX_VALUE
 from wsfleet.settings import ENVIRONMENT
 from wsfleet.store import OWNER_INDEX, STATE_INDEX, UNOWNED_INDEX, WORKERS_INDEX
+from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
 from wsfleet_local.backend import load_template
+from wsfleet_local.stack import StackResolver
 from wsfleet_worker.config import WORKER_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,8 +89,28 @@ def _resource_key(resource: Any) -> str:
     raise AssertionError(f"unexpected Resource form {resource!r}")
 
 
-def statements(resources: Mapping[str, Any], role: str) -> Iterator[dict[str, Any]]:
-    for policy in props(resources, role)["Policies"]:
+@functools.cache
+def _template() -> dict[str, Any]:
+    return load_template(ROOT / "template.yaml")
+
+
+def resolver(**parameters: str) -> StackResolver:
+    """The template's conditions and parameters as a stack deployed with ``parameters``."""
+    template = _template()
+    return StackResolver(
+        stack_name="wsfleet", region="eu-west-1", names={},
+        parameters=template["Parameters"], conditions=template["Conditions"],
+        overrides=parameters,
+    )
+
+
+def statements(
+    resources: Mapping[str, Any], role: str, **parameters: str
+) -> Iterator[dict[str, Any]]:
+    """The role's policy statements as deployed with ``parameters`` (Defaults otherwise):
+    Fn::If evaluated, AWS::NoValue entries gone, every other intrinsic as written."""
+    policies = resolver(**parameters).resolve_conditions(props(resources, role)["Policies"])
+    for policy in policies:
         yield from policy["PolicyDocument"]["Statement"]
 
 
@@ -265,6 +289,7 @@ def test_router_environment(template: dict[str, Any]) -> None:
 
     assert env["ALLOWED_UPSTREAM_HOSTS"] == {"Ref": "AllowedUpstreamHosts"}
     assert env["ALLOW_INSECURE_WS"] == {"Ref": "AllowInsecureWs"}
+    assert env["UPSTREAM_SECRET_PREFIXES"] == {"Ref": "UpstreamSecretPrefix"}
     assert env["POWERTOOLS_SERVICE_NAME"] == {"Fn::Sub": "${AWS::StackName}-router"}
 
 
@@ -855,3 +880,138 @@ def test_control_queues_accept_only_the_notifier(resources: dict[str, Any]) -> N
         role for role in EXPECTED_GRANTS if ("sqs:SendMessage", CTL_QUEUES) in EXPECTED_GRANTS[role]
     }
     assert senders == {"StreamNotifierRole"}
+
+
+# ================================================== credentials by reference (issue #13)
+SM_PREFIX = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:wsfleet/"
+SSM_PREFIX = "arn:aws:ssm:eu-west-1:123456789012:parameter/wsfleet/"
+KMS_KEY = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+SECRET_ACTIONS = {"secretsmanager:GetSecretValue", "ssm:GetParameter", "ssm:GetParameters"}
+
+
+def secret_grants(resources: Mapping[str, Any], **parameters: str) -> dict[str, Any]:
+    """Action -> resolved Resource list (and the kms statement's condition) of every statement
+    of every role that touches secrets, SSM or KMS, as deployed with ``parameters``."""
+    found: dict[str, Any] = {}
+    for logical_id, definition in resources.items():
+        if definition["Type"] != "AWS::IAM::Role":
+            continue
+        for statement in statements(resources, logical_id, **parameters):
+            for action in as_list(statement["Action"]):
+                if action.split(":")[0] in ("secretsmanager", "ssm", "kms"):
+                    assert logical_id == "WorkerTaskRole", (logical_id, action)
+                    found[action] = (
+                        as_list(resolver(**parameters).resolve(statement["Resource"])),
+                        resolver(**parameters).resolve(statement.get("Condition")),
+                    )
+    return found
+
+
+def test_without_a_secret_prefix_no_role_may_read_any_secret(
+    template: dict[str, Any], resources: dict[str, Any]
+) -> None:
+    # GIVEN the defaults (UpstreamSecretPrefix empty), even with a KMS key given
+    assert template["Parameters"]["UpstreamSecretPrefix"]["Default"] == ""
+    assert template["Parameters"]["UpstreamSecretKmsKeyArn"]["Default"] == ""
+    # THEN the worker role has no secret policy at all: the If leaves AWS::NoValue
+    assert secret_grants(resources) == {}
+    assert secret_grants(resources, UpstreamSecretKmsKeyArn=KMS_KEY) == {}
+    names = [p["PolicyName"] for p in resolver().resolve_conditions(
+        props(resources, "WorkerTaskRole")["Policies"])]
+    assert names == ["worker"]
+    # AND the raw template spells it as a conditional policy
+    conditional = [
+        p for p in props(resources, "WorkerTaskRole")["Policies"] if "Fn::If" in p
+    ]
+    (policy,) = conditional
+    assert policy["Fn::If"][0] == "HasUpstreamSecrets"
+    assert policy["Fn::If"][2] == {"Ref": "AWS::NoValue"}
+    assert template["Conditions"]["HasUpstreamSecrets"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "UpstreamSecretPrefix"}, ""]}]
+    }
+
+
+@pytest.mark.parametrize(
+    ("prefix", "resources_granted"),
+    [
+        (SM_PREFIX, [SM_PREFIX + "*"]),
+        (SSM_PREFIX, [SSM_PREFIX + "*"]),
+        (f"{SM_PREFIX},{SSM_PREFIX}", [SM_PREFIX + "*", SSM_PREFIX + "*"]),
+    ],
+)
+def test_with_a_secret_prefix_the_worker_reads_exactly_that_prefix(
+    resources: dict[str, Any], prefix: str, resources_granted: list[str]
+) -> None:
+    # GIVEN a stack deployed with UpstreamSecretPrefix set, without a KMS key
+    grants_ = secret_grants(resources, UpstreamSecretPrefix=prefix)
+    # THEN the worker may read the prefixes (and nothing else), and decrypt with no key
+    assert set(grants_) == SECRET_ACTIONS
+    for action in SECRET_ACTIONS:
+        assert grants_[action] == (resources_granted, None)
+    # AND with a customer managed key it may decrypt with that key, via those services only
+    grants_ = secret_grants(resources, UpstreamSecretPrefix=prefix, UpstreamSecretKmsKeyArn=KMS_KEY)
+    assert set(grants_) == SECRET_ACTIONS | {"kms:Decrypt"}
+    assert grants_["kms:Decrypt"] == (
+        [KMS_KEY],
+        {"StringEquals": {"kms:ViaService": [
+            "secretsmanager.eu-west-1.amazonaws.com", "ssm.eu-west-1.amazonaws.com",
+        ]}},
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [
+        ("", True),
+        (SM_PREFIX, True),
+        (SSM_PREFIX, True),
+        (f"{SM_PREFIX},{SSM_PREFIX}", True),
+        ("arn:aws:secretsmanager:eu-west-1:123456789012:secret:wsfleet-feed", True),
+        ("arn:aws-cn:ssm:cn-north-1:123456789012:parameter/a", True),
+        ("arn:aws:secretsmanager:eu-west-1:123456789012:secret:", False),  # every secret
+        ("arn:aws:ssm:eu-west-1:123456789012:parameter/", False),  # every parameter
+        (SM_PREFIX + "*", False),  # no wildcards
+        ("arn:aws:secretsmanager:eu-west-1:*:secret:wsfleet/", False),
+        ("arn:aws:s3:::bucket/", False),
+        (f"{SM_PREFIX}, {SSM_PREFIX}", False),  # no spaces
+        (f"{SM_PREFIX},", False),
+        ("wsfleet/", False),
+    ],
+)
+def test_secret_prefix_allowed_pattern(
+    template: dict[str, Any], value: str, accepted: bool
+) -> None:
+    pattern = template["Parameters"]["UpstreamSecretPrefix"]["AllowedPattern"]
+    assert (re.fullmatch(pattern, value) is not None) is accepted
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        SM_PREFIX + "feed-AbCdEf",
+        SM_PREFIX + "team/feed-AbCdEf",
+        SSM_PREFIX + "feed",
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:wsfleetx/feed-AbCdEf",
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:other/feed-AbCdEf",
+        "arn:aws:ssm:eu-west-1:123456789012:parameter/other/feed",
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/feed-AbCdEf",
+    ],
+)
+def test_the_router_accepts_a_reference_exactly_when_the_worker_role_may_read_it(
+    resources: dict[str, Any], ref: str
+) -> None:
+    # GIVEN the router's setting and the worker's policy from the same parameter value
+    prefix = f"{SM_PREFIX},{SSM_PREFIX}"
+    (patterns, _condition) = secret_grants(resources, UpstreamSecretPrefix=prefix)[
+        "secretsmanager:GetSecretValue"
+    ]
+    setting = tuple(p.strip() for p in prefix.split(","))  # how Settings reads the variable
+    try:
+        parse_upstream_options(
+            {"credential": {"ref": ref, "header": "Authorization"}}, secret_prefixes=setting
+        )
+        accepted = True
+    except InvalidUpstreamOptions:
+        accepted = False
+    # THEN what the router lets through is what IAM lets the worker read, and nothing more
+    assert accepted is any(fnmatch.fnmatchcase(ref, p) for p in patterns)

@@ -12,6 +12,7 @@ from wsfleet.exceptions import InvalidUpstreamOptions
 from wsfleet.record import ConnectionRecord
 from wsfleet.upstream_options import (
     DEFAULT_OPTIONS,
+    MAX_SUBSCRIBE_BYTES,
     CredentialPlacement,
     ResumeMode,
     UpstreamOptions,
@@ -99,7 +100,7 @@ def test_parameter_credentials_resolve_through_ssm() -> None:
         ({"subprotocols": [f"p{i}" for i in range(9)]}, "upstream.subprotocols", "8"),
         ({"subscribe": ""}, "upstream.subscribe", "empty"),
         ({"subscribe": 5}, "upstream.subscribe", "object"),
-        ({"subscribe": "x" * 16385}, "upstream.subscribe", "16384"),
+        ({"subscribe": "x" * 8193}, "upstream.subscribe", "8192"),
         ({"subscribe": "{{symbol}}"}, "upstream.subscribe", "unknown placeholder"),
         ({"subscribe": "{{ from_seq }}", "resume": "subscribe"}, "upstream.subscribe", "spaces"),
         ({"subscribe": "hi {{from_seq}}"}, "upstream.subscribe", "resume: subscribe"),
@@ -183,3 +184,36 @@ def test_resume_mode_none_parses_and_gap_arithmetic() -> None:
     assert resume_gap(100, 150) == 49
     assert resume_gap(100, 50) == 0  # replayed older frames: duplicates, not a gap
     assert resume_gap(0, 1000) == 0  # a new stream may start anywhere
+
+
+def test_subscribe_limit_is_8_kib_measured_as_utf8() -> None:
+    # GIVEN messages at the limit, in ASCII and in 2-byte characters
+    assert parse({"subscribe": "x" * MAX_SUBSCRIBE_BYTES}).subscribe == "x" * 8192
+    assert parse({"subscribe": "é" * (MAX_SUBSCRIBE_BYTES // 2)}).subscribe is not None
+    # THEN one byte more is refused, naming the field
+    for too_big in ("x" * (MAX_SUBSCRIBE_BYTES + 1), "é" * (MAX_SUBSCRIBE_BYTES // 2) + "x"):
+        with pytest.raises(InvalidUpstreamOptions) as caught:
+            parse({"subscribe": too_big})
+        assert caught.value.field == "upstream.subscribe"
+
+
+@pytest.mark.parametrize(
+    ("seq_field", "pointer", "stored"),
+    [
+        ("seq", "/seq", None),  # the default, spelled out: not stored
+        ("seq", "/meta/seq", "/meta/seq"),
+        ("seq", "/Seq", "/Seq"),  # pointers are case-sensitive
+        ("n", "/seq", "/seq"),  # not the default of a fleet whose SEQ_FIELD is n
+        ("n", "/n", None),
+        ("a/b", "/a~1b", None),
+    ],
+)
+def test_a_pointer_that_names_the_default_seq_field_is_the_default(
+    seq_field: str, pointer: str, stored: str | None
+) -> None:
+    options = parse_upstream_options(
+        {"seq_pointer": pointer}, secret_prefixes=(), default_seq_field=seq_field
+    )
+    assert options.seq_pointer == stored
+    assert options.pointer(seq_field) == pointer
+    assert ("seq_pointer" in options.to_item()) is (stored is not None)

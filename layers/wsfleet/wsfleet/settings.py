@@ -95,7 +95,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "set at CreateQueue denies every other sender); empty sets no policy (local runs).",
            "worker"),
     EnvVar("SEQ_FIELD", "seq_field", "seq",
-           "Field of each upstream JSON frame that holds its sequence number.", "worker"),
+           "Field of each upstream JSON frame that holds its sequence number (a START's "
+           "upstream.seq_pointer overrides it per connection; the router drops a pointer "
+           "that names this field, so give both the same value).", "router, worker"),
     EnvVar("RESUME_PARAM", "resume_param", "from_seq",
            "Query parameter that asks the upstream to resume from a sequence number.", "worker"),
     EnvVar("MESSAGE_FLUSH_MS", "message_flush_ms", "100",
@@ -122,9 +124,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "private address is refused unless that address is listed.", "router, worker"),
     EnvVar("UPSTREAM_SECRET_PREFIXES", "upstream_secret_prefixes", "",
            "Comma-separated ARN prefixes a START's upstream.credential.ref must start with "
-           "(Secrets Manager secret or SSM parameter ARNs; the template sets both forms from "
-           "UpstreamSecretPrefix, and the worker role may read only those). Empty turns "
-           "credentials by reference off (422).", "router"),
+           "(Secrets Manager secret or SSM parameter ARNs; the template sets it from "
+           "UpstreamSecretPrefix, and the worker role may read exactly those prefixes). Empty "
+           "turns credentials by reference off (422).", "router"),
     EnvVar("ALLOW_INSECURE_WS", "allow_insecure_ws", "false",
            "Accept ws:// upstream URLs (wss:// is always accepted).", "router, worker"),
     # -- worker process tuning (WorkerConfig) ---------------------------------------------

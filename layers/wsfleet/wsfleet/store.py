@@ -127,7 +127,9 @@ class StartResult:
 
 def _same_stream(current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions) -> bool:
     """A restart resumes from ``last_seq`` only if it means the same stream: the same URL and
-    the same place of the seq in a frame (another pointer numbers frames differently)."""
+    the same place of the seq in a frame (another pointer numbers frames differently). The
+    options come from :func:`~wsfleet.upstream_options.parse_upstream_options`, which drops a
+    pointer that spells out the default, so ``"/seq"`` and no pointer compare equal here."""
     return current.ws_url == ws_url and current.upstream.seq_pointer == upstream.seq_pointer
 
 

@@ -28,7 +28,8 @@ appended, read JSON frames whose sequence number is the top-level ``SEQ_FIELD``.
   compact JSON) or a string (sent as is). Placeholders: ``{{from_seq}}`` (the resume position;
   a JSON string that is exactly the placeholder becomes a number) and ``{{secret}}``.
 * ``seq_pointer``: where a frame's sequence number is, as a JSON pointer (RFC 6901); the
-  default is ``/<SEQ_FIELD>``.
+  default is ``/<SEQ_FIELD>``. Spelling the default out is the same as leaving it out (it is
+  not stored), so a restart that adds or drops ``"seq_pointer": "/seq"`` keeps ``last_seq``.
 * ``resume``: how a new session asks to resume: ``query`` (``resume_param``, default
   ``RESUME_PARAM``), ``subscribe`` (the ``{{from_seq}}`` in the subscribe message) or ``none``
   (the upstream cannot replay: a failover loses what was sent while nobody listened, and the
@@ -73,7 +74,10 @@ MAX_HEADER_NAME_LENGTH = 64
 MAX_HEADER_VALUE_LENGTH = 1024
 MAX_SUBPROTOCOLS = 8
 MAX_TOKEN_LENGTH = 64
-MAX_SUBSCRIBE_BYTES = 16 * 1024
+#: Half the router's 16 KiB body cap (functions/router/app.py MAX_BODY_BYTES): a message at
+#: this limit still fits in a START body beside the URL, headers and a JSON-escaped copy of
+#: itself, so a too-large message gets this field's 422, never the whole body's 413.
+MAX_SUBSCRIBE_BYTES = 8 * 1024
 MAX_POINTER_LENGTH = 256
 MAX_POINTER_SEGMENTS = 16
 MAX_REF_LENGTH = 2048
@@ -258,13 +262,15 @@ DEFAULT_OPTIONS = UpstreamOptions()
 
 # --------------------------------------------------------------------------- parsing
 def parse_upstream_options(
-    raw: object, *, secret_prefixes: tuple[str, ...]
+    raw: object, *, secret_prefixes: tuple[str, ...], default_seq_field: str = "seq"
 ) -> UpstreamOptions:
     """Validate a START's ``upstream`` object. ``None`` or ``{}`` is the default.
 
     ``secret_prefixes`` are the ARN prefixes a credential reference must start with (the
     deployment's ``UPSTREAM_SECRET_PREFIXES``; the worker role may read only those). Empty
-    means credentials by reference are turned off.
+    means credentials by reference are turned off. ``default_seq_field`` is the fleet's
+    ``SEQ_FIELD``: a ``seq_pointer`` that names it (``/seq``) is the default and is dropped,
+    so the stored options, and the store's same-stream test on restart, see one spelling.
 
     >>> parse_upstream_options({"resume": "none"}, secret_prefixes=()).resume
     <ResumeMode.NONE: 'none'>
@@ -325,14 +331,16 @@ def parse_upstream_options(
             f"header {credential.name} is set twice (headers and credential)",
             "upstream.credential.header",
         )
-    pointer = obj.get("seq_pointer")
+    pointer = None if obj.get("seq_pointer") is None else _pointer(obj["seq_pointer"])
+    if pointer == DEFAULT_OPTIONS.pointer(default_seq_field):
+        pointer = None
     return UpstreamOptions(
         headers=headers,
         subprotocols=subprotocols,
         credential=credential,
         subscribe=subscribe,
         subscribe_is_json=subscribe_is_json,
-        seq_pointer=None if pointer is None else _pointer(pointer),
+        seq_pointer=pointer,
         resume=resume,
         resume_param=resume_param,
     )
