@@ -397,6 +397,8 @@ class SessionRecord:
     subprotocols: tuple[str, ...] = ()
     #: The first message received (``subscribe`` shape), as received.
     subscribe: str | None = None
+    #: The handshake's raw query string (``from_seq`` and anything a client added).
+    query: str = ""
 
     @property
     def is_open(self) -> bool:
@@ -971,6 +973,7 @@ class UpstreamSimulator:
             opened_at=time.time(),
             gap=gap,
             headers=headers,
+            query=request.path.partition("?")[2] if request is not None else "",
             subprotocols=tuple(
                 p.strip()
                 for p in headers.get("Sec-WebSocket-Protocol", "").split(",")
