@@ -154,3 +154,16 @@ def test_seq_pointer_reads_a_nested_seq() -> None:
 
 def test_resume_none_is_a_mode_of_its_own() -> None:
     assert options(resume="none").resume is ResumeMode.NONE
+
+
+def test_websockets_never_logs_handshake_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a worker whose logging is at DEBUG, WHEN it builds its connector, THEN websockets'
+    # client logger still does not log requests (headers and query may carry a credential)
+    import logging
+
+    from wsfleet_worker.upstream import make_connector
+
+    client_log = logging.getLogger("websockets.client")
+    monkeypatch.setattr(client_log, "level", logging.DEBUG)
+    make_connector(allowed_hosts=(), allow_insecure=False)
+    assert not client_log.isEnabledFor(logging.DEBUG)

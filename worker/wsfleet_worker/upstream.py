@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import re
 import socket
 import ssl
@@ -200,6 +201,12 @@ def make_connector(
         connect = make_connector(allowed_hosts=("feed.example",), allow_insecure=False)
         ws = await connect("wss://feed.example/v1?token=...")
     """
+
+    # websockets logs every handshake header (and the request path, query included) at DEBUG;
+    # a credential rides in them (issue #13), so that logger never goes below INFO, whatever
+    # the worker's log level.
+    client_log = logging.getLogger("websockets.client")
+    client_log.setLevel(max(client_log.getEffectiveLevel(), logging.INFO))
 
     async def open_connection(
         url: str,
