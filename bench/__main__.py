@@ -10,7 +10,8 @@ Options::
     python -m bench --only crash stop   # some groups only (results of others are kept)
     python -m bench --render            # re-render RESULTS.md from results.json
 
-Groups: cost, crash, handoff, stop, capacity, flood, throughput, reconcile, compat, scale.
+Groups: cost, crash, handoff, stop, capacity, flood, throughput, reconcile, compat, scale,
+shapes.
 Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
 messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
 coordination writes and reads per connection-hour at 1,000 connections per worker, every
@@ -41,7 +42,7 @@ from .harness import ROOT, machine
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
-          "compat", "scale")
+          "compat", "scale", "shapes")
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ def _steps(quick: bool) -> list[Step]:
     steps.append(Step("scale", "scale", lambda d: run_scale(
         run_dir=d, connections=100, workers=2, factor=10.0,
         window_seconds=60.0 if quick else 120.0)))
+    # Issue #13: one stream per upstream shape through a crash and a hand-off; lost frames
+    # beside the gap each connection reports (bench/shapes.py).
+    from .shapes import run_shapes
+
+    steps.append(Step("shapes", "shapes", run_shapes))
     return steps  # fmt: skip
 
 

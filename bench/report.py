@@ -263,6 +263,32 @@ def _flood_section(document: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _shapes_section(document: dict[str, Any]) -> str:
+    items = _results(document, "shapes")
+    rows = []
+    for _, r in items:
+        for name, figures in (r.get("shapes") or {}).items():
+            rows.append([name, figures.get("upstream_sessions"), figures.get("stored"),
+                         figures.get("lost"), figures.get("resume_gaps"),
+                         figures.get("gap_frames"), figures.get("auth_rejects")])
+    header = ["stream (shape)", "upstream sessions", "frames stored", "frames lost",
+              "gapped resumes reported", "gap frames reported", "401s"]
+    met = ", ".join(_met(r.get("target_met")) for _, r in items if "error" not in r)
+    parts = ["## 6d. Upstream shapes through a crash and a hand-off (issue #13)", "",
+             "bench/shapes.py (`python -m bench --only shapes`). One stream per simulator shape "
+             "(plain replay, header-authenticated with a Secrets Manager credential by "
+             "reference, subscribe-to-resume, live-only without replay) on a local fleet, "
+             "short lease profile: worker 0 SIGKILLed, then its successors SIGTERMed with a "
+             "fresh peer ready, then STOP and audit. Lost: seqs between the first and the "
+             "final checkpoint not stored. Reported: the record's resume_gaps / gap_frames "
+             "(what `GET /connections/{id}` shows). Expected: the replaying shapes 0 and 0; "
+             "live-only loses what was produced while nobody listened and reports exactly "
+             f"that. Target met: {met or '(not run)'}.", "",
+             _table(header, rows) if rows else "(not run)"]  # fmt: skip
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
 def _throughput_section(document: dict[str, Any]) -> str:
     items = _results(document, "throughput")
     parts = ["## 6c. Throughput: frames stored per second per worker vCPU", "",
@@ -662,6 +688,7 @@ def render(document: dict[str, Any]) -> str:
         _capacity_section(document),
         _flood_section(document),
         _throughput_section(document),
+        _shapes_section(document),
         _reconcile_section(document),
         _compat_section(document),
         _scale_section(document),

@@ -385,6 +385,8 @@ class ConnectionRow:
     stop_reason: str | None = None
     last_error: str | None = None
     failures: int = 0  # crash-loop breaker count (FAILED once it reached the threshold)
+    gap_resumes: int = 0  # resumes after which the upstream skipped frames (resume: none)
+    gap_frames: int = 0  # the frames they skipped
 
     @classmethod
     def from_api(cls, view: Mapping[str, Any]) -> ConnectionRow:
@@ -401,6 +403,8 @@ class ConnectionRow:
             stop_reason=view.get("stop_reason"),
             last_error=view.get("last_error"),
             failures=int((view.get("failures") or {}).get("count") or 0),
+            gap_resumes=int((view.get("gaps") or {}).get("resumes") or 0),
+            gap_frames=int((view.get("gaps") or {}).get("frames") or 0),
         )
 
     @classmethod
@@ -420,6 +424,8 @@ class ConnectionRow:
             stop_reason=record.stop_reason,
             last_error=record.last_error,
             failures=record.failure_count,
+            gap_resumes=record.resume_gaps,
+            gap_frames=record.gap_frames,
         )
 
     @property

@@ -95,6 +95,8 @@ class DemoReport:
     audit: FleetAudit = field(default_factory=FleetAudit)
     failures: list[str] = field(default_factory=list)
     run_dir: Path | None = None
+    #: Resume-gap totals the connections report (resumes, frames): 0 with a replaying upstream.
+    gaps: tuple[int, int] = (0, 0)
     elapsed_seconds: float = 0.0
 
     @property
@@ -518,6 +520,8 @@ def _scenario(
             )
         )
     report.audit = FleetAudit(tuple(audits))
+    rows = [row for stream_id in ids if (row := snap.rows.get(stream_id)) is not None]
+    report.gaps = (sum(r.gap_resumes for r in rows), sum(r.gap_frames for r in rows))
     monitor.event(
         f"audit: produced {report.audit.produced}, stored {report.audit.stored}, "
         f"lost {report.audit.lost}, duplicated {report.audit.duplicated}"
@@ -562,6 +566,10 @@ def render_summary(report: DemoReport) -> Table:
         str(audit.duplicated),
         "",
         f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions",
+    )
+    table.add_row(
+        "resume gaps", str(report.gaps[1]), "",
+        f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)",
     )
     table.add_section()
     failures = report.failures or [f"{audit.lost} lost, {audit.duplicated} duplicated"]

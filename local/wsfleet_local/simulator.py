@@ -66,6 +66,19 @@ Hostile frames (for the worker's frame parsing, size limits and crash-loop break
         POST /_sim/streams/<id>/redirect?location=<url>  (no location turns it off)
         GET  /_sim/streams/<id>/redirects                {"served": n}
 
+Shapes (per stream, :class:`Shape`; for the worker's handshake options and resume modes)
+    ``plain`` (the default) is the above. ``header_auth`` answers a handshake with HTTP 401
+    unless it carries the configured header with the configured value (like an API that
+    wants ``Authorization: Bearer ...``). ``subscribe`` sends nothing until the client's first
+    message, a JSON object; its ``from_seq`` field (number or null) says where to resume, like
+    ``?from_seq=`` does for ``plain``. ``live_only`` ignores any ``from_seq``: every session
+    starts at the next live frame, so frames produced while nobody listened are gone (the
+    fleet must *report* that gap). Every session record keeps the handshake headers, the
+    subprotocols offered and the subscribe message received, so a test can check them::
+
+        POST /_sim/streams/<id>/shape?kind=header_auth&header=Authorization&value=Bearer%20x
+        GET  /_sim/streams/<id>/auth_rejects                 {"rejected": n}
+
 Example::
 
     async with UpstreamSimulator(rate=50) as sim:
@@ -111,6 +124,7 @@ __all__ = [
     "HostileFrame",
     "InvalidRequest",
     "SessionRecord",
+    "Shape",
     "SimulatorClient",
     "SimulatorError",
     "SimulatorThread",
@@ -191,6 +205,27 @@ def _enum_member(cls: type[_Member], value: str, what: str) -> _Member:
     except ValueError:
         valid = ", ".join(member.value for member in cls)
         raise InvalidRequest(f"unknown {what} {value!r} (expected one of: {valid})") from None
+
+
+class Shape(enum.StrEnum):
+    """How a stream talks to its clients (see the module docstring)."""
+
+    PLAIN = "plain"
+    HEADER_AUTH = "header_auth"
+    SUBSCRIBE = "subscribe"
+    LIVE_ONLY = "live_only"
+
+    @classmethod
+    def parse(cls, kind: str | Shape) -> Shape:
+        return _enum_member(cls, str(kind), "shape")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ShapeConfig:
+    shape: Shape
+    header: str = ""
+    value: str = ""
+    field: str = RESUME_PARAM  # subscribe: the message field holding the resume position
 
 
 class HostileFrame(enum.StrEnum):
@@ -357,6 +392,13 @@ class SessionRecord:
     closed_at: float | None = None
     close_code: int | str | None = None
     faults: tuple[str, ...] = ()
+    #: The opening handshake's headers (name -> value; repeated names joined with ", ").
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    subprotocols: tuple[str, ...] = ()
+    #: The first message received (``subscribe`` shape), as received.
+    subscribe: str | None = None
+    #: The handshake's raw query string (``from_seq`` and anything a client added).
+    query: str = ""
 
     @property
     def is_open(self) -> bool:
@@ -367,6 +409,7 @@ class SessionRecord:
         """JSON-ready dict (the /_sim/sessions wire format)."""
         data = dataclasses.asdict(self)
         data["faults"] = list(self.faults)
+        data["subprotocols"] = list(self.subprotocols)
         return data
 
     @classmethod
@@ -375,6 +418,7 @@ class SessionRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
         kwargs["faults"] = tuple(kwargs.get("faults", ()))
+        kwargs["subprotocols"] = tuple(kwargs.get("subprotocols", ()))
         return cls(**kwargs)
 
 
@@ -537,6 +581,8 @@ class UpstreamSimulator:
         self._redirects_served: collections.Counter[str] = collections.Counter()
         self._hostile: dict[str, collections.deque[tuple[HostileFrame, int]]] = {}
         self._poisoned: dict[str, int] = {}  # stream id -> size of every session's first frame
+        self._shapes: dict[str, _ShapeConfig] = {}  # absent: plain
+        self._auth_rejects: collections.Counter[str] = collections.Counter()
         self._hostile_ids = itertools.count(1)
         self._log: collections.deque[SessionRecord] = collections.deque(maxlen=max_sessions_logged)
         self._session_ids = itertools.count(1)
@@ -557,6 +603,8 @@ class UpstreamSimulator:
             process_request=self._process_request,
             create_connection=_SimConnection,
             compression=self._compression,
+            # Accept the first subprotocol a client offers (the offer is logged either way).
+            select_subprotocol=lambda _connection, offered: offered[0] if offered else None,
         )
 
     async def stop(self) -> None:
@@ -650,6 +698,7 @@ class UpstreamSimulator:
             "open_sessions": len(self._live.get(stream_id, ())),
             "pending_faults": [f.value for f in self._faults.get(stream_id, ())],
             "pending_rejects": self._rejects.get(stream_id, 0),
+            "shape": self.shape_of(stream_id).value,
         }
 
     def streams(self) -> dict[str, dict[str, Any]]:
@@ -704,6 +753,14 @@ class UpstreamSimulator:
             return _json_response(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         if target.stream_id in self._redirects:
             return self._redirect_response(connection, target.stream_id)
+        config = self._shapes.get(target.stream_id)
+        if (
+            config is not None
+            and config.shape is Shape.HEADER_AUTH
+            and request.headers.get(config.header) != config.value
+        ):
+            self._auth_rejects[target.stream_id] += 1
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong credential\n")
         if self._rejects.get(target.stream_id, 0) > 0:
             self._rejects[target.stream_id] -= 1
             return connection.respond(
@@ -712,6 +769,42 @@ class UpstreamSimulator:
         assert isinstance(connection, _SimConnection)
         connection.target = target
         return None
+
+    # -- shapes ------------------------------------------------------------------------------
+
+    def set_shape(
+        self,
+        stream_id: str,
+        kind: str | Shape,
+        *,
+        header: str | None = None,
+        value: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        """Give ``stream_id`` a :class:`Shape` (applies from the next handshake).
+
+        ``header_auth`` needs ``header`` and ``value``; ``subscribe`` reads the resume position
+        from the message field ``field`` (default ``from_seq``)::
+
+            sim.set_shape("s1", "header_auth", header="Authorization", value="Bearer t0k3n")
+        """
+        shape = Shape.parse(kind)
+        if shape is Shape.HEADER_AUTH and not (header and value is not None):
+            raise InvalidRequest("header_auth needs a header and a value")
+        if shape is Shape.PLAIN:
+            self._shapes.pop(stream_id, None)
+            return
+        self._shapes[stream_id] = _ShapeConfig(
+            shape, header or "", value or "", field or RESUME_PARAM
+        )
+
+    def shape_of(self, stream_id: str) -> Shape:
+        config = self._shapes.get(stream_id)
+        return Shape.PLAIN if config is None else config.shape
+
+    def auth_rejects(self, stream_id: str) -> int:
+        """Handshakes of a ``header_auth`` stream answered 401."""
+        return self._auth_rejects[stream_id]
 
     # -- redirect mode -----------------------------------------------------------------------
 
@@ -780,6 +873,17 @@ class UpstreamSimulator:
                 return ok, {"ok": True}
             case "GET", ["streams", quoted, "redirects"]:
                 return ok, {"served": self.redirects_served(urllib.parse.unquote(quoted))}
+            case "POST", ["streams", quoted, "shape"]:
+                self.set_shape(
+                    urllib.parse.unquote(quoted),
+                    _query_value(query, "kind") or "",
+                    header=_query_value(query, "header"),
+                    value=_query_value(query, "value"),
+                    field=_query_value(query, "field"),
+                )
+                return ok, {"ok": True}
+            case "GET", ["streams", quoted, "auth_rejects"]:
+                return ok, {"rejected": self.auth_rejects(urllib.parse.unquote(quoted))}
             case "POST", ["streams", quoted, "end"]:
                 stream_id = urllib.parse.unquote(quoted)
                 self.end_stream(stream_id)
@@ -852,7 +956,15 @@ class UpstreamSimulator:
         if target.stream_id not in self._streams:
             self.open_stream(target.stream_id)
         clock = self._streams[target.stream_id]
-        next_seq, gap = plan_start(target.from_seq, clock.current(self._now()), self.buffer_frames)
+        config = self._shapes.get(target.stream_id)
+        shape = Shape.PLAIN if config is None else config.shape
+        from_seq = None if shape is Shape.LIVE_ONLY else target.from_seq
+        next_seq, gap = plan_start(from_seq, clock.current(self._now()), self.buffer_frames)
+        request = connection.request
+        headers: dict[str, str] = {}
+        if request is not None:
+            for name, value in request.headers.raw_items():
+                headers[name] = f"{headers[name]}, {value}" if name in headers else value
         record = SessionRecord(
             stream_id=target.stream_id,
             session_id=next(self._session_ids),
@@ -860,6 +972,13 @@ class UpstreamSimulator:
             from_seq=target.from_seq,
             opened_at=time.time(),
             gap=gap,
+            headers=headers,
+            query=request.path.partition("?")[2] if request is not None else "",
+            subprotocols=tuple(
+                p.strip()
+                for p in headers.get("Sec-WebSocket-Protocol", "").split(",")
+                if p.strip()
+            ),
         )
         self._log.append(record)
         session = _LiveSession(record, connection, asyncio.Event())
@@ -868,8 +987,35 @@ class UpstreamSimulator:
         if connection.state is State.CLOSED:  # lost before we could hook it
             self._session_lost(session)
         with contextlib.suppress(ConnectionClosed):  # the peer left: _session_lost logged it
+            if shape is Shape.SUBSCRIBE:
+                assert config is not None
+                subscribed = await self._await_subscribe(session, clock, config.field)
+                if subscribed is None:
+                    return
+                next_seq = subscribed
             await self._stream_frames(session, clock, next_seq)
         await connection.wait_closed()
+
+    async def _await_subscribe(
+        self, session: _LiveSession, clock: StreamClock, field: str
+    ) -> int | None:
+        """``subscribe`` shape: wait for the client's JSON message; the first seq to send, or
+        None if the session ended (a message that is not a JSON object closes it, 1008)."""
+        ws, record = session.ws, session.record
+        message = await ws.recv()
+        text = message if isinstance(message, str) else message.decode("utf-8", "replace")
+        record.subscribe = text
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = None
+        wanted = payload.get(field) if isinstance(payload, dict) else "invalid"
+        if wanted is not None and (not isinstance(wanted, int) or isinstance(wanted, bool)):
+            await ws.close(1008, "subscribe: expected a JSON object with a numeric from_seq")
+            return None
+        record.from_seq = wanted
+        next_seq, record.gap = plan_start(wanted, clock.current(self._now()), self.buffer_frames)
+        return next_seq
 
     def _session_lost(self, session: _LiveSession) -> None:
         """Close the log record at the moment the socket went away, and wake the sender."""
@@ -1081,6 +1227,14 @@ class SimulatorThread:
         """Thread-safe :meth:`UpstreamSimulator.redirects_served`."""
         return self._call(self.sim.redirects_served, stream_id)
 
+    def set_shape(self, stream_id: str, kind: str | Shape, **options: str | None) -> None:
+        """Thread-safe :meth:`UpstreamSimulator.set_shape`."""
+        self._call(self.sim.set_shape, stream_id, kind, **options)
+
+    def auth_rejects(self, stream_id: str) -> int:
+        """Thread-safe :meth:`UpstreamSimulator.auth_rejects`."""
+        return self._call(self.sim.auth_rejects, stream_id)
+
     def streams(self) -> dict[str, dict[str, Any]]:
         """Thread-safe :meth:`UpstreamSimulator.streams`."""
         return self._call(self.sim.streams)
@@ -1200,6 +1354,26 @@ class SimulatorClient:
 
     def redirects_served(self, stream_id: str) -> int:
         return int(self._request("GET", f"streams/{self._quote(stream_id)}/redirects")["served"])
+
+    def set_shape(
+        self,
+        stream_id: str,
+        kind: str | Shape,
+        *,
+        header: str | None = None,
+        value: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        """Give a stream a :class:`Shape` (see :meth:`UpstreamSimulator.set_shape`)."""
+        self._request(
+            "POST", f"streams/{self._quote(stream_id)}/shape",
+            kind=str(kind), header=header, value=value, field=field,
+        )
+
+    def auth_rejects(self, stream_id: str) -> int:
+        return int(
+            self._request("GET", f"streams/{self._quote(stream_id)}/auth_rejects")["rejected"]
+        )
 
     def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
         """The session log, optionally for one stream."""

@@ -44,6 +44,7 @@ from wsfleet.lease import is_worker_alive
 from wsfleet.messages import MessageStore
 from wsfleet.record import INDEX_SHARDS, ConnectionRecord, connection_id_from_pk, connection_pk
 from wsfleet.store import DynamoDBLeaseStore, IndexEntry
+from wsfleet.upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 from wsfleet_local.procs import spawn as spawn_child
 from wsfleet_local.simulator import SimulatorThread
 
@@ -230,9 +231,16 @@ class Fleet:
         self.hints = HintSender(self.sqs, self.hint_queue_url)
 
     # -- connections ----------------------------------------------------------------------
-    def start(self, connection_id: str, ws_url: str, *, resume: bool = True) -> ConnectionRecord:
+    def start(
+        self,
+        connection_id: str,
+        ws_url: str,
+        *,
+        resume: bool = True,
+        upstream: UpstreamOptions = DEFAULT_OPTIONS,
+    ) -> ConnectionRecord:
         """What the router does for START: write the record, then hint it."""
-        result = self.store.start(connection_id, ws_url, resume=resume)
+        result = self.store.start(connection_id, ws_url, resume=resume, upstream=upstream)
         self.hints.send(Hint(result.record.pk))
         return result.record
 

@@ -516,6 +516,7 @@ EXPECTED_GRANTS = {
         ("dynamodb:Query", INDEX[OWNER_INDEX]),  # its sweep
         ("dynamodb:BatchWriteItem", "MessagesTable.Arn"),
         ("dynamodb:PutItem", "MessagesTable.Arn"),
+        ("dynamodb:Query", "MessagesTable.Arn"),  # highest stored seq at a live-only takeover
         # Only what the worker calls (HintPoller, HintSender, ControlChannel): no
         # GetQueueAttributes, GetQueueUrl or SetQueueAttributes (issue #11, finding 7).
         *{

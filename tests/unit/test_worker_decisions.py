@@ -135,7 +135,7 @@ class Logger:
         return [message for _, message, _ in self.lines]
 
 
-async def never_answers(url: str) -> Any:
+async def never_answers(url: str, **_options: Any) -> Any:
     await asyncio.Event().wait()
 
 

@@ -47,6 +47,7 @@ class WorkerConfig:
     session_queue_bytes: int = 4 * 1024 * 1024
     max_seq_jump: int = 1_000_000
     breaker_max_failures: int = 5
+    secret_cache_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("hint_wait_seconds", "control_wait_seconds"):
@@ -69,6 +70,11 @@ class WorkerConfig:
             raise ConfigurationError(
                 f"{_VARIABLE_OF_FIELD['max_seq_jump']} must be 0 (off) or more, "
                 f"got {self.max_seq_jump}"
+            )
+        if self.secret_cache_seconds < 0:
+            raise ConfigurationError(
+                f"{_VARIABLE_OF_FIELD['secret_cache_seconds']} must be 0 (off) or more, "
+                f"got {self.secret_cache_seconds}"
             )
         if self.sweep_seconds <= 0:
             raise ConfigurationError(

@@ -130,6 +130,11 @@ class MessageFlusher:
         self._write_ended = asyncio.Event()
 
     @property
+    def store(self) -> MessageStore:
+        """The messages table the flusher writes to (sessions read its highest seq)."""
+        return self._store
+
+    @property
     def queued(self) -> int:
         """Frames waiting for a batch (not counting batches being written)."""
         return len(self._frames) + len(self._retry)

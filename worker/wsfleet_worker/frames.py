@@ -19,6 +19,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
 
+from wsfleet.upstream_options import seq_at
+
 __all__ = [
     "MAX_SAFE_SEQ",
     "Frame",
@@ -116,6 +118,7 @@ def parse_frame(
     *,
     highest_seq: int = 0,
     max_seq_jump: int | None = None,
+    seq_pointer: str | None = None,
 ) -> Frame:
     """Classify one received message. Never raises, whatever ``raw`` holds.
 
@@ -132,6 +135,10 @@ def parse_frame(
     A frame failing either rule is INVALID: stored under a local key and counted, never
     dropped, and it does not move the checkpoint.
 
+    ``seq_pointer`` (a connection's ``upstream.seq_pointer``, a JSON pointer such as
+    ``/meta/seq``) reads the seq elsewhere than the top-level ``seq_field``; the frame itself
+    must still be a JSON object.
+
     >>> parse_frame('{"seq": 7, "data": "s1:7"}')
     Frame(kind=<FrameKind.SEQUENCED: 'sequenced'>, data='s1:7', seq=7, reason='')
     >>> parse_frame('{"data": "hello"}').kind, parse_frame("<<garbage>>").kind
@@ -140,6 +147,8 @@ def parse_frame(
     'bad-seq'
     >>> parse_frame('{"seq": 2000000, "data": "x"}', highest_seq=10, max_seq_jump=1000).reason
     'seq-jump'
+    >>> parse_frame('{"meta": {"n": 5}, "data": "x"}', seq_pointer="/meta/n").seq
+    5
     """
     if isinstance(raw, bytes):
         try:
@@ -157,9 +166,13 @@ def parse_frame(
     if not isinstance(payload, dict):
         return Frame(FrameKind.INVALID, text, reason="not-object")
     data = _data_of(payload, text)
-    if seq_field not in payload:
+    if seq_pointer is None:
+        found, raw_seq = seq_field in payload, payload.get(seq_field)
+    else:
+        found, raw_seq = seq_at(payload, seq_pointer)
+    if not found:
         return Frame(FrameKind.NOSEQ, data)
-    seq = _parse_seq(payload[seq_field])
+    seq = _parse_seq(raw_seq)
     if seq is None:
         return Frame(FrameKind.INVALID, data, reason="bad-seq")
     if max_seq_jump and highest_seq > 0 and seq > highest_seq + max_seq_jump:

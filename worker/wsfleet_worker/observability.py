@@ -57,6 +57,10 @@ COUNTERS = (
     "InvalidControlMessages",
     "ControlMessageFailures",
     "UnconfirmedStops",
+    "ResumeGaps",  # resumes whose first frame skipped past the checkpoint (resume none, ...)
+    "ResumeGapFrames",  # frames skipped by those resumes: what the upstream never delivered
+    "GapWriteFailures",  # gap totals that could not be stored yet (retried)
+    "CredentialFailures",  # connects whose secret could not be read (counted by the breaker)
 )
 #: Last value per interval (unit Count).
 GAUGES = ("ActiveConnections", "QueuedFrames")

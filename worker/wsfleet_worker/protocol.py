@@ -256,6 +256,9 @@ class ErrorCategory(StrEnum):
     CONNECTION_LOST = "connection_lost"  # the link died without a close frame
     CLOSED_BY_WORKER = "closed_by_worker"  # the worker closed for a protocol reason
     CRASHED = "crashed"  # a bug in the session while handling this connection
+    #: The secret the connection names could not be read or used (the worker log names the
+    #: reference and the AWS error code; the value never appears anywhere).
+    CREDENTIAL_UNAVAILABLE = "credential_unavailable"
 
 
 def last_error_text(category: ErrorCategory, code: int | None = None, reason: str = "") -> str:

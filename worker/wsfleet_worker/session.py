@@ -47,12 +47,34 @@ Abnormal upstream trouble (a dropped link, close codes other than 1000/1001, a f
 connect) does not end the session: it records ``last_error``, backs off with jitter and
 reconnects with ``from_seq = checkpoint + 1``. Frames replayed that way are recognised by the
 :class:`~wsfleet_worker.checkpoint.CheckpointTracker` (or overwrite themselves in the table).
+
+Each connect sends the connection's handshake options (:mod:`~wsfleet_worker.handshake`:
+headers, subprotocols, the credential resolved by :mod:`~wsfleet_worker.credentials`, the
+subscribe message after the handshake) and resumes as its ``resume`` mode says. A secret
+that cannot be read is a failed connect counted by the crash-loop breaker.
+
+Resume gap (issue #13). The first sequenced frame after every connect is compared with what
+the session already has: ``gap = first seq - baseline - 1``
+(:func:`wsfleet.upstream_options.resume_gap`). The baseline is the highest seq this session
+received (at the first connect: the checkpoint it acquired with). An upstream that cannot
+replay (``resume: none``, or a START with ``resume: false``) is different at a takeover: the
+previous holder may have stored frames above its checkpoint (checkpoints are written every
+CHECKPOINT_SECONDS, or never before a crash), so the session first reads the highest seq in
+the messages table and measures from there; otherwise frames that are safely stored would
+be reported lost (and a stream that crashed before its first checkpoint, baseline 0, would
+report no gap at all). Totals (gapped resumes, frames) are added to the counts the session
+acquired with and written with :meth:`~wsfleet.store.LeaseStore.note_gap`, one write at a
+time (totals, so the last one to land must be the newest), metric ``ResumeGapFrames``. The
+gap is never silently lost: pending totals are written before any checkpoint write (so no
+checkpoint passes an unrecorded gap: if this worker dies first, the next holder resumes below
+it and measures it again) and before the final write; a write that keeps failing is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,11 +95,14 @@ from wsfleet.lease import BreakerVerdict, Lease, breaker_verdict, checkpoint_due
 from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.record import ConnectionRecord
 from wsfleet.store import LeaseStore
+from wsfleet.upstream_options import ResumeMode, resume_gap
 
 from .checkpoint import CheckpointTracker
 from .config import WorkerConfig
+from .credentials import CredentialUnavailable, SecretResolver
 from .flusher import MessageFlusher, QueuedFrame
-from .frames import FrameKind, parse_frame, resume_url
+from .frames import FrameKind, parse_frame
+from .handshake import Handshake, plan_handshake
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .protocol import (
@@ -108,6 +133,9 @@ _FINAL_WRITE_BACKOFF = {"initial": 0.2, "factor": 2.0, "cap": 10.0}
 _CHECKPOINT_RETRY_MS = 5_000
 #: How often a session waiting for its last message write re-checks its lease.
 _QUIESCE_POLL_SECONDS = 0.5
+#: Backoff of a gap-totals write that failed, and how many attempts one flush makes.
+_GAP_WRITE_BACKOFF = {"initial": 0.2, "factor": 2.0, "cap": 2.0}
+_GAP_WRITE_ATTEMPTS = 5
 
 
 class Liveness(Protocol):
@@ -137,6 +165,10 @@ class SessionContext:
     connect: Connector
     clock: Clock = now_ms
     rng: random.Random = field(default_factory=random.Random)
+    #: Resolves credential references (None: a connection naming one cannot connect).
+    secrets: SecretResolver | None = None
+    #: ``highest_seq(pk)``: the highest seq stored (see the module docstring, resume gap).
+    highest_seq: Callable[[str], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +218,17 @@ class Session:
         self._verdict: BreakerVerdict | None = None  # a crash counted, not yet written
         self._failure = ""  # last_error of the failure the breaker counted last
         self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
+        options = record.upstream
+        self._seq_pointer = options.seq_pointer  # None: the fleet's SEQ_FIELD, top level
+        #: The upstream cannot replay: a takeover measures its gap from the highest seq stored.
+        self._live_only = options.resume is ResumeMode.NONE or not record.resume
+        self._stored_high: int | None = None  # read once, before the first connect
+        self._gap_baseline: int | None = None  # set at each connect until its first seq frame
+        self.gap_resumes = record.resume_gaps  # totals: the acquired counts plus this session's
+        self.gap_frames = record.gap_frames
+        self._gaps_stored = (record.resume_gaps, record.gap_frames)
+        self._gap_lock = asyncio.Lock()  # one note_gap in flight: the newest totals land last
+        self._gap_tasks: set[asyncio.Task[bool]] = set()
 
     # ------------------------------------------------------------------ identity
     @property
@@ -294,6 +337,12 @@ class Session:
             reason = self.reason = ExitReason.FAILED
             plan = exit_plan(reason)
         if plan.final_write is not FinalWrite.NONE and not self.fenced and await self._quiesce():
+            if self.gaps_pending and not await self._store_gaps() and not self.fenced:
+                self._ctx.logger.warning(
+                    "resume-gap totals not stored before the release; they are lost",
+                    extra={**self._log, "resume_gaps": self.gap_resumes,
+                           "gap_frames": self.gap_frames},
+                )
             released = await self._final_write(
                 plan.final_write, plan.stop_reason, last_seq, stopped=reason is ExitReason.STOPPED
             )
@@ -464,6 +513,9 @@ class Session:
             return
         self._checkpointing = True
         try:
+            # No checkpoint may pass a gap that is not stored (see the module docstring).
+            if self.gaps_pending and not await self._store_gaps():
+                return
             await ctx.offloader.io(ctx.leases.checkpoint, self.lease, last_seq)
         except ConnectionStopped:
             if not self._ending:
@@ -541,16 +593,23 @@ class Session:
         ctx = self._ctx
         settings = ctx.config.settings
         policy = ReconnectPolicy(rng=ctx.rng)
+        if self._live_only and self._stored_high is None:
+            await self._read_stored_high()
         while not self._done.is_set():
-            url = resume_url(
-                self.record.ws_url,
-                settings.resume_param,
-                self.tracker.resume_from(),
-                enabled=self.record.resume,
-            )
             self.state = SessionState.CONNECTING
             try:
-                ws = await ctx.connect(url)
+                handshake = await self._handshake(settings.resume_param)
+            except CredentialUnavailable as exc:
+                if await self._credential_failed(exc, policy):
+                    return
+                continue
+            try:
+                ws = await ctx.connect(
+                    handshake.url,
+                    headers=handshake.headers,
+                    subprotocols=handshake.subprotocols,
+                    origin_locked=handshake.origin_locked,
+                )
             except asyncio.CancelledError:
                 raise
             except UpstreamRefused as exc:
@@ -573,7 +632,11 @@ class Session:
             if self._done.is_set():  # finished while the handshake was in flight
                 return
             self.state = SessionState.STREAMING
+            # Every seq frame up to here is written or in flight (this session writes those).
+            self._gap_baseline = max(self.tracker.highest_received, self._stored_high or 0)
             try:
+                if handshake.subscribe is not None:
+                    await ws.send(handshake.subscribe)
                 async for raw in ws:
                     await self._on_frame(raw)
                     if policy.attempts:
@@ -608,6 +671,122 @@ class Session:
             else:
                 error = last_error_text(ErrorCategory.UPSTREAM_CLOSED, received)
             await self._upstream_trouble(error, policy)
+
+    async def _handshake(self, default_resume_param: str) -> Handshake:
+        """This connect's request; resolves the credential (CredentialUnavailable if not)."""
+        record = self.record
+        credential = record.upstream.credential
+        secret = None
+        if credential is not None:
+            if self._ctx.secrets is None:
+                raise CredentialUnavailable(credential.ref, "this worker resolves no credentials")
+            secret = await self._ctx.secrets.resolve(credential)
+        return plan_handshake(
+            record.ws_url,
+            record.upstream,
+            from_seq=self.tracker.resume_from(),
+            resume_enabled=record.resume,
+            default_resume_param=default_resume_param,
+            secret=secret,
+        )
+
+    async def _credential_failed(self, exc: CredentialUnavailable, policy: ReconnectPolicy) -> bool:
+        """An unreadable secret: a failed connect that counts toward the crash-loop breaker
+        (a secret that stays missing must not spin forever). True if the session is over."""
+        ctx = self._ctx
+        ctx.metrics.count("CredentialFailures")
+        ctx.logger.warning(
+            "upstream credential unavailable", extra={**self._log, "error": describe_error(exc)}
+        )
+        error = last_error_text(ErrorCategory.CREDENTIAL_UNAVAILABLE)
+        if self._count_failure(error, crashed=False):
+            self.finish(ExitReason.FAILED, via="breaker")
+            return True
+        await self._write_verdict()
+        if self._done.is_set():
+            return True
+        await self._upstream_trouble(error, policy, detail=describe_error(exc), noted=True)
+        return False
+
+    async def _read_stored_high(self) -> None:
+        """The highest seq already stored (live-only upstreams; see the module docstring).
+        A failed read falls back to the checkpoint: a gap may then count stored frames."""
+        ctx = self._ctx
+        if ctx.highest_seq is None:
+            return
+        try:
+            self._stored_high = await ctx.offloader.io(ctx.highest_seq, self.pk)
+        except WsfleetError as exc:
+            ctx.logger.warning(
+                "could not read the highest stored seq; the resume gap counts from the checkpoint",
+                extra={**self._log, "error": describe_error(exc)},
+            )
+            self._stored_high = 0
+
+    # ------------------------------------------------------------------ resume gap
+    def _first_frame(self, baseline: int, seq: int) -> None:
+        """The first seq frame since the last connect: count the gap (if any), write totals."""
+        self._gap_baseline = None
+        gap = resume_gap(baseline, seq)
+        if gap <= 0:
+            return
+        self.gap_resumes += 1
+        self.gap_frames += gap
+        metrics = self._ctx.metrics
+        metrics.count("ResumeGaps")
+        metrics.count("ResumeGapFrames", gap)
+        self._ctx.logger.warning(
+            "upstream resumed past the checkpoint: frames lost",
+            extra={**self._log, "gap_frames": gap, "after_seq": baseline, "first_seq": seq,
+                   "resume_gaps": self.gap_resumes, "gap_frames_total": self.gap_frames},
+        )
+        task = asyncio.get_running_loop().create_task(self._store_gaps())
+        self._gap_tasks.add(task)
+        task.add_done_callback(self._gap_tasks.discard)
+
+    @property
+    def gaps_pending(self) -> bool:
+        """Gap totals counted but not stored yet."""
+        return self._gaps_stored != (self.gap_resumes, self.gap_frames)
+
+    async def _store_gaps(self) -> bool:
+        """Write the gap totals until the stored ones are the newest; True when they are.
+
+        One write at a time (the lock): totals written out of order would go backwards. A
+        failure is retried a few times, then left pending for the next checkpoint or the
+        final write (both call this first), and logged.
+        """
+        ctx = self._ctx
+        async with self._gap_lock:
+            delays = None
+            attempts = 0
+            while self.gaps_pending:
+                if self.fenced or not self._lease_writable():
+                    return False
+                totals = (self.gap_resumes, self.gap_frames)
+                try:
+                    await ctx.offloader.io(
+                        ctx.leases.note_gap, self.lease, resumes=totals[0], frames=totals[1]
+                    )
+                except LeaseLost:
+                    if not self._ending:
+                        self.fence("note_gap")
+                    return False
+                except WsfleetError as exc:
+                    attempts += 1
+                    ctx.metrics.count("GapWriteFailures")
+                    ctx.logger.warning(
+                        "could not store the resume-gap totals; retrying",
+                        extra={**self._log, "error": describe_error(exc), "attempt": attempts,
+                               "resume_gaps": totals[0], "gap_frames": totals[1]},
+                    )
+                    if attempts >= _GAP_WRITE_ATTEMPTS:
+                        return False
+                    delays = delays or backoff(**_GAP_WRITE_BACKOFF, rng=ctx.rng)
+                    await asyncio.sleep(next(delays))
+                    continue
+                self._gaps_stored = totals
+            return True
 
     async def _refused(self, exc: UpstreamRefused) -> None:
         """SSRF guard (issue #11): note why on the record, then stop the connection for good.
@@ -725,9 +904,12 @@ class Session:
             ctx.config.settings.seq_field,
             highest_seq=self.tracker.highest_received,
             max_seq_jump=ctx.config.max_seq_jump,
+            seq_pointer=self._seq_pointer,
         )
         if frame.kind is FrameKind.SEQUENCED:
             assert frame.seq is not None
+            if self._gap_baseline is not None:
+                self._first_frame(self._gap_baseline, frame.seq)
             if not self.tracker.accept(frame.seq):
                 ctx.metrics.count("DuplicateFrames")
                 return

@@ -23,6 +23,12 @@ SSRF guard (issue #11). The router judged the URL text; the worker judges what i
   still names it. Environment proxies (``HTTPS_PROXY``) are not used: through a proxy the
   proxy resolves the name and nothing here could check it.
 
+Handshake options (issue #13): extra headers and subprotocols go into the opening handshake.
+A connect carrying a credential (``origin_locked``) additionally refuses a redirect to another
+origin (scheme, host or port): websockets sends the same headers to the redirect target, so
+following it would hand the secret to whoever the upstream points at. The guard's own checks
+apply to every connect and every hop whatever the options.
+
 A refusal raises :class:`wsfleet.exceptions.UpstreamRefused`.
 
 Errors: :func:`is_permanent` separates URLs that can never work from transient failures.
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import re
 import socket
 import ssl
@@ -51,6 +58,8 @@ from wsfleet.upstream import (
     validate_ws_url,
 )
 
+from .handshake import same_origin
+
 __all__ = [
     "Connector",
     "Resolver",
@@ -60,7 +69,8 @@ __all__ = [
     "system_resolver",
 ]
 
-Connector = Callable[[str], Awaitable[ClientConnection]]
+#: ``connect(url, *, headers=(), subprotocols=(), origin_locked=False)``.
+Connector = Callable[..., Awaitable[ClientConnection]]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: ``resolve(host, port) -> addresses``; injectable so tests never touch real DNS.
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
@@ -95,12 +105,14 @@ class _GuardedConnect(connect):
         resolver: Resolver,
         allowed_hosts: tuple[str, ...],
         allow_insecure: bool,
+        origin_locked: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(url, proxy=None, **kwargs)
         self._resolver = resolver
         self._allowed_hosts = allowed_hosts
         self._allow_insecure = allow_insecure
+        self._origin = url if origin_locked else None
         self._hops = 0
 
     def process_redirect(self, exc: Exception) -> Exception | str:
@@ -120,6 +132,11 @@ class _GuardedConnect(connect):
             )
         except InvalidUpstreamUrl as refusal:
             return UpstreamRefused(f"{refusal} (to {redact_url(target)})")
+        if self._origin is not None and not same_origin(self._origin, target):
+            return UpstreamRefused(
+                "redirect refused: a connection carrying a credential is not redirected to "
+                f"another origin (to {redact_url(target)})"
+            )
         if isinstance(outcome, Exception):  # websockets' own refusal (e.g. a TLS downgrade)
             return UpstreamRefused(f"redirect refused: {describe_error(outcome)}")
         return outcome
@@ -185,7 +202,19 @@ def make_connector(
         ws = await connect("wss://feed.example/v1?token=...")
     """
 
-    async def open_connection(url: str) -> ClientConnection:
+    # websockets logs every handshake header (and the request path, query included) at DEBUG;
+    # a credential rides in them (issue #13), so that logger never goes below INFO, whatever
+    # the worker's log level.
+    client_log = logging.getLogger("websockets.client")
+    client_log.setLevel(max(client_log.getEffectiveLevel(), logging.INFO))
+
+    async def open_connection(
+        url: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        subprotocols: Sequence[str] = (),
+        origin_locked: bool = False,
+    ) -> ClientConnection:
         try:
             validate_ws_url(url, allowed_hosts=allowed_hosts, allow_insecure=allow_insecure)
         except InvalidUpstreamUrl as exc:
@@ -196,11 +225,16 @@ def make_connector(
         options: dict[str, Any] = {}
         if url.lower().startswith("wss:"):
             options["ssl"] = _tls_context()
+        if headers:
+            options["additional_headers"] = list(headers)
+        if subprotocols:
+            options["subprotocols"] = list(subprotocols)
         return await _GuardedConnect(
             url,
             resolver=resolver,
             allowed_hosts=allowed_hosts,
             allow_insecure=allow_insecure,
+            origin_locked=origin_locked,
             compression=None,
             max_size=max_frame_bytes,
             max_queue=max_queue,

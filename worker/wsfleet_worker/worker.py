@@ -84,6 +84,7 @@ from wsfleet.store import LeaseStore
 from . import health
 from .config import WorkerConfig
 from .control_channel import ControlChannel
+from .credentials import SecretResolver
 from .flusher import MessageFlusher
 from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
@@ -213,6 +214,8 @@ class Worker:
             connect=connector,
             clock=clock,
             rng=random.Random(),
+            secrets=SecretResolver(offloader.io, ttl_seconds=config.secret_cache_seconds),
+            highest_seq=flusher.store.highest_seq,
         )
         self._background: dict[str, asyncio.Task[None]] = {}
         self._stop = asyncio.Event()

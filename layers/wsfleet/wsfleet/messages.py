@@ -513,6 +513,29 @@ class MessageStore:
         return backoff(initial=self._backoff_initial, cap=self._backoff_cap, rng=self._rng)
 
     # ------------------------------------------------------------------ reads
+    def highest_seq(self, pk: str) -> int:
+        """The highest seq stored for one connection (0 if none): one strongly consistent
+        Query, newest sequence key first, ``Limit=1`` (frame markers count: they record it).
+
+        A worker taking over a connection whose upstream cannot replay asks this once: the
+        frames the previous holder stored above its checkpoint are not lost, so the resume
+        gap is measured from here (see ``wsfleet_worker.session``).
+        """
+        try:
+            response = self._client.query(
+                TableName=self.table_name,
+                KeyConditionExpression="pk = :pk AND sk < :local",
+                ExpressionAttributeValues={":pk": {"S": pk}, ":local": {"S": LOCAL_SK_PREFIX}},
+                ScanIndexForward=False,
+                Limit=1,
+                ConsistentRead=True,
+                ProjectionExpression="sk",
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
+        items = response.get("Items") or []
+        return int(items[0]["sk"]["S"]) if items else 0
+
     def read_all(
         self, pk: str, *, consistent: bool = True, attributes: Sequence[str] = ()
     ) -> list[dict[str, Any]]:

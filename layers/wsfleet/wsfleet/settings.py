@@ -171,6 +171,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
            "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
            "FAILED. 0 turns the breaker off.", "worker", scope="worker"),
+    EnvVar("WORKER_SECRET_CACHE_SECONDS", "secret_cache_seconds", "60",
+           "How long a worker reuses a resolved upstream credential (Secrets Manager / SSM "
+           "SecureString) before reading it again at the next connect: a rotated secret is "
+           "picked up within this. 0 reads it at every connect.", "worker", scope="worker"),
 )
 
 
