@@ -365,6 +365,8 @@ class _Chaos:
     def _poison(self) -> None:
         """Poison bodies to the hint queue and every running worker's control queue, and a
         forged STOP (the stream's current epoch, so only the record can tell) to each."""
+        from botocore.exceptions import ClientError
+
         from wsfleet.control import StopCommand, control_queue_name
         from wsfleet.record import connection_pk
 
@@ -395,11 +397,18 @@ class _Chaos:
             if held:
                 victim = self.poison_rng.choice(held)
                 epoch = records[victim].lease_epoch
+                try:
+                    sqs.send_message(
+                        QueueUrl=url, MessageBody=StopCommand(connection_pk(victim), epoch).body()
+                    )
+                except ClientError as exc:
+                    # The queue went between get_queue_url and here (the worker drained, or the
+                    # janitor removed a dead worker's queue): nothing was forged, nothing to judge.
+                    code = exc.response.get("Error", {}).get("Code")
+                    self.log(f"forged STOP of {victim} not sent ({code})")
+                    continue
                 self.protected.add(victim)
                 self.forged.append(ForgedStop(victim, slot.worker_id, epoch))
-                sqs.send_message(
-                    QueueUrl=url, MessageBody=StopCommand(connection_pk(victim), epoch).body()
-                )
                 targets.append(f"{victim}@{epoch}")
         self.log(
             f"poison: {len(POISON_BODIES)} bodies to the hint queue and "
