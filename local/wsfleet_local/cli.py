@@ -126,7 +126,7 @@ def _print_usage(fleet: Any) -> None:
     where = [
         f"REST API      [bold]{api}[/bold]",
         f"upstream      {sim}/<stream_id>  (simulator control: {control})",
-        f"DynamoDB/SQS  {fleet.endpoint_url}",
+        f"DynamoDB/SQS  {fleet.endpoint_url}  (also Secrets Manager/SSM: secrets under wsfleet/)",
         f"tables        {fleet.resources.connections_table}, {fleet.resources.messages_table}",
         f"workers       {workers or 'none'}",
         f"logs          {fleet.run_dir}",

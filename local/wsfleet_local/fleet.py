@@ -67,7 +67,7 @@ from .procs import ChildProcess, spawn
 from .runtime import FunctionProcess
 from .scheduler import ReconcileScheduler
 from .simulator import SimulatorClient
-from .stack import FunctionSpec, StackResolver, StackSpec, read_stack
+from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, read_stack
 from .streams import StreamPoller
 
 __all__ = ["FleetError", "FleetTimings", "LocalFleet", "WorkerSlot"]
@@ -164,6 +164,19 @@ class WorkerSlot:
 
 
 Progress = Callable[[str], None]
+
+
+def local_secret_prefixes(region: str) -> tuple[str, str]:
+    """The secrets a local fleet's STARTs may name by reference: ``wsfleet/`` in the embedded
+    backend's Secrets Manager and SSM (a deployment names its own with UpstreamSecretPrefix).
+
+    >>> local_secret_prefixes("us-east-1")[0]
+    'arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/'
+    """
+    return (
+        f"arn:aws:secretsmanager:{region}:{LOCAL_ACCOUNT_ID}:secret:wsfleet/",
+        f"arn:aws:ssm:{region}:{LOCAL_ACCOUNT_ID}:parameter/wsfleet/",
+    )
 
 
 class LocalFleet:
@@ -370,6 +383,7 @@ class LocalFleet:
             "MaxConnectionsPerTask": t.max_connections,
             "AllowedUpstreamHosts": "127.0.0.1,localhost",
             "AllowInsecureWs": "true",
+            "UpstreamSecretPrefix": ",".join(local_secret_prefixes(self.resources.region)),
             "Stage": self.stage,
         }
 

@@ -147,6 +147,37 @@ def test_cli_start_status_stop_against_the_local_api(fleet):
     assert missing.returncode == 1 and "404" in missing.stderr
 
 
+def test_a_secret_by_reference_reaches_the_upstream_on_the_local_fleet(fleet):
+    # GIVEN a secret under the local fleet's prefix (wsfleet/ in the embedded Secrets Manager)
+    # and an upstream that refuses the handshake without it
+    secrets = boto3.client(
+        "secretsmanager", endpoint_url=fleet.state["endpoint_url"], region_name="us-east-1"
+    )
+    arn = secrets.create_secret(Name="wsfleet/local-key", SecretString="local-tok-42")["ARN"]
+    fleet.simulator.set_shape("t4", "header_auth", header="X-Api-Key", value="local-tok-42")
+
+    # WHEN a START names it by reference
+    status, view = call(
+        "PUT",
+        f"{fleet.api}/connections/t4",
+        {
+            "ws_url": fleet.simulator.url_for("t4"),
+            "upstream": {"credential": {"ref": arn, "header": "X-Api-Key"}},
+        },
+    )
+
+    # THEN the router accepts it, the upstream gets the value and frames flow; the API shows
+    # only the reference
+    assert status == 201, view
+    wait_until(lambda: len(fleet.messages("t4")) >= 3, message="frames from the keyed upstream")
+    sent = [s.headers.get("X-Api-Key") for s in fleet.simulator.sessions("t4")]
+    assert "local-tok-42" in sent
+    status, view = call("GET", f"{fleet.api}/connections/t4")
+    assert view["upstream"]["credential"]["ref"] == arn
+    assert "local-tok-42" not in json.dumps(view)
+    call("DELETE", f"{fleet.api}/connections/t4")
+
+
 def port_is_free(port: int) -> bool:
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignores TIME_WAIT only

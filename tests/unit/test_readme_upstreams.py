@@ -30,6 +30,7 @@ from wsfleet.upstream_options import (
 )
 from wsfleet_local.cli import app
 from wsfleet_local.client import build_upstream
+from wsfleet_local.fleet import local_secret_prefixes
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -90,8 +91,16 @@ def test_every_start_body_is_accepted(body: dict[str, Any]) -> None:
 def test_the_prefixes_the_examples_need_are_the_ones_the_section_deploys() -> None:
     assert f"UpstreamSecretPrefix={PREFIXES[0]}" in SECTION
     # and the references of the examples are under them (the router would refuse others)
-    refs = re.findall(r"arn:aws:(?:secretsmanager|ssm):[^\"' ]+", SECTION)
-    assert refs and all(ref.startswith(PREFIXES) for ref in refs)
+    refs = re.findall(r"arn:aws:(?:secretsmanager|ssm):[^\"'` ]+", SECTION)
+    local = local_secret_prefixes("us-east-1")
+    examples = [ref for ref in refs if ref not in local]
+    assert examples and all(ref.startswith(PREFIXES) for ref in examples)
+
+
+def test_the_local_prefixes_the_section_names_are_the_local_fleets() -> None:
+    # what `wsfleet local up` accepts (its UpstreamSecretPrefix) is what the README says
+    for prefix in local_secret_prefixes("us-east-1"):
+        assert f"`{prefix}`" in SECTION
 
 
 def cli_lines() -> list[str]:
