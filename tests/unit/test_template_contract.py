@@ -802,8 +802,9 @@ WORKER_CONNECTION_ATTRIBUTES = {
     "updated_at_ms",
 }
 WORKER_ITEM_ATTRIBUTES = {
-    "pk", "capacity", "connection_count", "control_queue_url", "dead_at_ms", "expires_at_ms",
-    "heartbeat_at_ms", "started_at_ms", "worker_id", "worker_index",
+    "pk", "capacity", "connection_count", "container_runtime_id", "control_queue_url",
+    "dead_at_ms", "expires_at_ms", "heartbeat_at_ms", "started_at_ms", "task_arn", "worker_id",
+    "worker_index",
 }
 
 
