@@ -130,3 +130,36 @@ def test_a_retired_worker_is_already_dead(store, clock):
     # THEN the exit finds it dead and leaves the item as the retirement wrote it
     assert store.kill_exited_worker("w1", stop(clock)) is ExitKill.ALREADY_DEAD
     assert store.get_worker("w1", consistent=True) == retired
+
+
+def test_the_kill_names_only_attributes_the_task_exit_role_may_write(aws, clock):
+    # GIVEN a store whose requests are recorded (the IAM contract: template.yaml's list)
+    from pathlib import Path
+
+    from test_worker_iam_contract import request_attributes
+
+    from wsfleet_local.backend import load_template
+
+    client = dynamodb_client()
+    requests: list[dict[str, Any]] = []
+    client.meta.events.register(
+        "provide-client-params.dynamodb.UpdateItem",
+        lambda params, **_: requests.append(dict(params)),
+    )
+    store = DynamoDBLeaseStore(client, aws.connections_table, lease_ms=LEASE_MS, clock=clock)
+    register(store, clock, "w1", task_arn=TASK, container_runtime_id="rt-1")
+    # WHEN it kills, with and without a runtime id
+    assert store.kill_exited_worker("w1", stop(clock)) is ExitKill.KILLED
+    assert store.kill_exited_worker("w1", stop(clock, runtime_id=None)) is ExitKill.ALREADY_DEAD
+    # THEN every request stays within the role's attribute list
+    role = load_template(Path(__file__).resolve().parents[2] / "template.yaml")["Resources"][
+        "TaskExitRole"
+    ]["Properties"]
+    (kill,) = [
+        s for p in role["Policies"] for s in p["PolicyDocument"]["Statement"]
+        if s["Sid"] == "KillExitedWorkers"
+    ]  # fmt: skip
+    allowed = set(kill["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"])
+    assert len(requests) == 2
+    assert all(request_attributes(r) <= allowed for r in requests)
+    assert set().union(*(request_attributes(r) for r in requests)) == allowed
