@@ -478,6 +478,8 @@ def _targets(document: dict[str, Any]) -> str:
                 label, issue = "crash failover from the task exit event p99 <= 2 s", " (#14 target)"
             elif group == "crash":
                 label = "crash failover p99 <= lease + 1 s"
+                if issue and r.get("profile") == "default":
+                    issue = " (#14 lease-bound baseline)"
             if "seconds" in r:
                 rows.append([f"{label}{issue}", name, f"p99 {r['seconds']['p99']:.2f} s "
                              f"(lease {r['settings']['lease_seconds']:g} s, K = {k}, {on})",
