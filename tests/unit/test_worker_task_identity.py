@@ -79,3 +79,30 @@ def test_hostile_documents_give_no_identity(container):
 def test_a_non_http_endpoint_is_refused():
     with pytest.raises(MetadataError, match="not an http URL"):
         discover({"ECS_CONTAINER_METADATA_URI_V4": "file:///etc/passwd"})
+
+
+def test_the_worker_id_names_the_task_unless_set(monkeypatch):
+    from wsfleet.settings import Settings
+    from wsfleet_worker import task_identity
+    from wsfleet_worker.config import WorkerConfig
+    from wsfleet_worker.worker import in_task
+
+    config = WorkerConfig(settings=Settings(worker_id="ip-10-0-1-2-7-abc"))
+    monkeypatch.setattr(task_identity, "_get_json", lambda url: CONTAINER)
+    env = {"ECS_CONTAINER_METADATA_URI_V4": BASE}
+    # GIVEN a task: the id names it and the identity is kept for the worker item
+    named = in_task(config, env)
+    assert named.settings.worker_id == "0123abcd.ip-10-0-1-2-7-abc"
+    assert named.task == TaskIdentity(TASK, "0123abcd-1234567890", "worker")
+    # AND an explicit WORKER_ID is kept as is (the identity still goes to the item)
+    explicit = in_task(config, {**env, "WORKER_ID": "ip-10-0-1-2-7-abc"})
+    assert explicit.settings.worker_id == "ip-10-0-1-2-7-abc" and explicit.task is not None
+    # AND outside ECS, or with an endpoint that fails, the config is unchanged
+    assert in_task(config, {}) == config
+
+    def refuse(url: str) -> None:
+        raise OSError("refused")
+
+    monkeypatch.setattr(task_identity, "_get_json", refuse)
+    monkeypatch.setattr(task_identity.time, "sleep", lambda _: None)
+    assert in_task(config, env) == config
