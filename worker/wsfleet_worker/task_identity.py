@@ -99,8 +99,8 @@ def _get_json(url: str) -> Any:
 def discover(
     environ: Mapping[str, str],
     *,
-    fetch: Fetch = _get_json,
-    sleep: Callable[[float], None] = time.sleep,
+    fetch: Fetch | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> TaskIdentity | None:
     """The identity from the metadata endpoint, or None outside ECS.
 
@@ -112,6 +112,8 @@ def discover(
         return None
     if not base.startswith(("http://", "https://")):
         raise MetadataError(f"{METADATA_VARIABLE} is not an http URL")
+    fetch = fetch or _get_json
+    sleep = sleep or time.sleep
     error: Exception | None = None
     for attempt in range(_ATTEMPTS):
         if attempt:
