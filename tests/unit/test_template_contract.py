@@ -319,7 +319,8 @@ def test_task_exit_rule_takes_the_worker_clusters_stopped_containers(
     # THEN the rule's name is what the DLQ's policy lets send, and both DLQs are the one queue
     dead_letters = {"Fn::GetAtt": ["TaskExitDeadLetterQueue", "Arn"]}
     assert rule["DeadLetterConfig"] == {"Arn": dead_letters}
-    assert function["DeadLetterQueue"] == {"Type": "SQS", "TargetArn": dead_letters}
+    on_failure = function["EventInvokeConfig"]["DestinationConfig"]["OnFailure"]
+    assert on_failure == {"Type": "SQS", "Destination": dead_letters}
     assert rule["RetryPolicy"]["MaximumRetryAttempts"] >= 1
     assert function["EventInvokeConfig"]["MaximumRetryAttempts"] >= 1
     (sender,) = props(resources, "TaskExitDeadLetterQueuePolicy")["PolicyDocument"]["Statement"]
@@ -536,7 +537,7 @@ EXPECTED_GRANTS = {
         ("dynamodb:BatchGetItem", TABLE),
         ("dynamodb:UpdateItem", TABLE),
         ("sqs:SendMessage", "HintQueue.Arn"),
-        ("sqs:SendMessage", "TaskExitDeadLetterQueue.Arn"),  # Lambda's async DLQ
+        ("sqs:SendMessage", "TaskExitDeadLetterQueue.Arn"),  # on-failure destination
     },
     "WorkerTaskRole": {
         # No DeleteItem: a worker retires its item; the reconciler deletes it later.
