@@ -374,11 +374,11 @@ def run_disruption(
         result["target_met"] = stats.p99 <= target if kind == "crash" else stats.p99 < target
         if task_events:
             killed = store_worker(fleet, victim.worker_id)
-            # The victim died by the exit event's write (before its lease ran out), not by a
-            # peer's kill of an expired lease: the event, not the lease, made this figure.
+            # The victim died by the exit event's write (before its last renewal's lease ran
+            # out), not by a peer's kill of an expired lease: the event made this figure.
             result["killed_by_exit_event"] = bool(
                 killed and killed.dead_at_ms is not None
-                and killed.dead_at_ms < killed.expires_at_ms
+                and killed.dead_at_ms < killed.heartbeat_at_ms + lease * 1000
             )
         result["owners_after"] = sorted(owners_after)
         result["audit"] = audit(fleet, ids)

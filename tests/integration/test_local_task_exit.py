@@ -42,11 +42,11 @@ def test_a_crashed_worker_fails_over_from_its_exit_event(tmp_path, monkeypatch):
         fleet.kill_worker(0, signal.SIGKILL)
 
         # THEN the peer holds the connection, and w0 was killed by the exit event: dead
-        # before its lease expired, with the hint claim the task exit write sets
+        # before its last renewal's lease ran out, with the hint claim the task exit write sets
         wait_until(lambda: store.get(pk).lease_owner == peer.worker_id,
                    message="the peer to take x1 over", timeout=60)  # fmt: skip
         dead = store.get_worker("w0", consistent=True)
         assert dead is not None and dead.dead_at_ms is not None
-        assert dead.dead_at_ms < dead.expires_at_ms
-        assert dead.hinted_at_ms == dead.dead_at_ms
+        assert dead.dead_at_ms < dead.heartbeat_at_ms + fleet.timings.lease_seconds * 1000
+        assert dead.hinted_at_ms == dead.dead_at_ms == dead.expires_at_ms
         assert fleet.task_watcher is not None and fleet.task_watcher.published >= 1

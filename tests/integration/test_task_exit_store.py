@@ -75,11 +75,11 @@ def test_the_exit_kills_the_incarnation_and_a_peer_takes_over_at_once(store, clo
     clock.advance(1_000)
     # WHEN the exit of T's worker container is applied
     assert store.kill_exited_worker("w1", stop(clock)) is ExitKill.KILLED
-    # THEN w1 is dead now (its expiry claimed for hinting), it can never renew, and w2 takes
-    # the connection without waiting for the lease
+    # THEN w1's lease is over now (dead, expired, that expiry claimed for hinting), it can
+    # never renew, and w2 takes the connection without waiting for the lease
     dead = store.get_worker("w1", consistent=True)
-    assert (dead.dead_at_ms, dead.hinted_at_ms) == (clock.now, clock.now)
-    assert dead.hinted_expiry_ms == dead.expires_at_ms
+    assert (dead.dead_at_ms, dead.expires_at_ms) == (clock.now, clock.now)
+    assert (dead.hinted_expiry_ms, dead.hinted_at_ms) == (clock.now, clock.now)
     with pytest.raises(WorkerDead):
         store.renew_worker("w1", expires_at_ms=clock.now + LEASE_MS, connection_count=1)
     taken = store.acquire(pk, "w2")

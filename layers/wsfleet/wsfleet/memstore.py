@@ -342,11 +342,11 @@ class InMemoryLeaseStore(LeaseStore):
         def condition(old: _Item) -> bool:
             return _alive_item(old) and ran_in(WorkerRecord.from_item(old), stop)
 
-        with self._lock:  # the new values read the item (hinted_expiry_ms = expires_at_ms)
+        with self._lock:  # the condition reads the item as a record: one step, as in DynamoDB
             old = self._items.get(worker_pk(worker_id))
             if old is None or not condition(old):
                 return exit_kill_outcome(WorkerRecord.from_item(old) if old else None, stop)
-            old.update(dead_at_ms=now, hinted_expiry_ms=old.get("expires_at_ms"), hinted_at_ms=now)
+            old.update(dead_at_ms=now, expires_at_ms=now, hinted_expiry_ms=now, hinted_at_ms=now)
         return ExitKill.KILLED
 
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:

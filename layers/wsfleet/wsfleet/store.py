@@ -496,9 +496,10 @@ class LeaseStore(ABC):
 
         One conditional write, fenced by :func:`wsfleet.task_exit.ran_in` (the item names the
         stopped task, and that container's runtime id or a start no later than the stop) and
-        by ``attribute_not_exists(dead_at_ms)``. It also claims the reconciler's hinting of
-        this expiry (``hinted_expiry_ms``/``hinted_at_ms``), since the caller hints the
-        worker's connections itself. A refusal says why (:class:`~wsfleet.task_exit.ExitKill`).
+        by ``attribute_not_exists(dead_at_ms)``. Like a retirement it ends the lease now
+        (``dead_at_ms = expires_at_ms = now``), and it claims the reconciler's hinting of that
+        expiry (``hinted_expiry_ms``/``hinted_at_ms``), since the caller hints the worker's
+        connections itself. A refusal says why (:class:`~wsfleet.task_exit.ExitKill`).
         """
 
     @abstractmethod
@@ -1005,7 +1006,8 @@ class DynamoDBLeaseStore(LeaseStore):
                 "update_item",
                 Key=_dump({"pk": worker_pk(worker_id)}),
                 UpdateExpression=(
-                    "SET dead_at_ms = :now, hinted_expiry_ms = expires_at_ms, hinted_at_ms = :now"
+                    "SET dead_at_ms = :now, expires_at_ms = :now, hinted_expiry_ms = :now, "
+                    "hinted_at_ms = :now"
                 ),
                 ConditionExpression=(
                     "attribute_exists(pk) AND attribute_not_exists(dead_at_ms) "
