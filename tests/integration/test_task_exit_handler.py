@@ -106,3 +106,26 @@ def test_every_incarnation_of_the_stopped_container_dies_and_only_those(aws, inv
         ]
     ]
     assert sorted(bodies) == ["CONN#a", "CONN#b", "CONN#c"]
+
+
+def test_many_connections_are_hinted_in_parallel_chunks(aws, invoke):
+    # GIVEN the stopped container's incarnation owning more connections than one chunk
+    store = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table)
+    detail = SAMPLE["detail"]
+    register(store, "w1", task_arn=detail["taskArn"],
+             container_runtime_id=detail["containers"][0]["runtimeId"])  # fmt: skip
+    module = load_function("task_exit")
+    count = module.HINT_CHUNK + 7
+    for i in range(count):
+        store.start(f"m{i:03d}", "wss://up.example/s")
+        store.acquire(f"CONN#m{i:03d}", "w1")
+    # WHEN the exit event arrives
+    report = invoke(SAMPLE)
+    # THEN every connection is hinted, once
+    assert (report["killed"], report["hints_sent"]) == (["w1"], count)
+    sqs = boto3.client("sqs")
+    seen: list[str] = []
+    while batch := sqs.receive_message(QueueUrl=aws.hint_queue_url, MaxNumberOfMessages=10,
+                                       VisibilityTimeout=60).get("Messages", []):  # fmt: skip
+        seen += [json.loads(m["Body"])["pk"] for m in batch]
+    assert sorted(seen) == [f"CONN#m{i:03d}" for i in range(count)]
