@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -94,6 +95,9 @@ class ExitReport:
     spared: list[str] = field(default_factory=list)
     hints_sent: int = 0
     error: str | None = None
+    #: Where the time went: finding the incarnations, killing them, reading and hinting
+    #: their connections (ms, monotonic).
+    phases_ms: dict[str, int] = field(default_factory=dict)
 
 
 class TaskExitHandler:
@@ -118,8 +122,17 @@ class TaskExitHandler:
         if stop is None:
             return ExitReport("not_stopped", change.task_arn, change.version)
         report = ExitReport("nothing_to_do", stop.task_arn, stop.version, stop.exit_code)
+        started = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal started
+            now = time.monotonic()
+            report.phases_ms[name] = round((now - started) * 1000)
+            started = now
+
         ids, _ = candidate_worker_ids(self.store.list_worker_ids(), stop.task_arn)
         workers = self.store.get_workers(ids) if ids else {}
+        phase("find")
         for worker in sorted(workers.values(), key=lambda w: w.worker_id):
             if not ran_in(worker, stop):
                 continue
@@ -130,14 +143,17 @@ class TaskExitHandler:
                 report.already_dead.append(worker.worker_id)
             else:
                 report.spared.append(worker.worker_id)
+        phase("kill")
         hints = [
             Hint(entry.pk, entry.epoch)
             for worker_id in (*report.killed, *report.already_dead)
             for entry in self.store.owned_by(worker_id)
             if entry.desired_state in _NEEDS_OWNER
         ]
+        phase("owned")
         failed = self._send(hints)
         report.hints_sent = len(hints) - len(failed)
+        phase("hint")
         if report.killed or report.hints_sent:
             report.outcome = "failed_over"
         if failed:
