@@ -67,10 +67,11 @@ __all__ = ["ExitReport", "HintsNotSent", "TaskExitHandler", "handler", "lambda_h
 
 #: Desired states that still need an owner (a STOPPED connection needs nobody).
 _NEEDS_OWNER = (DesiredState.STARTED, None)
-#: Hints per SendMessageBatch chunk sent in parallel: a worker with a thousand connections is
-#: 100 batches; sent four at a time, the last peers hear of it sooner (SQS latency bound).
-HINT_CHUNK = 50
-SEND_THREADS = 4
+#: Hints are sent one SendMessageBatch (10) per task, SEND_THREADS at a time: sending is the
+#: longest phase (a worker with a thousand connections is 100 batches), bound by SQS latency,
+#: not CPU, so in parallel the last peers hear of the crash sooner.
+HINT_CHUNK = 10
+SEND_THREADS = 8
 
 logger = Logger()
 metrics = Metrics()
