@@ -67,10 +67,12 @@ def _steps(quick: bool) -> list[Step]:
     steps.append(Step("cost", "coordination-cost-1000", lambda d: run_coordination_cost(
         run_dir=d, connections=1000, factor=2.5, checkpoint_periods=1)))
 
-    def disruption(kind: str, k: int, profile: str, rate: float, dynamodb: str = "moto") -> Step:
-        suffix = "" if dynamodb == "moto" else f"-{dynamodb}"
+    def disruption(kind: str, k: int, profile: str, rate: float, dynamodb: str = "moto",
+                   exit_event: bool = False) -> Step:
+        suffix = ("" if dynamodb == "moto" else f"-{dynamodb}") + ("-exit" if exit_event else "")
         return Step(kind, f"{kind}-{profile}-{k}{suffix}", lambda d: run_disruption(
-            kind, connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb))
+            kind, connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb,
+            task_events=exit_event))
 
     crash = functools.partial(disruption, "crash")
     handoff = functools.partial(disruption, "handoff")
@@ -98,7 +100,11 @@ def _steps(quick: bool) -> list[Step]:
         # code, without the serialised moto server in the way (skipped without node).
         if dynalite_available():
             steps += [crash(100, Profile.SHORT, 1.0, "dynalite"),
-                      handoff(100, Profile.DEFAULT, 1.0, "dynalite")]
+                      handoff(100, Profile.DEFAULT, 1.0, "dynalite"),
+                      # issue #14: the lease-bound crash at a 20 s lease, and the same crash
+                      # failed over from the task exit event
+                      crash(100, Profile.DEFAULT, 1.0, "dynalite"),
+                      crash(100, Profile.DEFAULT, 1.0, "dynalite", exit_event=True)]
         steps.append(Step("cost", "request-cost", lambda d: run_request_cost(
             run_dir=d, phases=[(10, 1.0), (20, 5.0), (50, 20.0)], window_seconds=20)))
         steps.append(Step("cost", "request-cost-flush-250ms", lambda d: run_request_cost(

@@ -52,7 +52,9 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
                          _s(s["p50"]), _s(s["p95"]), _s(s["p99"]), _s(s["max"]),
                          r.get("target") or r.get("bound"), _met(r.get("target_met"))])  # fmt: skip
         else:
-            rows.append([r["connections"], st.get("dynamodb", "moto"),
+            exit_event = " + exit event" if st.get("task_exit_events") else ""
+            on = st.get("dynamodb", "moto") + exit_event
+            rows.append([r["connections"], on,
                          f"{st['lease_seconds']:g} / {st['heartbeat_seconds']:g}",
                          st["frames_per_second_per_stream"], _s(s["p50"]), _s(s["p95"]),
                          _s(s["p99"]), _s(s["max"]),
@@ -498,6 +500,12 @@ def _targets(document: dict[str, Any]) -> str:
             on = r.get("settings", {}).get("dynamodb", "moto")
             k = r.get("connections")
             issue = " (#12 target)" if on == "dynalite" and k == 100 else ""
+            if r.get("settings", {}).get("task_exit_events"):
+                label, issue = "crash failover from the task exit event p99 <= 2 s", " (#14 target)"
+            elif group == "crash":
+                label = "crash failover p99 <= lease + 1 s"
+                if issue and r.get("profile") == "default":
+                    issue = " (#14 lease-bound baseline)"
             if "seconds" in r:
                 rows.append([f"{label}{issue}", name, f"p99 {r['seconds']['p99']:.2f} s "
                              f"(lease {r['settings']['lease_seconds']:g} s, K = {k}, {on})",
@@ -668,7 +676,10 @@ def render(document: dict[str, Any]) -> str:
             "connection items have no expiry in v2); the reconciler's early hints land in the "
             "lease's last second (SQS DelaySeconds is whole seconds, rounded down) and the peers "
             "that receive them take over at the expiry. Issue #12's target is the K = 100 run "
-            "on dynalite tables.",
+            "on dynalite tables. Rows marked *+ exit event* (issue #14) deliver the killed "
+            "process's ECS task state change event to the task exit function, as the template's "
+            "EventBridge rule does: it kills the worker lease at once (a fenced write) and hints "
+            "every connection, so peers take over without waiting for the lease.",
             _results(document, "crash"), kind="failover"),
         _latency_section(
             "## 2. Graceful hand-off (SIGTERM a worker holding K connections)\n\n"

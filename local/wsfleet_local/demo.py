@@ -3,9 +3,10 @@
 The scenario, on a :class:`~wsfleet_local.fleet.LocalFleet` with short timings:
 
 1. open M simulated streams through the REST API (START) and wait until all stream;
-2. **crash**: SIGKILL the busiest worker; its worker lease expires and the reconciler's early hints
-   make peers resume every stream from its checkpoint (ECS would then replace the task: the
-   slot is restarted with a new worker id);
+2. **crash**: SIGKILL the busiest worker; the fleet publishes its exit as the ECS task state
+   change event, the task exit function kills its worker lease at once and hints its
+   connections, and peers resume every stream from its checkpoint within about a second, not
+   a lease (ECS would then replace the task: the slot is restarted with a new worker id);
 3. **deploy**: SIGTERM the busiest remaining worker; it drains (final checkpoints, released
    leases, immediate hints) and peers take over at once; the slot is restarted;
 4. **STOP** a few streams through the API (the notifier routes STOP to the owner's queue);
@@ -552,7 +553,9 @@ def render_summary(report: DemoReport) -> Table:
     )
     for column, justify in (("", "left"), ("p50", "right"), ("max", "right"), ("", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    table.add_row(*_timing_row("crash failover", report.crash, "SIGKILL -> first frame elsewhere"))
+    table.add_row(*_timing_row(
+        "crash failover", report.crash, "SIGKILL -> task exit event -> first frame elsewhere"
+    ))
     table.add_row(
         *_timing_row("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere")
     )

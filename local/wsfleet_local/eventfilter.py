@@ -19,9 +19,12 @@ Supported pattern syntax (the Lambda/EventBridge content-filter subset)::
     {"a": [{"numeric": [">", 0, "<=", 5]}]}          numeric comparisons (ANDed)
     {"$or": [{...}, {...}]}                           any of several sub-patterns
 
-A list in the *record* matches if any of its elements matches. Only ``exists: false`` matches
-an absent field. Several filters (``FilterCriteria.Filters``) are ORed: a record passes if any
-pattern matches.
+A list in the *record* matches if any of its elements matches. A nested pattern over a list of
+objects (``{"containers": {"lastStatus": ["STOPPED"]}}`` against an ECS event's
+``containers``) matches as EventBridge matches it: the array is flattened, so each key of the
+sub-pattern must match in some element (not necessarily the same one). Only ``exists: false``
+matches an absent field. Several filters (``FilterCriteria.Filters``) are ORed: a record passes
+if any pattern matches.
 
 Example::
 
@@ -147,12 +150,24 @@ def matches(pattern: Mapping[str, Any], record: Any) -> bool:
                 return False
             continue
         actual = record.get(key, _MISSING)
-        if isinstance(expected, Mapping):
+        if isinstance(expected, Mapping) and isinstance(actual, list):
+            if not _matches_flattened(expected, actual):
+                return False
+        elif isinstance(expected, Mapping):
             if not matches(expected, actual if actual is not _MISSING else {}):
                 return False
         elif not _matches_rules(expected, actual):
             return False
     return True
+
+
+def _matches_flattened(pattern: Mapping[str, Any], items: Sequence[Any]) -> bool:
+    """A sub-pattern over an array of objects: every key matches in some object."""
+    objects = [item for item in items if isinstance(item, Mapping)] or [{}]
+    return all(
+        any(matches({key: expected}, item) for item in objects)
+        for key, expected in pattern.items()
+    )
 
 
 def _matches_rules(rules: Sequence[Any], actual: Any) -> bool:

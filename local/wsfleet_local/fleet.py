@@ -11,7 +11,11 @@ upstream feeds         the simulator (``python -m wsfleet_local.simulator``)
 API Gateway -> router  :class:`~wsfleet_local.api.LocalApi` -> router environment
 Scheduler -> reconc.   :class:`~wsfleet_local.scheduler.ReconcileScheduler` -> reconciler env
 Streams ESM -> notif.  :class:`~wsfleet_local.streams.StreamPoller` -> notifier environment
-ECS tasks              N ``python -m wsfleet_worker`` processes
+ECS tasks              N ``python -m wsfleet_worker`` processes, each a "task" with its own
+                       metadata endpoint (:class:`~wsfleet_local.tasks.MetadataServer`)
+ECS task state change  :class:`~wsfleet_local.tasks.TaskExitWatcher`: a worker process's
+-> rule -> task exit   exit becomes the ECS event, matched against the template's rule
+                       pattern and delivered to the task exit environment
 =====================  ==================================================================
 
 Every Lambda runs in its own execution-environment process
@@ -69,6 +73,7 @@ from .scheduler import ReconcileScheduler
 from .simulator import SimulatorClient
 from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, read_stack
 from .streams import StreamPoller
+from .tasks import LocalTask, MetadataServer, TaskExitWatcher, cluster_arn
 
 __all__ = ["FleetError", "FleetTimings", "LocalFleet", "WorkerSlot"]
 
@@ -77,6 +82,7 @@ logger = logging.getLogger(__name__)
 STREAM_NOTIFIER = "stream_notifier"
 RECONCILER = "reconciler"
 ROUTER = "router"
+TASK_EXIT = "task_exit"
 SCHEDULER_EVENT_SAMPLE = "scheduler_reconcile.json"
 #: Where the tables live: the embedded moto server, or dynalite (SQS is moto's either way).
 DYNAMODB_BACKENDS = ("moto", "dynalite")
@@ -198,12 +204,17 @@ class LocalFleet:
         extra_worker_env: Mapping[str, str] | None = None,
         progress: Progress | None = None,
         dynamodb: str = "moto",
+        task_events: bool = True,
     ) -> None:
+        """``task_events``: publish each worker process's exit as its ECS task state change
+        event to the task exit function (crash failover in about a second); False leaves a
+        crashed worker's connections to its lease, as without the event rule."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
         if dynamodb not in DYNAMODB_BACKENDS:
             raise FleetError(f"dynamodb must be one of {', '.join(DYNAMODB_BACKENDS)}")
         self.dynamodb = dynamodb
+        self.task_events = task_events
         self.worker_count = workers
         self.timings = timings or FleetTimings()
         self.rate = rate
@@ -223,6 +234,8 @@ class LocalFleet:
         self._api: LocalApi | None = None
         self._scheduler: ReconcileScheduler | None = None
         self._poller: StreamPoller | None = None
+        self._metadata: MetadataServer | None = None
+        self._task_watcher: TaskExitWatcher | None = None
         self._resources: Resources | None = None
         self._resolver: StackResolver | None = None
         self.simulator_url: str | None = None
@@ -281,6 +294,11 @@ class LocalFleet:
     @property
     def poller(self) -> StreamPoller | None:
         return self._poller
+
+    @property
+    def task_watcher(self) -> TaskExitWatcher | None:
+        """Publishes worker exits as task state change events (None with task_events off)."""
+        return self._task_watcher
 
     def child_pids(self) -> list[int]:
         """Every process this fleet started that is still running (for leak checks)."""
@@ -356,7 +374,10 @@ class LocalFleet:
             names={**resources.tables, **resources.queues},
             parameters=self.stack.parameters,
             overrides=self._parameter_overrides(),
-            attributes=resources.get_att(),
+            attributes={
+                **resources.get_att(),
+                ("WorkerCluster", "Arn"): cluster_arn(resources.region, self.stack_name),
+            },
             conditions=self.stack.conditions,
         )
 
@@ -420,7 +441,7 @@ class LocalFleet:
         }
 
     def _start_functions(self) -> None:
-        names = (ROUTER, RECONCILER, STREAM_NOTIFIER)
+        names = (ROUTER, RECONCILER, STREAM_NOTIFIER) + ((TASK_EXIT,) if self.task_events else ())
         self._progress(f"starting Lambda environments: {', '.join(names)}")
         specs = [self.stack.function(name) for name in names]
         processes = {
@@ -457,6 +478,33 @@ class LocalFleet:
             schedule_name=f"{self.stack_name}-reconcile",
             event_template=sample,
             region=resources.region,
+        ).start()
+        if self.task_events:
+            self._start_task_events()
+
+    def _start_task_events(self) -> None:
+        """The metadata endpoint the workers read, and their exits as EventBridge events."""
+        assert self._resolver is not None
+        spec = self.stack.function(TASK_EXIT)
+        if not spec.rules:
+            raise FleetError("template.yaml gives the task exit function no EventBridge rule")
+        self._progress("starting the ECS metadata endpoint and the task exit events")
+        self._metadata = MetadataServer().start()
+        invoke = self._functions[TASK_EXIT].invoke
+
+        def reported(task: LocalTask, event: dict[str, Any], result: Any) -> None:
+            killed = (result or {}).get("killed") if isinstance(result, Mapping) else None
+            if killed:
+                self._progress(
+                    f"task {task.task_arn.rsplit('/', 1)[-1][:8]} exited: "
+                    f"{', '.join(killed)} failed over"
+                )
+
+        self._task_watcher = TaskExitWatcher(
+            invoke,
+            self._resolver.resolve(spec.rules[0].pattern),
+            region=self.resources.region,
+            on_event=reported,
         ).start()
 
     def _start_stream_poller(self, source: Any) -> None:
@@ -519,7 +567,7 @@ class LocalFleet:
 
     # ------------------------------------------------------------------ workers
 
-    def _worker_env(self, worker_id: str) -> dict[str, str]:
+    def _worker_env(self, worker_id: str, metadata_uri: str | None = None) -> dict[str, str]:
         assert self._resolver is not None
         t = self.timings
         return {
@@ -535,6 +583,7 @@ class LocalFleet:
             "WORKER_CONTROL_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_METRICS_FLUSH_SECONDS": "10",
             "WORKER_SWEEP_SECONDS": _number(t.sweep_seconds),
+            **({"ECS_CONTAINER_METADATA_URI_V4": metadata_uri} if metadata_uri else {}),
             **self.extra_worker_env,
         }
 
@@ -543,12 +592,18 @@ class LocalFleet:
 
     def _spawn_worker(self, index: int, generation: int) -> WorkerSlot:
         worker_id = f"w{index}" if generation == 0 else f"w{index}-r{generation}"
+        task = metadata_uri = None
+        if self._metadata is not None:
+            task = LocalTask.new(cluster_arn(self.resources.region, self.stack_name))
+            metadata_uri = self._metadata.register(task)
         process = spawn(
             f"worker {worker_id}",
             [sys.executable, "-m", "wsfleet_worker"],
-            env=self._worker_env(worker_id),
+            env=self._worker_env(worker_id, metadata_uri),
             log_path=self.run_dir / f"worker-{worker_id}.log",
         )
+        if task is not None and self._task_watcher is not None:
+            self._task_watcher.watch(task, process.popen.poll)
         return WorkerSlot(index=index, worker_id=worker_id, process=process, generation=generation)
 
     def _wait_worker_ready(self, slot: WorkerSlot) -> None:
@@ -619,6 +674,9 @@ class LocalFleet:
         if api is not None:
             self._progress("stopping the REST API")
             api.stop()
+        watcher, self._task_watcher = self._task_watcher, None
+        if watcher is not None:  # the fleet's own shutdown is not a crash to fail over
+            watcher.stop()
         self._drain_workers()
         scheduler, self._scheduler = self._scheduler, None
         poller, self._poller = self._poller, None
@@ -642,6 +700,9 @@ class LocalFleet:
             self._progress("stopping DynamoDB + SQS (moto)")
             backend.close_stdin()
             backend.stop(signal.SIGTERM, 10)
+        metadata, self._metadata = self._metadata, None
+        if metadata is not None:
+            metadata.stop()
         dynalite, self._dynalite = self._dynalite, None
         if dynalite is not None:
             self._progress("stopping dynalite")
@@ -650,6 +711,9 @@ class LocalFleet:
 
     def abort(self) -> None:
         """Kill every child at once (SIGKILL), no drain: the second Ctrl-C. Safe to call twice."""
+        watcher, self._task_watcher = self._task_watcher, None
+        if watcher is not None:
+            watcher.stop()
         for slot in self.workers:
             slot.process.stop(signal.SIGKILL, 5)
         for function in list(self._functions.values()):
@@ -741,6 +805,8 @@ _FUNCTION_VARIABLES = frozenset(
         "HEALTH_FILE",
         "MAX_CONNECTIONS",
         "DRAIN_TIMEOUT_SECONDS",
+        "ECS_CONTAINER_METADATA_URI_V4",
+        "WORKER_CONTAINER_NAME",
     }
 )
 

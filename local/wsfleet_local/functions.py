@@ -44,7 +44,7 @@ __all__ = [
     "module_name",
 ]
 
-FUNCTION_NAMES = ("router", "reconciler", "stream_notifier")
+FUNCTION_NAMES = ("router", "reconciler", "stream_notifier", "task_exit")
 FUNCTIONS_DIR_ENV = "WSFLEET_FUNCTIONS_DIR"
 _PACKAGE = "wsfleet_functions"
 _lock = threading.Lock()

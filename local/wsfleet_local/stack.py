@@ -36,6 +36,7 @@ __all__ = [
     "NO_VALUE",
     "FunctionSpec",
     "Route",
+    "RuleSource",
     "ScheduleSource",
     "StackResolver",
     "StackSpec",
@@ -138,6 +139,14 @@ class ScheduleSource:
 
 
 @dataclass(frozen=True)
+class RuleSource:
+    """An EventBridge rule that invokes a function (``Events: {Type: EventBridgeRule}``)."""
+
+    pattern: Mapping[str, Any]  # unresolved (may hold !GetAtt)
+    rule_name: Any = None
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     """One ``AWS::Serverless::Function`` as wsfleet's local runtime needs it."""
 
@@ -150,6 +159,7 @@ class FunctionSpec:
     routes: tuple[Route, ...] = ()
     streams: tuple[StreamSource, ...] = ()
     schedules: tuple[ScheduleSource, ...] = ()
+    rules: tuple[RuleSource, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,6 +235,15 @@ def _events(
     return routes, streams, schedules
 
 
+def _rules(properties: Mapping[str, Any]) -> tuple[RuleSource, ...]:
+    return tuple(
+        RuleSource(pattern=(event.get("Properties") or {}).get("Pattern") or {},
+                   rule_name=(event.get("Properties") or {}).get("RuleName"))
+        for event in (properties.get("Events") or {}).values()
+        if event.get("Type") in ("EventBridgeRule", "CloudWatchEvent")
+    )  # fmt: skip
+
+
 def read_stack(template: Mapping[str, Any]) -> StackSpec:
     """Extract every serverless function of a parsed template, keyed by its functions/ name."""
     globals_ = ((template.get("Globals") or {}).get("Function")) or {}
@@ -249,6 +268,7 @@ def read_stack(template: Mapping[str, Any]) -> StackSpec:
             routes=tuple(routes),
             streams=tuple(streams),
             schedules=tuple(schedules),
+            rules=_rules(properties),
         )
     return StackSpec(
         functions=functions,

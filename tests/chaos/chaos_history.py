@@ -82,6 +82,7 @@ __all__ = [
     "ForgedStop",
     "Pause",
     "Sample",
+    "StopOutcome",
     "Verdict",
     "Violation",
     "WorkerExit",
@@ -121,13 +122,37 @@ class WorkerExit:
     signals_sent: tuple[int, ...]
 
 
+#: Log timestamps have millisecond resolution; the runner's clock and the workers' are the same.
+_LOG_CLOCK_SLACK = 0.01
+
+
 @dataclass(frozen=True)
 class ForgedStop:
-    """A forged STOP of ``stream_id`` under ``epoch`` sent to ``worker_id``'s control queue."""
+    """A forged STOP of ``stream_id`` under ``epoch`` sent to ``worker_id``'s control queue
+    at ``sent_at`` (epoch seconds; 0: unknown)."""
 
     stream_id: str
     worker_id: str
     epoch: int
+    sent_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """One "STOP command received" a worker logged: the command's epoch, whether it was
+    applied, and when it was logged (epoch seconds; None: unknown)."""
+
+    epoch: int | None
+    applied: bool
+    logged_at: float | None = None
+
+    def answers(self, forged: ForgedStop) -> bool:
+        """Whether this is the worker's answer to ``forged``: the same epoch, logged after it
+        was sent. A legitimate STOP of the same stream at an earlier epoch (a STOP, then a
+        re-START that a worker took under a new epoch, then the forgery) is not."""
+        if self.epoch != forged.epoch:
+            return False
+        return self.logged_at is None or self.logged_at >= forged.sent_at - _LOG_CLOCK_SLACK
 
 
 @dataclass(frozen=True)
@@ -362,13 +387,14 @@ def check_poison(
     queue_depths: Mapping[str, int],
     dead_lettered: int,
     forged: Sequence[ForgedStop],
-    stop_outcomes: Mapping[str, Sequence[bool]],
+    stop_outcomes: Mapping[str, Sequence[StopOutcome]],
 ) -> None:
     """The poison-message invariants of the module docstring, added to ``verdict``.
 
     ``queue_depths``: messages left (visible + in flight) per poisoned queue still consumed at
     the end; ``dead_lettered``: poison bodies found in the hint DLQ; ``stop_outcomes``: per
-    stream, the ``applied`` flag of every STOP command the workers logged. A worker that lost
+    stream, every STOP command the workers logged (only those answering a forged STOP, by epoch
+    and time, count for it). A worker that lost
     its lease does not end (it starts over under a new id), so any unprompted end counts.
     """
     for end in exits:
@@ -383,8 +409,8 @@ def check_poison(
         verdict.add("drained", "hint-dlq", f"{dead_lettered} poison body(ies) dead-lettered")
     refused = 0
     for stop in forged:
-        outcomes = stop_outcomes.get(stop.stream_id, ())
-        if any(outcomes):
+        outcomes = [o for o in stop_outcomes.get(stop.stream_id, ()) if o.answers(stop)]
+        if any(o.applied for o in outcomes):
             verdict.add("forged_stop", stop.stream_id,
                         f"a STOP was applied (forged under epoch {stop.epoch} to "
                         f"{stop.worker_id})")  # fmt: skip

@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from chaos_history import (
     ForgedStop,
     Pause,
     Sample,
+    StopOutcome,
     Verdict,
     WorkerExit,
     check_history,
@@ -397,6 +399,7 @@ class _Chaos:
             if held:
                 victim = self.poison_rng.choice(held)
                 epoch = records[victim].lease_epoch
+                sent_at = time.time()
                 try:
                     sqs.send_message(
                         QueueUrl=url, MessageBody=StopCommand(connection_pk(victim), epoch).body()
@@ -408,7 +411,7 @@ class _Chaos:
                     self.log(f"forged STOP of {victim} not sent ({code})")
                     continue
                 self.protected.add(victim)
-                self.forged.append(ForgedStop(victim, slot.worker_id, epoch))
+                self.forged.append(ForgedStop(victim, slot.worker_id, epoch, sent_at))
                 targets.append(f"{victim}@{epoch}")
         self.log(
             f"poison: {len(POISON_BODIES)} bodies to the hint queue and "
@@ -677,9 +680,9 @@ def _dead_lettered_poison(chaos: _Chaos) -> int:
     return found
 
 
-def _stop_outcomes(slots: list[Any]) -> dict[str, list[bool]]:
-    """Per stream, the ``applied`` flag of every "STOP command received" the workers logged."""
-    outcomes: dict[str, list[bool]] = {}
+def _stop_outcomes(slots: list[Any]) -> dict[str, list[StopOutcome]]:
+    """Per stream, every "STOP command received" the workers logged: epoch, applied, when."""
+    outcomes: dict[str, list[StopOutcome]] = {}
     for slot in slots:
         path = slot.process.log_path
         if path is None or not Path(path).exists():
@@ -694,8 +697,23 @@ def _stop_outcomes(slots: list[Any]) -> dict[str, list[bool]]:
                     continue
                 stream = entry.get("connection_id")
                 if isinstance(stream, str) and "applied" in entry:
-                    outcomes.setdefault(stream, []).append(bool(entry["applied"]))
+                    epoch = entry.get("epoch")
+                    outcomes.setdefault(stream, []).append(StopOutcome(
+                        epoch if isinstance(epoch, int) else None,
+                        bool(entry["applied"]),
+                        _log_time(entry.get("timestamp")),
+                    ))  # fmt: skip
     return outcomes
+
+
+def _log_time(stamp: Any) -> float | None:
+    """A Powertools log timestamp (``2026-12-01 10:39:51,008+0000``) in epoch seconds."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f%z").timestamp()
+    except ValueError:
+        return None
 
 
 def run_chaos(config: ChaosConfig) -> ChaosReport:

@@ -14,6 +14,7 @@ from chaos_history import (
     ForgedStop,
     Pause,
     Sample,
+    StopOutcome,
     Verdict,
     WorkerExit,
     check_history,
@@ -170,8 +171,8 @@ def poison(**overrides) -> Verdict:
                WorkerExit("w2", 0, (19, 18, 15))],
         queue_depths={"HintQueue": 0, "control:w1": 0},
         dead_lettered=0,
-        forged=[ForgedStop("s", "w1", 2)],
-        stop_outcomes={"s": [False], "t": [True]},
+        forged=[ForgedStop("s", "w1", 2, sent_at=100.0)],
+        stop_outcomes={"s": [StopOutcome(2, False, 100.2)], "t": [StopOutcome(1, True, 50.0)]},
     )  # fmt: skip
     base.update(overrides)
     verdict = Verdict()
@@ -197,7 +198,23 @@ def test_a_poisoned_queue_left_non_empty_or_dead_lettered_did_not_drain():
 
 
 def test_an_applied_forged_stop_is_reported():
-    assert invariants(poison(stop_outcomes={"s": [False, True]})) == {"forged_stop"}
+    applied = {"s": [StopOutcome(2, False, 100.2), StopOutcome(2, True, 100.3)]}
+    assert invariants(poison(stop_outcomes=applied)) == {"forged_stop"}
+    assert invariants(poison(stop_outcomes={"s": [StopOutcome(2, True, None)]})) == {
+        "forged_stop"
+    }
+
+
+def test_a_legitimate_stop_before_a_restart_is_not_the_forged_one():
+    # GIVEN s STOPPED for real at epoch 1 (applied), re-STARTed and taken at epoch 2, then a
+    # forged STOP at epoch 2 refused: the earlier STOP answers another command
+    history = {"s": [StopOutcome(1, True, 40.0), StopOutcome(2, False, 100.2)]}
+    verdict = poison(stop_outcomes=history)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["forged_stops_refused"] == 1
+    # AND a STOP of the forged epoch logged before the forgery was sent is not its answer
+    early = {"s": [StopOutcome(2, True, 90.0), StopOutcome(2, False, 100.2)]}
+    assert poison(stop_outcomes=early).ok
 
 
 def test_forged_stops_nobody_processed_prove_nothing():

@@ -23,6 +23,7 @@ from boto3.dynamodb.types import TypeDeserializer
 from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
+from wsfleet.hints import Hint
 from wsfleet.record import ConnectionRecord, WorkerRecord, index_keys
 from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import find_template, load_template, provision_resources
@@ -46,6 +47,7 @@ FUNCTION_OF_PREFIX = {
     "api_": "RouterFunction",
     "scheduler_": "ReconcilerFunction",
     "stream_": "StreamNotifierFunction",
+    "ecs_": "TaskExitFunction",
 }
 
 
@@ -224,6 +226,47 @@ def test_scheduler_sample_runs_a_pass(invoke: Any) -> None:
     response = invoke("scheduler_reconcile", timeout_ms=1_000)
     assert response["passes"] == 1
     assert response["hints_failed"] == 0
+
+
+def test_ecs_task_stopped_sample_fails_its_worker_over(invoke: Any) -> None:
+    # GIVEN the incarnation the sample's container ran, live (lease far from expiry), owning a
+    # STARTED connection; and a second incarnation of another task
+    detail = json.loads((EVENTS / "ecs_task_stopped.json").read_text())["detail"]
+    (container,) = detail["containers"]
+    table = ENV_JSON["Parameters"]["CONNECTIONS_TABLE"]
+    store = DynamoDBLeaseStore(dynamodb_client(), table)
+    now = now_ms()
+    task_id = detail["taskArn"].rsplit("/", 1)[-1]
+    crashed = f"{task_id}.ip-10-0-1-23-7-a1b2c3"
+    for worker_id, task_arn in ((crashed, detail["taskArn"]), ("other", detail["taskArn"] + "0")):
+        store.register_worker(WorkerRecord(
+            worker_id=worker_id, control_queue_url="", started_at_ms=now - 60_000,
+            heartbeat_at_ms=now, expires_at_ms=now + 60_000, task_arn=task_arn,
+            container_runtime_id=container["runtimeId"],
+        ))  # fmt: skip
+    pk = store.start("exited-1", "wss://up.example/s").record.pk
+    epoch = store.acquire(pk, crashed).lease_epoch
+    hint_queue = ENV_JSON["Parameters"]["HINT_QUEUE_URL"].replace(
+        ENV_ENDPOINT, boto3.client("sqs").meta.endpoint_url
+    )
+    drain(hint_queue)
+
+    # WHEN the sample is invoked
+    report = invoke("ecs_task_stopped")
+
+    # THEN that incarnation is dead at once and its connection hinted; the other is untouched
+    assert (report["outcome"], report["killed"], report["hints_sent"]) == (
+        "failed_over", [crashed], 1,
+    )
+    assert store.get_worker(crashed, consistent=True).dead
+    assert not store.get_worker("other", consistent=True).dead
+    assert Hint(pk, epoch).body() in drain(hint_queue)
+    # AND the same event again does nothing more (at least once delivery)
+    again = invoke("ecs_task_stopped")
+    assert (again["killed"], again["already_dead"], again["hints_sent"]) == ([], [crashed], 1)
+    taken = store.acquire(pk, "peer")  # the dead owner is taken over without waiting
+    assert taken.lease_owner == "peer"
+    assert invoke("ecs_task_stopped")["hints_sent"] == 0
 
 
 #: The API samples in README order on a fresh table, with the answer each one shows.

@@ -113,6 +113,8 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     store.register_worker(WorkerRecord(
         worker_id="w1", control_queue_url="http://q", started_at_ms=now, heartbeat_at_ms=now,
         expires_at_ms=now + 60_000, capacity=100,
+        task_arn="arn:aws:ecs:us-east-1:123456789012:task/wsfleet/0123abcd",
+        container_runtime_id="0123abcd-1234567890",
     ))
     store.renew_worker("w1", expires_at_ms=now_ms() + 60_000, connection_count=1)
     # ... a free connection: acquire, re-take (its own earlier attempt), checkpoint, errors

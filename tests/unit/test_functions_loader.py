@@ -25,8 +25,8 @@ def test_default_directory_is_the_repositorys_functions_folder(monkeypatch):
     assert functions_dir() == REPO / "functions"
 
 
-def test_the_three_lambdas_are_named():
-    assert FUNCTION_NAMES == ("router", "reconciler", "stream_notifier")
+def test_the_four_lambdas_are_named():
+    assert FUNCTION_NAMES == ("router", "reconciler", "stream_notifier", "task_exit")
 
 
 def test_router_loads_once_under_its_unique_name():

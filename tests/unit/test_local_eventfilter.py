@@ -126,3 +126,21 @@ STOP_TRANSITION = json.dumps(
 def test_hand_written_stop_transition_pattern(record, expected):
     keep = RecordFilter.from_criteria({"Filters": [{"Pattern": STOP_TRANSITION}]})
     assert keep(record) is expected
+
+
+def test_a_nested_pattern_over_an_array_of_objects_matches_like_eventbridge():
+    # GIVEN the task exit rule's pattern and ECS events with several containers
+    pattern = parse_pattern({"detail": {"containers": {"lastStatus": ["STOPPED"]}}})
+    def event(*statuses: str) -> dict:
+        return {"detail": {"containers": [{"name": f"c{i}", "lastStatus": s}
+                                          for i, s in enumerate(statuses)]}}  # fmt: skip
+    # THEN any stopped container matches, none does not, and an empty list is absent
+    assert matches(pattern, event("RUNNING", "STOPPED"))
+    assert not matches(pattern, event("RUNNING", "PENDING"))
+    assert not matches(pattern, event())
+    # AND the array is flattened: each key may match in a different element
+    both = parse_pattern({"c": {"name": ["a"], "lastStatus": ["STOPPED"]}})
+    assert matches(both, {"c": [{"name": "a", "lastStatus": "RUNNING"}, {"lastStatus": "STOPPED"}]})
+    assert not matches(both, {"c": [{"name": "b", "lastStatus": "STOPPED"}]})
+    absent = parse_pattern({"c": {"x": [{"exists": False}]}})
+    assert matches(absent, {"c": []}) and matches(absent, {"c": [{"y": 1}]})

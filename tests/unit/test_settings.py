@@ -31,6 +31,7 @@ def test_every_variable_is_read():
         "CONTROL_QUEUE_SENDER_ARNS": "arn:aws:iam::1:role/N",
         "CHECKPOINT_SECONDS": "30",
         "UPSTREAM_SECRET_PREFIXES": "arn:aws:ssm:us-east-1:1:parameter/Wsfleet/, x",
+        "WORKER_CONTAINER_NAME": "app",
     }
     assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
@@ -44,6 +45,7 @@ def test_every_variable_is_read():
     assert s.control_queue_sender_arns == "arn:aws:iam::1:role/N"  # ARNs keep their case
     assert s.upstream_secret_prefixes == ("arn:aws:ssm:us-east-1:1:parameter/Wsfleet/", "x")
     assert s.require_hint_queue_url() == "http://q"
+    assert s.worker_container_name == "app"
 
 
 def test_every_shared_variable_fills_its_own_settings_field():

@@ -208,6 +208,7 @@ def test_every_queue_is_encrypted_and_the_hint_queue_redrives(resources: dict[st
         "HintDeadLetterQueue",
         "ReconcilerDeadLetterQueue",
         "StreamNotifierFailureQueue",
+        "TaskExitDeadLetterQueue",
     }
     assert all(q["Properties"]["SqsManagedSseEnabled"] is True for q in queues.values())
     redrive = props(resources, "HintQueue")["RedrivePolicy"]
@@ -323,6 +324,50 @@ def test_reconciler_schedule(template: dict[str, Any]) -> None:
     parameters = template["Parameters"]
     assert parameters["ReconcileSchedule"]["Default"] == "rate(1 minute)"
     assert parameters["ReconcileScheduleState"]["AllowedValues"] == ["ENABLED", "DISABLED"]
+
+
+def test_task_exit_rule_takes_the_worker_clusters_stopped_containers(
+    template: dict[str, Any],
+) -> None:
+    resources = template["Resources"]
+    function = props(resources, "TaskExitFunction")
+    (rule,) = [e["Properties"] for e in function["Events"].values()]
+    # GIVEN the rule's pattern: this stack's worker cluster, a container STOPPED
+    assert rule["Pattern"] == {
+        "source": ["aws.ecs"],
+        "detail-type": ["ECS Task State Change"],
+        "detail": {
+            "clusterArn": [{"Fn::GetAtt": ["WorkerCluster", "Arn"]}],
+            "containers": {"lastStatus": ["STOPPED"]},
+        },
+    }
+    # THEN the rule's name is what the DLQ's policy lets send, and both DLQs are the one queue
+    dead_letters = {"Fn::GetAtt": ["TaskExitDeadLetterQueue", "Arn"]}
+    assert rule["DeadLetterConfig"] == {"Arn": dead_letters}
+    on_failure = function["EventInvokeConfig"]["DestinationConfig"]["OnFailure"]
+    assert on_failure == {"Type": "SQS", "Destination": dead_letters}
+    assert rule["RetryPolicy"]["MaximumRetryAttempts"] >= 1
+    assert function["EventInvokeConfig"]["MaximumRetryAttempts"] >= 1
+    (sender,) = props(resources, "TaskExitDeadLetterQueuePolicy")["PolicyDocument"]["Statement"]
+    assert sender["Principal"] == {"Service": "events.amazonaws.com"}
+    source = sender["Condition"]["ArnEquals"]["aws:SourceArn"]["Fn::Sub"]
+    assert source.endswith(":rule/" + rule["RuleName"]["Fn::Sub"])
+    # AND the handler looks for the container the task definition runs
+    env = function_env(template, "TaskExitFunction")
+    assert env["WORKER_CONTAINER_NAME"] == worker_container(resources)["Name"]
+    assert env["POWERTOOLS_SERVICE_NAME"] == {"Fn::Sub": "${AWS::StackName}-task-exit"}
+    assert "TaskExitDeadLetterQueueAlarm" in alarms(resources)
+
+
+def test_task_exit_reads_and_kills_only_worker_items(resources: dict[str, Any]) -> None:
+    for action in ("dynamodb:GetItem", "dynamodb:BatchGetItem"):
+        assert conditions(resources, "TaskExitRole", action) == [WORKER_ITEMS_ONLY]
+    (kill,) = conditions(resources, "TaskExitRole", "dynamodb:UpdateItem")
+    assert kill["ForAllValues:StringLike"] == WORKER_ITEMS_ONLY["ForAllValues:StringLike"]
+    assert set(kill["ForAllValues:StringEquals"]["dynamodb:Attributes"]) == {
+        "pk", "container_runtime_id", "dead_at_ms", "expires_at_ms", "hinted_at_ms",
+        "hinted_expiry_ms", "started_at_ms", "task_arn",
+    }
 
 
 def test_stop_notifier_stream_source(template: dict[str, Any]) -> None:
@@ -509,6 +554,15 @@ EXPECTED_GRANTS = {
         ("dynamodb:ListStreams", "${ConnectionsTable.Arn}/stream/*"),
         ("sqs:SendMessage", CTL_QUEUES),
         ("sqs:SendMessage", "StreamNotifierFailureQueue.Arn"),
+    },
+    "TaskExitRole": {
+        ("dynamodb:Query", INDEX[WORKERS_INDEX]),
+        ("dynamodb:Query", INDEX[OWNER_INDEX]),
+        ("dynamodb:GetItem", TABLE),
+        ("dynamodb:BatchGetItem", TABLE),
+        ("dynamodb:UpdateItem", TABLE),
+        ("sqs:SendMessage", "HintQueue.Arn"),
+        ("sqs:SendMessage", "TaskExitDeadLetterQueue.Arn"),  # on-failure destination
     },
     "WorkerTaskRole": {
         # No DeleteItem: a worker retires its item; the reconciler deletes it later.
@@ -828,8 +882,9 @@ WORKER_CONNECTION_ATTRIBUTES = {
     "updated_at_ms",
 }
 WORKER_ITEM_ATTRIBUTES = {
-    "pk", "capacity", "connection_count", "control_queue_url", "dead_at_ms", "expires_at_ms",
-    "heartbeat_at_ms", "started_at_ms", "worker_id", "worker_index",
+    "pk", "capacity", "connection_count", "container_runtime_id", "control_queue_url",
+    "dead_at_ms", "expires_at_ms", "heartbeat_at_ms", "started_at_ms", "task_arn", "worker_id",
+    "worker_index",
 }
 
 

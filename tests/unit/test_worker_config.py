@@ -76,7 +76,8 @@ def test_bad_values_are_configuration_errors_naming_the_variable(env, needle):
 def test_worker_knobs_are_the_worker_scoped_entries_of_the_one_table():
     assert tuple(v for v in ENVIRONMENT if v.scope == "worker") == WORKER_ENVIRONMENT
     knobs = sorted(v.field for v in WORKER_ENVIRONMENT)
-    assert knobs == sorted(set(WorkerConfig.__dataclass_fields__) - {"settings"})
+    # ``task`` is read from the ECS metadata endpoint, not from a variable
+    assert knobs == sorted(set(WorkerConfig.__dataclass_fields__) - {"settings", "task"})
 
 
 def test_documented_defaults_are_the_worker_config_defaults():

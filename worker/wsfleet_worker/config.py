@@ -17,6 +17,8 @@ from typing import Any
 from wsfleet.exceptions import ConfigurationError
 from wsfleet.settings import ENVIRONMENT, EnvVar, Settings, read_environment
 
+from .task_identity import TaskIdentity
+
 __all__ = ["WORKER_ENVIRONMENT", "WorkerConfig"]
 
 #: The entries of :data:`wsfleet.settings.ENVIRONMENT` that fill :class:`WorkerConfig`.
@@ -48,6 +50,9 @@ class WorkerConfig:
     max_seq_jump: int = 1_000_000
     breaker_max_failures: int = 5
     secret_cache_seconds: float = 60.0
+    #: The ECS task and container this process runs in (read from the task metadata
+    #: endpoint at start, :mod:`wsfleet_worker.task_identity`); None outside ECS.
+    task: TaskIdentity | None = None
 
     def __post_init__(self) -> None:
         for name in ("hint_wait_seconds", "control_wait_seconds"):

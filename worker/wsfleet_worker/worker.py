@@ -55,10 +55,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import random
 import signal
 import sys
-from collections.abc import Awaitable, Coroutine, Iterator
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -81,7 +82,7 @@ from wsfleet.record import (
 )
 from wsfleet.store import LeaseStore
 
-from . import health
+from . import health, task_identity
 from .config import WorkerConfig
 from .control_channel import ControlChannel
 from .credentials import SecretResolver
@@ -364,6 +365,10 @@ class Worker:
                 expires_at_ms=registered_at + settings.lease_ms,
                 connection_count=0,
                 capacity=settings.max_connections,
+                task_arn=self.config.task.task_arn if self.config.task else None,
+                container_runtime_id=(
+                    self.config.task.container_runtime_id if self.config.task else None
+                ),
             ),
         )
         self.liveness.start(registered_at)
@@ -386,6 +391,7 @@ class Worker:
                 "checkpoint_seconds": settings.checkpoint_seconds,
                 "sweep_seconds": self.config.sweep_seconds,
                 "control_queue": self.control.queue_name if self.control else None,
+                "task_arn": self.config.task.task_arn if self.config.task else None,
             },
         )
 
@@ -749,5 +755,22 @@ def main() -> int:
     except ConfigurationError as exc:
         print(f"wsfleet-worker: configuration error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(in_task(config, os.environ)))
 
+
+def in_task(config: WorkerConfig, environ: Mapping[str, str]) -> WorkerConfig:
+    """``config`` with the ECS task identity (:mod:`wsfleet_worker.task_identity`), and the
+    worker id naming the task unless ``WORKER_ID`` set one. Outside ECS: ``config`` as is."""
+    try:
+        identity = task_identity.discover(environ)
+    except task_identity.MetadataError as exc:
+        # Only this process's fast crash failover is lost: its lease still covers a crash.
+        print(f"wsfleet-worker: no task identity ({exc}); crash failover waits out the lease",
+              file=sys.stderr)  # fmt: skip
+        return config
+    if identity is None:
+        return config
+    worker_id = task_identity.worker_id_in_task(
+        identity, config.settings.worker_id, explicit=bool(environ.get("WORKER_ID"))
+    )
+    return replace(config, task=identity, settings=replace(config.settings, worker_id=worker_id))

@@ -52,6 +52,7 @@ from .store import (
     _restart_removals,
     _restart_values,
 )
+from .task_exit import ContainerStop, ExitKill, exit_kill_outcome, ran_in
 from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 
 __all__ = ["InMemoryLeaseStore"]
@@ -334,6 +335,19 @@ class InMemoryLeaseStore(LeaseStore):
         except _Failed as refused:
             return refused.old is None or WorkerRecord.from_item(refused.old).dead
         return True
+
+    def kill_exited_worker(self, worker_id: str, stop: ContainerStop) -> ExitKill:
+        now = self._clock()
+
+        def condition(old: _Item) -> bool:
+            return _alive_item(old) and ran_in(WorkerRecord.from_item(old), stop)
+
+        with self._lock:  # the condition reads the item as a record: one step, as in DynamoDB
+            old = self._items.get(worker_pk(worker_id))
+            if old is None or not condition(old):
+                return exit_kill_outcome(WorkerRecord.from_item(old) if old else None, stop)
+            old.update(dead_at_ms=now, expires_at_ms=now, hinted_expiry_ms=now, hinted_at_ms=now)
+        return ExitKill.KILLED
 
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
         item = self._read(worker_pk(worker_id))

@@ -243,9 +243,9 @@ class HintLedger:
 def worker_ended_at_ms(worker: WorkerRecord) -> int:
     """When a worker's lease ended (or ends): its expiry, or its death if that came first.
 
-    A peer kills only an expired worker, and a retiring worker sets both to the same moment,
-    so this is ``expires_at_ms`` in practice, the attribute the store's delete condition
-    checks.
+    A peer kills only an expired worker, and a retiring worker and the task exit kill set both
+    to the same moment, so this is ``expires_at_ms`` in practice, the attribute the store's
+    delete condition checks.
     """
     if worker.dead_at_ms is not None:
         return min(worker.expires_at_ms, worker.dead_at_ms)

@@ -281,6 +281,12 @@ class WorkerRecord:
     #: The reconciler's hint claim: the expiry it last hinted this worker's connections for.
     hinted_expiry_ms: int | None = None
     hinted_at_ms: int | None = None
+    #: The ECS task this incarnation runs in and its container's runtime id (the metadata
+    #: endpoint's ``DockerId``, an event's ``containers[].runtimeId``), set at register when
+    #: known: the task exit event kills exactly the incarnations of that container
+    #: (:mod:`wsfleet.task_exit`). None outside ECS.
+    task_arn: str | None = None
+    container_runtime_id: str | None = None
 
     @property
     def pk(self) -> str:
@@ -301,6 +307,8 @@ class WorkerRecord:
                 None if item.get("hinted_expiry_ms") is None else int(item["hinted_expiry_ms"])
             ),
             hinted_at_ms=None if item.get("hinted_at_ms") is None else int(item["hinted_at_ms"]),
+            task_arn=_opt_str(item, "task_arn"),
+            container_runtime_id=_opt_str(item, "container_runtime_id"),
         )
 
     @property

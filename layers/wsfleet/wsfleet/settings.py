@@ -84,7 +84,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("MAX_CONNECTIONS", "max_connections", "100",
            "Connections one worker process holds at most.", "worker"),
     EnvVar("WORKER_ID", "worker_id", "<hostname>-<pid>-<random>",
-           "Identity written as lease_owner.", "worker"),
+           "Identity written as lease_owner. Unset in an ECS task, the id names the task: "
+           "<task_id>.<hostname>-<pid>-<random>.", "worker"),
     EnvVar("DRAIN_TIMEOUT_SECONDS", "drain_timeout_seconds", "20",
            "Upper bound for graceful shutdown; keep below ECS stopTimeout.", "worker"),
     EnvVar("CONTROL_QUEUE_PREFIX", "control_queue_prefix", "wsfleet-ctl-",
@@ -129,6 +130,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "turns credentials by reference off (422).", "router"),
     EnvVar("ALLOW_INSECURE_WS", "allow_insecure_ws", "false",
            "Accept ws:// upstream URLs (wss:// is always accepted).", "router, worker"),
+    EnvVar("WORKER_CONTAINER_NAME", "worker_container_name", "worker",
+           "Name of the worker container in the ECS task definition: a task exit event fails "
+           "the worker over only once this container has stopped.", "task_exit"),
     # -- worker process tuning (WorkerConfig) ---------------------------------------------
     EnvVar("WORKER_HINT_WAIT_SECONDS", "hint_wait_seconds", "20",
            "Hint-queue long-poll wait, 0-20 (the SQS limit).", "worker", scope="worker"),
@@ -211,6 +215,7 @@ class Settings:
     allowed_upstream_hosts: tuple[str, ...] = ()
     upstream_secret_prefixes: tuple[str, ...] = ()
     allow_insecure_ws: bool = False
+    worker_container_name: str = "worker"
 
     def __post_init__(self) -> None:
         if self.heartbeat_seconds <= 0:

@@ -69,6 +69,7 @@ from .record import (
     index_keys,
     worker_pk,
 )
+from .task_exit import ContainerStop, ExitKill, exit_kill_outcome
 from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 
 __all__ = [
@@ -490,6 +491,18 @@ class LeaseStore(ABC):
     def kill_worker(self, worker_id: str) -> bool:
         """Make an expired worker lease dead for good; True if it is dead now (by this call or
         before, or its item is gone), False if it is alive (it renewed meanwhile)."""
+
+    @abstractmethod
+    def kill_exited_worker(self, worker_id: str, stop: ContainerStop) -> ExitKill:
+        """Make an incarnation whose container has stopped dead at once, lease or not.
+
+        One conditional write, fenced by :func:`wsfleet.task_exit.ran_in` (the item names the
+        stopped task, and that container's runtime id or a start no later than the stop) and
+        by ``attribute_not_exists(dead_at_ms)``. Like a retirement it ends the lease now
+        (``dead_at_ms = expires_at_ms = now``), and it claims the reconciler's hinting of that
+        expiry (``hinted_expiry_ms``/``hinted_at_ms``), since the caller hints the worker's
+        connections itself. A refusal says why (:class:`~wsfleet.task_exit.ExitKill`).
+        """
 
     @abstractmethod
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
@@ -974,6 +987,45 @@ class DynamoDBLeaseStore(LeaseStore):
             )
             return worker is None or worker.dead
         return True
+
+    def kill_exited_worker(self, worker_id: str, stop: ContainerStop) -> ExitKill:
+        now = self._clock()
+        values: dict[str, Any] = {"now": now, "task_arn": stop.task_arn}
+        fences: list[str] = []
+        if stop.runtime_id:
+            fences.append("container_runtime_id = :runtime_id")
+            values["runtime_id"] = stop.runtime_id
+        if stop.stopped_at_ms is not None:
+            condition = "started_at_ms <= :stopped_at"
+            if stop.runtime_id:  # only an item without a runtime id is judged by its start
+                condition = f"(attribute_not_exists(container_runtime_id) AND {condition})"
+            fences.append(condition)
+            values["stopped_at"] = stop.stopped_at_ms
+        if not fences:  # nothing tells this container's incarnations from a newer one's
+            return ExitKill.NOT_THIS_CONTAINER
+        try:
+            self._call(
+                "update_item",
+                Key=_dump({"pk": worker_pk(worker_id)}),
+                UpdateExpression=(
+                    "SET dead_at_ms = :now, expires_at_ms = :now, hinted_expiry_ms = :now, "
+                    "hinted_at_ms = :now"
+                ),
+                ConditionExpression=(
+                    "attribute_exists(pk) AND attribute_not_exists(dead_at_ms) "
+                    f"AND task_arn = :task_arn AND ({' OR '.join(fences)})"
+                ),
+                ExpressionAttributeValues=_values(**values),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            old = exc.response.get("Item")
+            item = _load(old) if isinstance(old, Mapping) else None
+            worker = WorkerRecord.from_item(item) if item else self.get_worker(
+                worker_id, consistent=True
+            )
+            return exit_kill_outcome(worker, stop)
+        return ExitKill.KILLED
 
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
         response = self._call(
