@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,13 +88,23 @@ _INPUT_REFUSED = frozenset({400, 413, 415, 422})
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-    return typer.Exit(2 if getattr(exc, "status", None) in _INPUT_REFUSED else 1)
+    """Say what failed; exit 2 when the API refused the input, else 1."""
+    return _usage_error(exc, 2 if getattr(exc, "status", None) in _INPUT_REFUSED else 1)
 
 
-def _usage_error(exc: Exception) -> typer.Exit:
+def _usage_error(exc: Exception, code: int = 2) -> typer.Exit:
     err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-    return typer.Exit(2)
+    return typer.Exit(code)
+
+
+def _ask_api(api: str | None, region: str | None, call: Callable[[Any], Any]) -> Any:
+    """``call(ApiClient)``; an API error prints and exits (see :func:`_fail`)."""
+    from .client import ApiError
+
+    try:
+        return call(_api_client(api, region))
+    except ApiError as exc:
+        raise _fail(exc) from exc
 
 
 # ----------------------------------------------------------------------------- local up
@@ -393,7 +404,7 @@ def start(
     output: OutputOption = "text",
 ) -> None:
     """START a connection: a worker acquires its lease and streams it."""
-    from .client import ApiError, UpstreamUsageError, build_upstream, read_upstream_json
+    from .client import UpstreamUsageError, build_upstream, read_upstream_json
 
     try:
         upstream = build_upstream(
@@ -410,13 +421,11 @@ def start(
         )
     except UpstreamUsageError as exc:
         raise _usage_error(exc) from None
-    try:
-        view = _api_client(api, region).start(
-            connection_id, ws_url, resume=not no_resume, upstream=upstream
-        )
-    except ApiError as exc:
-        raise _fail(exc) from exc
-    _print_view(view, "json" if json_flag else output)
+
+    def call(client: Any) -> Any:
+        return client.start(connection_id, ws_url, resume=not no_resume, upstream=upstream)
+
+    _print_view(_ask_api(api, region, call), "json" if json_flag else output)
 
 
 def _details(view: dict[str, Any]) -> list[str]:
@@ -449,12 +458,7 @@ def get(
     output: OutputOption = "text",
 ) -> None:
     """Show a connection: state, checkpoint, lease, upstream options, resume gaps."""
-    from .client import ApiError
-
-    try:
-        view = _api_client(api, region).get(connection_id)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    view = _ask_api(api, region, lambda client: client.get(connection_id))
     output = "json" if json_flag else output
     _print_view(view, output)
     if output == "text":
@@ -471,12 +475,7 @@ def stop(
     output: OutputOption = "text",
 ) -> None:
     """STOP a connection: its owner closes the socket and releases the lease."""
-    from .client import ApiError
-
-    try:
-        view = _api_client(api, region).stop(connection_id)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    view = _ask_api(api, region, lambda client: client.stop(connection_id))
     _print_view(view, "json" if json_flag else output)
 
 
