@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from wsfleet.exceptions import WsfleetError
 
@@ -54,6 +54,7 @@ __all__ = [
     "ChildProcessError_",
     "ChildTimeout",
     "LineReader",
+    "Service",
     "StopSignals",
     "pid_alive",
     "serve_until_stopped",
@@ -74,6 +75,24 @@ class ChildProcessError_(WsfleetError):
 
 class ChildTimeout(ChildProcessError_):
     """A child said nothing within the time it was given."""
+
+
+class Service:
+    """Something with ``start()`` and ``stop()`` (a child, a server thread, a fleet): ``with``
+    starts it and stops it however the block ends. ``stop`` must be safe to call twice."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def _die_with_parent() -> None:  # runs in the forked child, before exec

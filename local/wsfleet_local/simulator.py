@@ -129,7 +129,7 @@ from websockets.protocol import State
 
 from wsfleet.exceptions import WsfleetError
 
-from .procs import StopSignals, serve_until_stopped
+from .procs import Service, StopSignals, serve_until_stopped
 
 __all__ = [
     "Fault",
@@ -1227,7 +1227,7 @@ class UpstreamSimulator(SimulatorControl):
 # The simulator on its own loop in a daemon thread, for synchronous tests and tools
 
 
-class SimulatorThread(SimulatorControl):
+class SimulatorThread(SimulatorControl, Service):
     """Run an :class:`UpstreamSimulator` in a daemon thread, for synchronous tests and tools.
 
     Every operation runs on the simulator's loop and waits for the result, so it is safe to
@@ -1274,13 +1274,6 @@ class SimulatorThread(SimulatorControl):
             loop.call_soon_threadsafe(stop.set)
         join(thread, timeout)
         self._thread = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _run(self) -> None:
         try:
