@@ -874,6 +874,11 @@ class SimulatorControl:
         return first_frame_after(self.sessions(stream_id), after)
 
 
+# A new operation needs its route over /_sim too: say so at import, not in a remote call.
+if _OPERATIONS.keys() != _ENDPOINTS.keys():
+    raise RuntimeError(f"operation or route missing: {_OPERATIONS.keys() ^ _ENDPOINTS.keys()}")
+
+
 class UpstreamSimulator(SimulatorControl):
     """The WebSocket upstream: streams, faults, session log, HTTP control endpoints.
 
