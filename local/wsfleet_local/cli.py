@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -110,24 +109,6 @@ def _ask_api(api: str | None, region: str | None, call: Callable[[Any], Any]) ->
 # ----------------------------------------------------------------------------- local up
 
 
-class _Signals:
-    """First SIGINT/SIGTERM asks for a graceful stop; a second one forces it."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.force = threading.Event()
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.stop.is_set():
-            self.force.set()
-            raise KeyboardInterrupt
-        self.stop.set()
-
-
 def _print_usage(fleet: Any) -> None:
     """Where everything is (a panel), then copy-pasteable commands (plain, never wrapped)."""
     api = fleet.api_url
@@ -171,34 +152,42 @@ def local_up(
 ) -> None:
     """Start the backend, simulator, API, reconciler, streams poller and N workers; stay up."""
     from .fleet import FleetTimings, LocalFleet
+    from .procs import StopSignals
 
-    signals = _Signals()
-    signals.install()
     status = console.status("starting", spinner="dots")
 
     def progress(message: str) -> None:
         status.update(message)
         console.print(f"  {message}", style="dim", highlight=False)
 
-    try:
-        timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
-        fleet = LocalFleet(
-            workers=workers,
-            timings=timings,
-            rate=rate,
-            api_port=port,
-            run_dir=run_dir,
-            progress=progress,
-        )
-    except WsfleetError as exc:
-        raise _fail(exc) from exc
+    # The first Ctrl-C drains; a second one interrupts the drain, which then kills everything.
+    with StopSignals(interrupt_on_force=True) as signals:
+        try:
+            timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
+            fleet = LocalFleet(
+                workers=workers,
+                timings=timings,
+                rate=rate,
+                api_port=port,
+                run_dir=run_dir,
+                progress=progress,
+            )
+        except WsfleetError as exc:
+            raise _fail(exc) from exc
+        failed = _supervise(fleet, status, signals.should_exit)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
+    """Start the fleet, restart dead workers until ``stop``, then stop it; True if it failed."""
     failed = False
     try:
         with status:
             fleet.start()
         _print_usage(fleet)
         sys.stdout.flush()
-        while not signals.stop.wait(0.5):
+        while not stop.wait(0.5):
             dead = [slot.worker_id for slot in fleet.workers if not slot.alive()]
             if dead:
                 console.print(f"[yellow]worker(s) exited: {', '.join(dead)}; restarting[/yellow]")
@@ -212,8 +201,7 @@ def local_up(
         failed = True
     finally:
         _shutdown(fleet)
-    if failed:
-        raise typer.Exit(1)
+    return failed
 
 
 def _shutdown(fleet: Any) -> None:

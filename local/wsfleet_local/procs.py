@@ -286,16 +286,19 @@ class StopSignals:
     The first signal sets :attr:`should_exit` (an Event: wait on it); a second one sets
     :attr:`force_exit` and restores the original handlers at once, so a third signal gets
     the default action. Waits during the shutdown go through :meth:`join` / :meth:`sleep`,
-    which return early once ``force_exit`` is set.
+    which return early once ``force_exit`` is set. With ``interrupt_on_force`` the second
+    signal also raises KeyboardInterrupt in the main thread, for a shutdown that cannot look
+    at ``force_exit`` (the CLI's ``LocalFleet.stop()``, which it then aborts).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
     #: How often a shutdown wait looks at ``force_exit``.
     POLL_SECONDS = 0.1
 
-    def __init__(self) -> None:
+    def __init__(self, *, interrupt_on_force: bool = False) -> None:
         self.should_exit = threading.Event()
         self.force_exit = False
+        self.interrupt_on_force = interrupt_on_force
         self._originals: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -315,6 +318,8 @@ class StopSignals:
         if self.should_exit.is_set():
             self.force_exit = True
             self.restore()
+            if self.interrupt_on_force:
+                raise KeyboardInterrupt
         self.should_exit.set()
 
     def restore(self) -> None:
