@@ -318,6 +318,11 @@ def _print_view(view: dict[str, Any], output: str) -> None:
 _UPSTREAM = "Upstream (README: Real upstreams)"
 
 
+def _upstream(flags: str, metavar: str, help_text: str) -> Any:
+    """An option of ``start``'s "Upstream" help panel (``flags``: "--name" or "--name -X")."""
+    return typer.Option(*flags.split(), metavar=metavar, rich_help_panel=_UPSTREAM, help=help_text)
+
+
 @app.command()
 def start(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
@@ -328,66 +333,48 @@ def start(
         bool,
         typer.Option("--no-resume", help="Start from live data, ignoring any checkpoint."),
     ] = False,
-    upstream_json: Annotated[
-        str | None,
-        typer.Option("--upstream", metavar="JSON", rich_help_panel=_UPSTREAM,
-                     help="The whole upstream object as JSON; the options below add to it."),
-    ] = None,
-    upstream_file: Annotated[
-        Path | None,
-        typer.Option("--upstream-file", metavar="PATH", rich_help_panel=_UPSTREAM,
-                     help="The upstream object from a JSON file."),
-    ] = None,
-    headers: Annotated[
-        list[str] | None,
-        typer.Option("--header", "-H", metavar="'NAME: VALUE'", rich_help_panel=_UPSTREAM,
-                     help="Extra handshake header (repeatable). Stored in plain text: secrets "
-                     "go through --secret-ref."),
-    ] = None,
-    subprotocols: Annotated[
-        list[str] | None,
-        typer.Option("--subprotocol", metavar="NAME", rich_help_panel=_UPSTREAM,
-                     help="Offered WebSocket subprotocol (repeatable)."),
-    ] = None,
-    secret_ref: Annotated[
-        str | None,
-        typer.Option("--secret-ref", metavar="ARN", rich_help_panel=_UPSTREAM,
-                     help="Secrets Manager secret or SSM parameter ARN; the value is read by "
-                     "the worker at each connect, never stored."),
-    ] = None,
-    secret_in: Annotated[
-        str | None,
-        typer.Option("--secret-in", metavar="header:NAME|query:NAME|subscribe",
-                     rich_help_panel=_UPSTREAM,
-                     help="Where the secret goes (subscribe: the {{secret}} of --subscribe)."),
-    ] = None,
-    secret_format: Annotated[
-        str | None,
-        typer.Option("--secret-format", metavar="TEXT", rich_help_panel=_UPSTREAM,
-                     help="Header value around the secret, e.g. 'Bearer {{secret}}'."),
-    ] = None,
-    secret_json_key: Annotated[
-        str | None,
-        typer.Option("--secret-json-key", metavar="KEY", rich_help_panel=_UPSTREAM,
-                     help="The secret is a JSON object: use this key's value."),
-    ] = None,
-    subscribe: Annotated[
-        str | None,
-        typer.Option("--subscribe", metavar="MESSAGE", rich_help_panel=_UPSTREAM,
-                     help="Message sent after the handshake: a JSON object/array (sent as "
-                     "JSON) or text; {{from_seq}} and {{secret}} are filled in."),
-    ] = None,
-    seq_pointer: Annotated[
-        str | None,
-        typer.Option("--seq-pointer", metavar="POINTER", rich_help_panel=_UPSTREAM,
-                     help="JSON pointer of a frame's seq, e.g. /data/seq (default /seq)."),
-    ] = None,
-    resume_mode: Annotated[
-        str | None,
-        typer.Option("--resume", metavar="query|subscribe|none", rich_help_panel=_UPSTREAM,
-                     help="How the upstream resumes: query parameter (default), the "
-                     "{{from_seq}} of --subscribe, or none (live only; gaps are reported)."),
-    ] = None,
+    upstream_json: Annotated[str | None, _upstream(
+        "--upstream", "JSON", "The whole upstream object as JSON; the options below add to it."
+    )] = None,
+    upstream_file: Annotated[Path | None, _upstream(
+        "--upstream-file", "PATH", "The upstream object from a JSON file."
+    )] = None,
+    headers: Annotated[list[str] | None, _upstream(
+        "--header -H", "'NAME: VALUE'",
+        "Extra handshake header (repeatable). Stored in plain text: secrets go through "
+        "--secret-ref.",
+    )] = None,
+    subprotocols: Annotated[list[str] | None, _upstream(
+        "--subprotocol", "NAME", "Offered WebSocket subprotocol (repeatable)."
+    )] = None,
+    secret_ref: Annotated[str | None, _upstream(
+        "--secret-ref", "ARN",
+        "Secrets Manager secret or SSM parameter ARN; the value is read by the worker at each "
+        "connect, never stored.",
+    )] = None,
+    secret_in: Annotated[str | None, _upstream(
+        "--secret-in", "header:NAME|query:NAME|subscribe",
+        "Where the secret goes (subscribe: the {{secret}} of --subscribe).",
+    )] = None,
+    secret_format: Annotated[str | None, _upstream(
+        "--secret-format", "TEXT", "Header value around the secret, e.g. 'Bearer {{secret}}'."
+    )] = None,
+    secret_json_key: Annotated[str | None, _upstream(
+        "--secret-json-key", "KEY", "The secret is a JSON object: use this key's value."
+    )] = None,
+    subscribe: Annotated[str | None, _upstream(
+        "--subscribe", "MESSAGE",
+        "Message sent after the handshake: a JSON object/array (sent as JSON) or text; "
+        "{{from_seq}} and {{secret}} are filled in.",
+    )] = None,
+    seq_pointer: Annotated[str | None, _upstream(
+        "--seq-pointer", "POINTER", "JSON pointer of a frame's seq, e.g. /data/seq (default /seq)."
+    )] = None,
+    resume_mode: Annotated[str | None, _upstream(
+        "--resume", "query|subscribe|none",
+        "How the upstream resumes: query parameter (default), the {{from_seq}} of --subscribe, "
+        "or none (live only; gaps are reported).",
+    )] = None,
     json_flag: JsonOption = False,
     output: OutputOption = "text",
 ) -> None:
