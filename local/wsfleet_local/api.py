@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .events import api_gateway_event
+from .procs import Service
 from .runtime import FunctionError, FunctionTimeout
 from .stack import Route
 
@@ -173,7 +174,7 @@ class _ApiServer(ThreadingHTTPServer):
         self.api = api
 
 
-class LocalApi:
+class LocalApi(Service):
     """A loopback HTTP server exposing the router's template routes, one thread per request.
 
     ``url`` includes the stage (``http://127.0.0.1:PORT/dev``) like the deployed API's URL,
@@ -238,9 +239,3 @@ class LocalApi:
         server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-    def __enter__(self) -> LocalApi:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

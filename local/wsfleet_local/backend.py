@@ -55,7 +55,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -63,7 +62,14 @@ import yaml
 
 from wsfleet.exceptions import WsfleetError
 
-from .procs import ChildProcess, ChildProcessError_, StopSignals, serve_until_stopped, spawn
+from .procs import (
+    ChildProcess,
+    ChildProcessError_,
+    Service,
+    StopSignals,
+    serve_until_stopped,
+    spawn,
+)
 from .stack import StackResolver, Unresolvable
 
 if TYPE_CHECKING:
@@ -864,7 +870,7 @@ def _wait_until_answers(endpoint_url: str, timeout_seconds: float) -> None:
         time.sleep(0.05)
 
 
-class EmbeddedBackend:
+class EmbeddedBackend(Service):
     """A serialised moto server in a child process, plus the stack's resources on demand.
 
     The child exits on SIGTERM (what :meth:`stop` sends) and also when this process goes away
@@ -948,17 +954,6 @@ class EmbeddedBackend:
         return provision_resources(
             self.endpoint_url, prefix, region=self.region, template_path=self.template_path
         )
-
-    def __enter__(self) -> EmbeddedBackend:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: Iterator[str] | list[str] | None = None) -> int:

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,34 +87,26 @@ _INPUT_REFUSED = frozenset({400, 413, 415, 422})
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-    return typer.Exit(2 if getattr(exc, "status", None) in _INPUT_REFUSED else 1)
+    """Say what failed; exit 2 when the API refused the input, else 1."""
+    return _usage_error(exc, 2 if getattr(exc, "status", None) in _INPUT_REFUSED else 1)
 
 
-def _usage_error(exc: Exception) -> typer.Exit:
+def _usage_error(exc: Exception, code: int = 2) -> typer.Exit:
     err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-    return typer.Exit(2)
+    return typer.Exit(code)
+
+
+def _ask_api(api: str | None, region: str | None, call: Callable[[Any], Any]) -> Any:
+    """``call(ApiClient)``; an API error prints and exits (see :func:`_fail`)."""
+    from .client import ApiError
+
+    try:
+        return call(_api_client(api, region))
+    except ApiError as exc:
+        raise _fail(exc) from exc
 
 
 # ----------------------------------------------------------------------------- local up
-
-
-class _Signals:
-    """First SIGINT/SIGTERM asks for a graceful stop; a second one forces it."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.force = threading.Event()
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.stop.is_set():
-            self.force.set()
-            raise KeyboardInterrupt
-        self.stop.set()
 
 
 def _print_usage(fleet: Any) -> None:
@@ -160,34 +152,42 @@ def local_up(
 ) -> None:
     """Start the backend, simulator, API, reconciler, streams poller and N workers; stay up."""
     from .fleet import FleetTimings, LocalFleet
+    from .procs import StopSignals
 
-    signals = _Signals()
-    signals.install()
     status = console.status("starting", spinner="dots")
 
     def progress(message: str) -> None:
         status.update(message)
         console.print(f"  {message}", style="dim", highlight=False)
 
-    try:
-        timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
-        fleet = LocalFleet(
-            workers=workers,
-            timings=timings,
-            rate=rate,
-            api_port=port,
-            run_dir=run_dir,
-            progress=progress,
-        )
-    except WsfleetError as exc:
-        raise _fail(exc) from exc
+    # The first Ctrl-C drains; a second one interrupts the drain, which then kills everything.
+    with StopSignals(interrupt_on_force=True) as signals:
+        try:
+            timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
+            fleet = LocalFleet(
+                workers=workers,
+                timings=timings,
+                rate=rate,
+                api_port=port,
+                run_dir=run_dir,
+                progress=progress,
+            )
+        except WsfleetError as exc:
+            raise _fail(exc) from exc
+        failed = _supervise(fleet, status, signals.should_exit)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
+    """Start the fleet, restart dead workers until ``stop``, then stop it; True if it failed."""
     failed = False
     try:
         with status:
             fleet.start()
         _print_usage(fleet)
         sys.stdout.flush()
-        while not signals.stop.wait(0.5):
+        while not stop.wait(0.5):
             dead = [slot.worker_id for slot in fleet.workers if not slot.alive()]
             if dead:
                 console.print(f"[yellow]worker(s) exited: {', '.join(dead)}; restarting[/yellow]")
@@ -201,8 +201,7 @@ def local_up(
         failed = True
     finally:
         _shutdown(fleet)
-    if failed:
-        raise typer.Exit(1)
+    return failed
 
 
 def _shutdown(fleet: Any) -> None:
@@ -319,6 +318,11 @@ def _print_view(view: dict[str, Any], output: str) -> None:
 _UPSTREAM = "Upstream (README: Real upstreams)"
 
 
+def _upstream(flags: str, metavar: str, help_text: str) -> Any:
+    """An option of ``start``'s "Upstream" help panel (``flags``: "--name" or "--name -X")."""
+    return typer.Option(*flags.split(), metavar=metavar, rich_help_panel=_UPSTREAM, help=help_text)
+
+
 @app.command()
 def start(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
@@ -329,71 +333,53 @@ def start(
         bool,
         typer.Option("--no-resume", help="Start from live data, ignoring any checkpoint."),
     ] = False,
-    upstream_json: Annotated[
-        str | None,
-        typer.Option("--upstream", metavar="JSON", rich_help_panel=_UPSTREAM,
-                     help="The whole upstream object as JSON; the options below add to it."),
-    ] = None,
-    upstream_file: Annotated[
-        Path | None,
-        typer.Option("--upstream-file", metavar="PATH", rich_help_panel=_UPSTREAM,
-                     help="The upstream object from a JSON file."),
-    ] = None,
-    headers: Annotated[
-        list[str] | None,
-        typer.Option("--header", "-H", metavar="'NAME: VALUE'", rich_help_panel=_UPSTREAM,
-                     help="Extra handshake header (repeatable). Stored in plain text: secrets "
-                     "go through --secret-ref."),
-    ] = None,
-    subprotocols: Annotated[
-        list[str] | None,
-        typer.Option("--subprotocol", metavar="NAME", rich_help_panel=_UPSTREAM,
-                     help="Offered WebSocket subprotocol (repeatable)."),
-    ] = None,
-    secret_ref: Annotated[
-        str | None,
-        typer.Option("--secret-ref", metavar="ARN", rich_help_panel=_UPSTREAM,
-                     help="Secrets Manager secret or SSM parameter ARN; the value is read by "
-                     "the worker at each connect, never stored."),
-    ] = None,
-    secret_in: Annotated[
-        str | None,
-        typer.Option("--secret-in", metavar="header:NAME|query:NAME|subscribe",
-                     rich_help_panel=_UPSTREAM,
-                     help="Where the secret goes (subscribe: the {{secret}} of --subscribe)."),
-    ] = None,
-    secret_format: Annotated[
-        str | None,
-        typer.Option("--secret-format", metavar="TEXT", rich_help_panel=_UPSTREAM,
-                     help="Header value around the secret, e.g. 'Bearer {{secret}}'."),
-    ] = None,
-    secret_json_key: Annotated[
-        str | None,
-        typer.Option("--secret-json-key", metavar="KEY", rich_help_panel=_UPSTREAM,
-                     help="The secret is a JSON object: use this key's value."),
-    ] = None,
-    subscribe: Annotated[
-        str | None,
-        typer.Option("--subscribe", metavar="MESSAGE", rich_help_panel=_UPSTREAM,
-                     help="Message sent after the handshake: a JSON object/array (sent as "
-                     "JSON) or text; {{from_seq}} and {{secret}} are filled in."),
-    ] = None,
-    seq_pointer: Annotated[
-        str | None,
-        typer.Option("--seq-pointer", metavar="POINTER", rich_help_panel=_UPSTREAM,
-                     help="JSON pointer of a frame's seq, e.g. /data/seq (default /seq)."),
-    ] = None,
-    resume_mode: Annotated[
-        str | None,
-        typer.Option("--resume", metavar="query|subscribe|none", rich_help_panel=_UPSTREAM,
-                     help="How the upstream resumes: query parameter (default), the "
-                     "{{from_seq}} of --subscribe, or none (live only; gaps are reported)."),
-    ] = None,
+    upstream_json: Annotated[str | None, _upstream(
+        "--upstream", "JSON", "The whole upstream object as JSON; the options below add to it."
+    )] = None,
+    upstream_file: Annotated[Path | None, _upstream(
+        "--upstream-file", "PATH", "The upstream object from a JSON file."
+    )] = None,
+    headers: Annotated[list[str] | None, _upstream(
+        "--header -H", "'NAME: VALUE'",
+        "Extra handshake header (repeatable). Stored in plain text: secrets go through "
+        "--secret-ref.",
+    )] = None,
+    subprotocols: Annotated[list[str] | None, _upstream(
+        "--subprotocol", "NAME", "Offered WebSocket subprotocol (repeatable)."
+    )] = None,
+    secret_ref: Annotated[str | None, _upstream(
+        "--secret-ref", "ARN",
+        "Secrets Manager secret or SSM parameter ARN; the value is read by the worker at each "
+        "connect, never stored.",
+    )] = None,
+    secret_in: Annotated[str | None, _upstream(
+        "--secret-in", "header:NAME|query:NAME|subscribe",
+        "Where the secret goes (subscribe: the {{secret}} of --subscribe).",
+    )] = None,
+    secret_format: Annotated[str | None, _upstream(
+        "--secret-format", "TEXT", "Header value around the secret, e.g. 'Bearer {{secret}}'."
+    )] = None,
+    secret_json_key: Annotated[str | None, _upstream(
+        "--secret-json-key", "KEY", "The secret is a JSON object: use this key's value."
+    )] = None,
+    subscribe: Annotated[str | None, _upstream(
+        "--subscribe", "MESSAGE",
+        "Message sent after the handshake: a JSON object/array (sent as JSON) or text; "
+        "{{from_seq}} and {{secret}} are filled in.",
+    )] = None,
+    seq_pointer: Annotated[str | None, _upstream(
+        "--seq-pointer", "POINTER", "JSON pointer of a frame's seq, e.g. /data/seq (default /seq)."
+    )] = None,
+    resume_mode: Annotated[str | None, _upstream(
+        "--resume", "query|subscribe|none",
+        "How the upstream resumes: query parameter (default), the {{from_seq}} of --subscribe, "
+        "or none (live only; gaps are reported).",
+    )] = None,
     json_flag: JsonOption = False,
     output: OutputOption = "text",
 ) -> None:
     """START a connection: a worker acquires its lease and streams it."""
-    from .client import ApiError, UpstreamUsageError, build_upstream, read_upstream_json
+    from .client import UpstreamUsageError, build_upstream, read_upstream_json
 
     try:
         upstream = build_upstream(
@@ -410,13 +396,11 @@ def start(
         )
     except UpstreamUsageError as exc:
         raise _usage_error(exc) from None
-    try:
-        view = _api_client(api, region).start(
-            connection_id, ws_url, resume=not no_resume, upstream=upstream
-        )
-    except ApiError as exc:
-        raise _fail(exc) from exc
-    _print_view(view, "json" if json_flag else output)
+
+    def call(client: Any) -> Any:
+        return client.start(connection_id, ws_url, resume=not no_resume, upstream=upstream)
+
+    _print_view(_ask_api(api, region, call), "json" if json_flag else output)
 
 
 def _details(view: dict[str, Any]) -> list[str]:
@@ -449,12 +433,7 @@ def get(
     output: OutputOption = "text",
 ) -> None:
     """Show a connection: state, checkpoint, lease, upstream options, resume gaps."""
-    from .client import ApiError
-
-    try:
-        view = _api_client(api, region).get(connection_id)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    view = _ask_api(api, region, lambda client: client.get(connection_id))
     output = "json" if json_flag else output
     _print_view(view, output)
     if output == "text":
@@ -471,12 +450,7 @@ def stop(
     output: OutputOption = "text",
 ) -> None:
     """STOP a connection: its owner closes the socket and releases the lease."""
-    from .client import ApiError
-
-    try:
-        view = _api_client(api, region).stop(connection_id)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    view = _ask_api(api, region, lambda client: client.stop(connection_id))
     _print_view(view, "json" if json_flag else output)
 
 

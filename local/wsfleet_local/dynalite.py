@@ -38,7 +38,7 @@ from typing import Any, Self
 
 from wsfleet.exceptions import WsfleetError
 
-from .procs import ChildProcess, ChildProcessError_, spawn
+from .procs import ChildProcess, ChildProcessError_, Service, spawn
 
 __all__ = ["DYNALITE_VERSION", "Dynalite", "DynaliteError", "dynalite_home", "install", "main"]
 
@@ -92,7 +92,7 @@ def _free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-class Dynalite:
+class Dynalite(Service):
     """A dynalite server (in memory) in a child process on 127.0.0.1.
 
     The child is spawned like the local fleet's own (:func:`wsfleet_local.procs.spawn`): in its
@@ -178,12 +178,6 @@ class Dynalite:
             target.get_waiter("table_exists").wait(
                 TableName=name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 100}
             )
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 def create_table_request(description: dict[str, Any]) -> dict[str, Any]:

@@ -89,7 +89,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from wsfleet.exceptions import WsfleetError
 
-from .procs import StopSignals, serve_until_stopped, spawn
+from .procs import Service, StopSignals, serve_until_stopped, spawn
 
 __all__ = [
     "CONTROL_PREFIX",
@@ -472,7 +472,7 @@ class ProxyStats:
 # =============================================================================================
 
 
-class FaultProxy:
+class FaultProxy(Service):
     """The proxy: one threaded HTTP listener per label, shared rules, upstream and counters.
 
     ``upstream`` may be None at start and set later (:meth:`set_upstream`): requests that
@@ -590,12 +590,6 @@ class FaultProxy:
         if journal is not None:
             with self._journal_lock:
                 journal.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # -- request path -------------------------------------------------------------------------
     def _maybe_reload_rules(self) -> None:
@@ -930,7 +924,7 @@ class FaultClient:
 # =============================================================================================
 
 
-class ProxyProcess:
+class ProxyProcess(Service):
     """``python -m wsfleet_local.faults`` as a child of this process (dies with it).
 
     A child keeps the proxy's threads off the caller's GIL, so a benchmark driver polling
@@ -988,14 +982,8 @@ class ProxyProcess:
         child.close_stdin()
         child.stop(signal.SIGTERM, 5)
 
-    def __enter__(self) -> Self:
-        return self.start()
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-class FaultyFleet:
+class FaultyFleet(Service):
     """A :class:`~wsfleet_local.fleet.LocalFleet` whose workers reach DynamoDB and SQS through
     a fault proxy (label ``worker``), for the chaos suite and the benchmarks.
 
@@ -1062,12 +1050,6 @@ class FaultyFleet:
             proxy, self.proxy = self.proxy, None
             if proxy is not None:
                 proxy.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 # =============================================================================================

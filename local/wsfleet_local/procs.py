@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from wsfleet.exceptions import WsfleetError
 
@@ -54,6 +54,7 @@ __all__ = [
     "ChildProcessError_",
     "ChildTimeout",
     "LineReader",
+    "Service",
     "StopSignals",
     "pid_alive",
     "serve_until_stopped",
@@ -74,6 +75,24 @@ class ChildProcessError_(WsfleetError):
 
 class ChildTimeout(ChildProcessError_):
     """A child said nothing within the time it was given."""
+
+
+class Service:
+    """Something with ``start()`` and ``stop()`` (a child, a server thread, a fleet): ``with``
+    starts it and stops it however the block ends. ``stop`` must be safe to call twice."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def _die_with_parent() -> None:  # runs in the forked child, before exec
@@ -267,16 +286,19 @@ class StopSignals:
     The first signal sets :attr:`should_exit` (an Event: wait on it); a second one sets
     :attr:`force_exit` and restores the original handlers at once, so a third signal gets
     the default action. Waits during the shutdown go through :meth:`join` / :meth:`sleep`,
-    which return early once ``force_exit`` is set.
+    which return early once ``force_exit`` is set. With ``interrupt_on_force`` the second
+    signal also raises KeyboardInterrupt in the main thread, for a shutdown that cannot look
+    at ``force_exit`` (the CLI's ``LocalFleet.stop()``, which it then aborts).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
     #: How often a shutdown wait looks at ``force_exit``.
     POLL_SECONDS = 0.1
 
-    def __init__(self) -> None:
+    def __init__(self, *, interrupt_on_force: bool = False) -> None:
         self.should_exit = threading.Event()
         self.force_exit = False
+        self.interrupt_on_force = interrupt_on_force
         self._originals: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -296,6 +318,8 @@ class StopSignals:
         if self.should_exit.is_set():
             self.force_exit = True
             self.restore()
+            if self.interrupt_on_force:
+                raise KeyboardInterrupt
         self.should_exit.set()
 
     def restore(self) -> None:

@@ -85,8 +85,17 @@ Example::
         async with websockets.connect(sim.url_for("s1") + "?from_seq=1") as ws:
             assert json.loads(await ws.recv()) == {"seq": 1, "data": "s1:1"}
 
-From synchronous code, ``with SimulatorThread(rate=50) as sim: ...`` runs the same server on
-its own event loop. ``python -m wsfleet_local.simulator --port 0`` runs it in the foreground.
+One control API, three places to run it
+    Each control operation (open, end, fault, hostile, poison, redirect, shape, the session
+    log, ...) is written once, as a free function of the simulator's state, and its route over
+    /_sim once, in a table. :class:`SimulatorControl` turns each into a method; its subclasses
+    only say how to reach the simulator: :class:`UpstreamSimulator` in this event loop,
+    :class:`SimulatorThread` on its own loop in a daemon thread (for synchronous code),
+    :class:`SimulatorClient` in another process over HTTP.
+
+``python -m wsfleet_local.simulator --port 0`` runs it in the foreground, the way every local
+child serves (:func:`wsfleet_local.procs.serve_until_stopped`): one JSON line ``{"url": ...}``
+once listening, a graceful stop on SIGTERM/SIGINT, a forced one on a second signal.
 """
 
 from __future__ import annotations
@@ -97,11 +106,12 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import functools
 import http
+import inspect
 import itertools
 import json
 import math
-import signal
 import sys
 import threading
 import time
@@ -109,7 +119,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
-from typing import Any, Self, TypeVar
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -119,6 +129,8 @@ from websockets.protocol import State
 
 from wsfleet.exceptions import WsfleetError
 
+from .procs import Service, StopSignals, serve_until_stopped
+
 __all__ = [
     "Fault",
     "HostileFrame",
@@ -126,6 +138,7 @@ __all__ = [
     "SessionRecord",
     "Shape",
     "SimulatorClient",
+    "SimulatorControl",
     "SimulatorError",
     "SimulatorThread",
     "StreamClock",
@@ -544,11 +557,333 @@ def _format_peer(address: Any) -> str:
     return str(address)
 
 
-class UpstreamSimulator:
+# --------------------------------------------------------------------------------------------
+# The control API, written once: each operation is a free function of a simulator's state;
+# the facade (SimulatorControl) makes each one a method that runs wherever the simulator is
+# (this loop, a thread's loop, another process over /_sim). All run on the simulator's loop.
+
+
+def open_stream(
+    sim: UpstreamSimulator, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
+) -> dict[str, Any]:
+    """Start a stream now (if new), or change its rate / end seq (if known); returns its info."""
+    if max_seq is not None and max_seq < 0:
+        raise InvalidRequest(f"max_seq must be >= 0, got {max_seq}")
+    now = sim._now()
+    clock = sim._streams.get(stream_id)
+    if clock is None:
+        sim._streams[stream_id] = StreamClock(
+            rate=_check_rate(sim.rate if rate is None else rate), anchor_time=now, max_seq=max_seq
+        )
+    else:
+        if rate is not None:
+            clock.set_rate(rate, now)
+        if max_seq is not None:
+            clock.set_max_seq(max_seq, now)
+        sim._wake(stream_id)
+    return stream_info(sim, stream_id)
+
+
+def end_stream(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
+    """Freeze the stream at its current seq; sessions send what they still owe, then 1000.
+    Returns its info."""
+    clock, now = sim._clock(stream_id), sim._now()
+    clock.set_max_seq(clock.current(now), now)
+    sim._wake(stream_id)
+    return stream_info(sim, stream_id)
+
+
+def stream_info(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
+    """JSON-ready state of one stream (raises :class:`UnknownStream`)."""
+    clock, now = sim._clock(stream_id), sim._now()
+    config = sim._shapes.get(stream_id)
+    return {
+        "stream_id": stream_id,
+        "current_seq": clock.current(now),
+        "rate": clock.rate,
+        "max_seq": clock.max_seq,
+        "ended": clock.ended(now),
+        "open_sessions": len(sim._live.get(stream_id, ())),
+        "pending_faults": [f.value for f in sim._faults.get(stream_id, ())],
+        "pending_rejects": sim._rejects.get(stream_id, 0),
+        "shape": (Shape.PLAIN if config is None else config.shape).value,
+    }
+
+
+def streams(sim: UpstreamSimulator) -> dict[str, dict[str, Any]]:
+    """Info for every stream seen so far, keyed by stream id."""
+    return {stream_id: stream_info(sim, stream_id) for stream_id in sim._streams}
+
+
+def sessions(
+    sim: UpstreamSimulator, stream_id: str | None = None, *, open_only: bool = False
+) -> list[SessionRecord]:
+    """Snapshots of logged sessions (oldest first), optionally of one stream or only open."""
+    return [
+        dataclasses.replace(r)
+        for r in sim._log
+        if (stream_id is None or r.stream_id == stream_id) and not (open_only and not r.is_open)
+    ]
+
+
+def inject_fault(sim: UpstreamSimulator, stream_id: str, kind: str | Fault) -> None:
+    """Arm a one-shot fault on a session open now, else on the next session (or handshake)."""
+    fault = Fault.parse(kind)
+    if fault is Fault.REJECT:
+        sim._rejects[stream_id] += 1
+        return
+    sim._faults.setdefault(stream_id, collections.deque()).append(fault)
+    sim._wake(stream_id)
+
+
+def inject_hostile(
+    sim: UpstreamSimulator, stream_id: str, kind: str | HostileFrame, *, size: int | None = None
+) -> None:
+    """Arm a one-shot hostile frame, sent like a fault frame (the stream then continues)."""
+    frame = HostileFrame.parse(kind)
+    if size is not None and size < 0:
+        raise InvalidRequest(f"size must be >= 0, got {size}")
+    if frame is not HostileFrame.MAX_SIZE:
+        size = 0
+    elif size is None:
+        size = DEFAULT_HOSTILE_FRAME_BYTES
+    sim._hostile.setdefault(stream_id, collections.deque()).append((frame, size))
+    sim._wake(stream_id)
+
+
+def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int) -> None:
+    """Every later session of ``stream_id`` first gets a ``size``-byte frame (0: off)."""
+    if size < 0:
+        raise InvalidRequest(f"size must be >= 0, got {size}")
+    if size:
+        sim._poisoned[stream_id] = size
+    else:
+        sim._poisoned.pop(stream_id, None)
+
+
+def redirect_stream(sim: UpstreamSimulator, stream_id: str, location: str | None) -> None:
+    """Answer every handshake for ``stream_id`` with ``302 Location: location``.
+
+    ``None`` turns the redirect off. The location is sent as given (absolute or relative),
+    so a test can point it anywhere, including at a host the fleet must refuse::
+
+        sim.redirect_stream("s1", "ws://127.0.0.2:9/s1")
+    """
+    if location is None:
+        sim._redirects.pop(stream_id, None)
+    else:
+        sim._redirects[stream_id] = location
+
+
+def redirects_served(sim: UpstreamSimulator, stream_id: str) -> int:
+    """How many handshakes for ``stream_id`` were answered with a redirect."""
+    return sim._redirects_served[stream_id]
+
+
+def set_shape(
+    sim: UpstreamSimulator,
+    stream_id: str,
+    kind: str | Shape,
+    *,
+    header: str | None = None,
+    value: str | None = None,
+    field: str | None = None,
+) -> None:
+    """Give ``stream_id`` a :class:`Shape` (applies from the next handshake).
+
+    ``header_auth`` needs ``header`` and ``value``; ``subscribe`` reads the resume position
+    from the message field ``field`` (default ``from_seq``)::
+
+        sim.set_shape("s1", "header_auth", header="Authorization", value="Bearer t0k3n")
+    """
+    shape = Shape.parse(kind)
+    if shape is Shape.HEADER_AUTH and not (header and value is not None):
+        raise InvalidRequest("header_auth needs a header and a value")
+    if shape is Shape.PLAIN:
+        sim._shapes.pop(stream_id, None)
+        return
+    sim._shapes[stream_id] = _ShapeConfig(shape, header or "", value or "", field or RESUME_PARAM)
+
+
+def auth_rejects(sim: UpstreamSimulator, stream_id: str) -> int:
+    """Handshakes of a ``header_auth`` stream answered 401."""
+    return sim._auth_rejects[stream_id]
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_OPERATIONS: dict[str, Callable[..., Any]] = {}
+
+
+def _operation(
+    fn: Callable[Concatenate[UpstreamSimulator, _P], _R],
+) -> Callable[Concatenate[SimulatorControl, _P], _R]:
+    """The facade method of operation ``fn``: ``self._call(name, ...)``, wherever it runs."""
+    name = fn.__name__
+    _OPERATIONS[name] = fn
+
+    @functools.wraps(fn)
+    def method(self: SimulatorControl, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return self._call(name, *args, **kwargs)  # type: ignore[no-any-return]
+
+    return method
+
+
+def _text(query: dict[str, list[str]], name: str) -> str:
+    return _query_value(query, name) or ""
+
+
+def _flag(query: dict[str, list[str]], name: str) -> bool:
+    return _query_value(query, name) in ("1", "true")
+
+
+def _count(query: dict[str, list[str]], name: str) -> int:
+    return _int_param(query, name) or 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Endpoint:
+    """How one operation travels over /_sim: ``SimulatorClient`` builds the request from it,
+    the simulator's server parses it back into the same call."""
+
+    verb: str
+    path: str  # below /_sim/; "{id}" is the (quoted) stream id, the operation's first argument
+    #: (query parameter, keyword argument, parser of the parameter on the server side)
+    params: tuple[tuple[str, str, Callable[[dict[str, list[str]], str], Any]], ...] = ()
+    key: str | None = None  # the answer is {key: result}; else the result, or {"ok": true}
+
+
+_ENDPOINTS: dict[str, _Endpoint] = {
+    "streams": _Endpoint("GET", "streams", key="streams"),
+    "stream_info": _Endpoint("GET", "streams/{id}"),
+    "sessions": _Endpoint(
+        "GET",
+        "sessions",
+        (("stream", "stream_id", _query_value), ("open", "open_only", _flag)),
+        key="sessions",
+    ),
+    "open_stream": _Endpoint(
+        "POST",
+        "streams/{id}/open",
+        (("rate", "rate", _float_param), ("max_seq", "max_seq", _int_param)),
+    ),
+    "end_stream": _Endpoint("POST", "streams/{id}/end"),
+    "inject_fault": _Endpoint("POST", "streams/{id}/fault", (("kind", "kind", _text),)),
+    "inject_hostile": _Endpoint(
+        "POST", "streams/{id}/hostile", (("kind", "kind", _text), ("size", "size", _int_param))
+    ),
+    "poison_stream": _Endpoint("POST", "streams/{id}/poison", (("size", "size", _count),)),
+    "redirect_stream": _Endpoint(
+        "POST", "streams/{id}/redirect", (("location", "location", _query_value),)
+    ),
+    "redirects_served": _Endpoint("GET", "streams/{id}/redirects", key="served"),
+    "set_shape": _Endpoint(
+        "POST",
+        "streams/{id}/shape",
+        (
+            ("kind", "kind", _text),
+            ("header", "header", _query_value),
+            ("value", "value", _query_value),
+            ("field", "field", _query_value),
+        ),
+    ),
+    "auth_rejects": _Endpoint("GET", "streams/{id}/auth_rejects", key="rejected"),
+}
+
+
+def _to_wire(endpoint: _Endpoint, result: Any) -> Any:
+    if isinstance(result, list):
+        result = [r.to_dict() if isinstance(r, SessionRecord) else r for r in result]
+    if endpoint.key is not None:
+        return {endpoint.key: result}
+    return {"ok": True} if result is None else result
+
+
+def _from_wire(endpoint: _Endpoint, payload: Any) -> Any:
+    result = payload if endpoint.key is None else payload[endpoint.key]
+    if endpoint.key == "sessions":
+        return [SessionRecord.from_dict(item) for item in result]
+    return None if result == {"ok": True} else result
+
+
+def _match_endpoint(method: str, parts: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """The operation a /_sim request names, with its stream id (if in the path), or None."""
+    for name, endpoint in _ENDPOINTS.items():
+        pattern = endpoint.path.split("/")
+        if endpoint.verb != method or len(pattern) != len(parts):
+            continue
+        pairs = list(zip(pattern, parts, strict=True))
+        if all(p in ("{id}", part) for p, part in pairs):
+            ids = [urllib.parse.unquote(x) for p, x in pairs if p == "{id}"]
+            return name, {"stream_id": ids[0]} if ids else {}
+    return None
+
+
+class SimulatorControl:
+    """The simulator's control API, wherever it runs: in this loop (:class:`UpstreamSimulator`),
+    on a thread's loop (:class:`SimulatorThread`), in another process (:class:`SimulatorClient`).
+
+    Each operation is one free function of the simulator's state (above); a subclass says only
+    how to reach it, by :meth:`_call`. The checks (overlaps, failover time) are computed here
+    from the session log, so they are the same everywhere.
+    """
+
+    @property
+    def url(self) -> str:
+        """Base URL, ``ws://host:port``."""
+        raise NotImplementedError
+
+    def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Run operation ``operation`` (a key of ``_OPERATIONS``) on the simulator."""
+        raise NotImplementedError
+
+    open_stream = _operation(open_stream)
+    end_stream = _operation(end_stream)
+    stream_info = _operation(stream_info)
+    streams = _operation(streams)
+    sessions = _operation(sessions)
+    inject_fault = _operation(inject_fault)
+    inject_hostile = _operation(inject_hostile)
+    poison_stream = _operation(poison_stream)
+    redirect_stream = _operation(redirect_stream)
+    redirects_served = _operation(redirects_served)
+    set_shape = _operation(set_shape)
+    auth_rejects = _operation(auth_rejects)
+
+    def url_for(self, stream_id: str) -> str:
+        """WebSocket URL of one stream (append ``?from_seq=N`` to resume)."""
+        return f"{self.url}/{urllib.parse.quote(stream_id, safe='')}"
+
+    def current_seq(self, stream_id: str) -> int:
+        """Latest seq produced on ``stream_id`` (0 if nothing yet or the stream is unknown)."""
+        try:
+            return int(self.stream_info(stream_id)["current_seq"])
+        except UnknownStream:
+            return 0
+
+    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
+        """Snapshots of the sessions still open, optionally for one stream."""
+        return self.sessions(stream_id, open_only=True)
+
+    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
+        """Pairs of sessions on ``stream_id`` that were open at the same time."""
+        return find_overlaps(self.sessions(stream_id))
+
+    def first_frame_at(self, stream_id: str, after: float) -> float | None:
+        """Wall time of the first frame sent by a session opened after ``after`` (or None)."""
+        return first_frame_after(self.sessions(stream_id), after)
+
+
+# A new operation needs its route over /_sim too: say so at import, not in a remote call.
+if _OPERATIONS.keys() != _ENDPOINTS.keys():
+    raise RuntimeError(f"operation or route missing: {_OPERATIONS.keys() ^ _ENDPOINTS.keys()}")
+
+
+class UpstreamSimulator(SimulatorControl):
     """The WebSocket upstream: streams, faults, session log, HTTP control endpoints.
 
     Not thread-safe: call it from the event loop it was started on (or use
-    :class:`SimulatorThread`). Settings:
+    :class:`SimulatorThread`); the control API is :class:`SimulatorControl`'s. Settings:
 
     - ``rate``: default frames/s for new streams (overridable per stream).
     - ``buffer_frames``: replay window per stream; older ``from_seq`` values record a gap.
@@ -634,76 +969,12 @@ class UpstreamSimulator:
         """Base URL, ``ws://host:port``."""
         return f"ws://{self.host}:{self.port}"
 
-    def url_for(self, stream_id: str) -> str:
-        """WebSocket URL of one stream (append ``?from_seq=N`` to resume)."""
-        return f"{self.url}/{urllib.parse.quote(stream_id, safe='')}"
+    def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
+        return _OPERATIONS[operation](self, *args, **kwargs)
 
     def _now(self) -> float:
         loop = self._loop
         return loop.time() if loop is not None else time.monotonic()
-
-    # -- streams -------------------------------------------------------------------------
-
-    def open_stream(
-        self, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
-    ) -> None:
-        """Start a stream now (if new), or change its rate / end seq (if known)."""
-        if max_seq is not None and max_seq < 0:
-            raise InvalidRequest(f"max_seq must be >= 0, got {max_seq}")
-        now = self._now()
-        clock = self._streams.get(stream_id)
-        if clock is None:
-            self._streams[stream_id] = StreamClock(
-                rate=_check_rate(self.rate if rate is None else rate),
-                anchor_time=now,
-                max_seq=max_seq,
-            )
-            return
-        if rate is not None:
-            clock.set_rate(rate, now)
-        if max_seq is not None:
-            clock.set_max_seq(max_seq, now)
-        self._wake(stream_id)
-
-    def end_stream(self, stream_id: str) -> None:
-        """Freeze the stream at its current seq; sessions send what they still owe, then 1000."""
-        clock, now = self._clock(stream_id), self._now()
-        clock.set_max_seq(clock.current(now), now)
-        self._wake(stream_id)
-
-    def current_seq(self, stream_id: str) -> int:
-        """Latest seq produced on ``stream_id`` (0 if nothing yet or the stream is unknown)."""
-        clock = self._streams.get(stream_id)
-        return 0 if clock is None else clock.current(self._now())
-
-    def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
-        """Arm a one-shot fault on a session open now, else on the next session (or handshake)."""
-        fault = Fault.parse(kind)
-        if fault is Fault.REJECT:
-            self._rejects[stream_id] += 1
-            return
-        self._faults.setdefault(stream_id, collections.deque()).append(fault)
-        self._wake(stream_id)
-
-    def stream_info(self, stream_id: str) -> dict[str, Any]:
-        """JSON-ready state of one stream (the /_sim/streams entry)."""
-        clock = self._clock(stream_id)
-        now = self._now()
-        return {
-            "stream_id": stream_id,
-            "current_seq": clock.current(now),
-            "rate": clock.rate,
-            "max_seq": clock.max_seq,
-            "ended": clock.ended(now),
-            "open_sessions": len(self._live.get(stream_id, ())),
-            "pending_faults": [f.value for f in self._faults.get(stream_id, ())],
-            "pending_rejects": self._rejects.get(stream_id, 0),
-            "shape": self.shape_of(stream_id).value,
-        }
-
-    def streams(self) -> dict[str, dict[str, Any]]:
-        """Info for every stream seen so far, keyed by stream id."""
-        return {stream_id: self.stream_info(stream_id) for stream_id in self._streams}
 
     def _clock(self, stream_id: str) -> StreamClock:
         try:
@@ -714,28 +985,6 @@ class UpstreamSimulator:
     def _wake(self, stream_id: str) -> None:
         for session in self._live.get(stream_id, ()):
             session.wake.set()
-
-    # -- session log ---------------------------------------------------------------------
-
-    def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
-        """Snapshots of logged sessions (oldest first), optionally for one stream."""
-        return [
-            dataclasses.replace(r)
-            for r in self._log
-            if stream_id is None or r.stream_id == stream_id
-        ]
-
-    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
-        """Snapshots of the sessions still open, optionally for one stream."""
-        return [r for r in self.sessions(stream_id) if r.is_open]
-
-    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
-        """Pairs of sessions on ``stream_id`` that were open at the same time."""
-        return find_overlaps(self.sessions(stream_id))
-
-    def first_frame_at(self, stream_id: str, after: float) -> float | None:
-        """Wall time of the first frame sent by a session opened after ``after`` (or None)."""
-        return first_frame_after(self.sessions(stream_id), after)
 
     # -- HTTP --------------------------------------------------------------------------------
 
@@ -770,61 +1019,6 @@ class UpstreamSimulator:
         connection.target = target
         return None
 
-    # -- shapes ------------------------------------------------------------------------------
-
-    def set_shape(
-        self,
-        stream_id: str,
-        kind: str | Shape,
-        *,
-        header: str | None = None,
-        value: str | None = None,
-        field: str | None = None,
-    ) -> None:
-        """Give ``stream_id`` a :class:`Shape` (applies from the next handshake).
-
-        ``header_auth`` needs ``header`` and ``value``; ``subscribe`` reads the resume position
-        from the message field ``field`` (default ``from_seq``)::
-
-            sim.set_shape("s1", "header_auth", header="Authorization", value="Bearer t0k3n")
-        """
-        shape = Shape.parse(kind)
-        if shape is Shape.HEADER_AUTH and not (header and value is not None):
-            raise InvalidRequest("header_auth needs a header and a value")
-        if shape is Shape.PLAIN:
-            self._shapes.pop(stream_id, None)
-            return
-        self._shapes[stream_id] = _ShapeConfig(
-            shape, header or "", value or "", field or RESUME_PARAM
-        )
-
-    def shape_of(self, stream_id: str) -> Shape:
-        config = self._shapes.get(stream_id)
-        return Shape.PLAIN if config is None else config.shape
-
-    def auth_rejects(self, stream_id: str) -> int:
-        """Handshakes of a ``header_auth`` stream answered 401."""
-        return self._auth_rejects[stream_id]
-
-    # -- redirect mode -----------------------------------------------------------------------
-
-    def redirect_stream(self, stream_id: str, location: str | None) -> None:
-        """Answer every handshake for ``stream_id`` with ``302 Location: location``.
-
-        ``None`` turns the redirect off. The location is sent as given (absolute or relative),
-        so a test can point it anywhere, including at a host the fleet must refuse::
-
-            sim.redirect_stream("s1", "ws://127.0.0.2:9/s1")
-        """
-        if location is None:
-            self._redirects.pop(stream_id, None)
-        else:
-            self._redirects[stream_id] = location
-
-    def redirects_served(self, stream_id: str) -> int:
-        """How many handshakes for ``stream_id`` were answered with a redirect."""
-        return self._redirects_served[stream_id]
-
     def _redirect_response(self, connection: ServerConnection, stream_id: str) -> Response:
         self._redirects_served[stream_id] += 1
         response = connection.respond(http.HTTPStatus.FOUND, "redirected\n")
@@ -832,99 +1026,27 @@ class UpstreamSimulator:
         return response
 
     def _control(self, method: str, raw_path: str, query: dict[str, list[str]]) -> Response:
+        """Answer a /_sim request: the operation its path names, its arguments from the query."""
+        parts = raw_path.split("/")[2:]
+        found = _match_endpoint(method, parts)
+        if found is None:
+            if method in ("GET", "POST"):
+                error = f"no such endpoint: {method} {parts}"
+                return _json_response(http.HTTPStatus.NOT_FOUND, {"error": error})
+            error = f"method {method} not allowed"
+            return _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": error})
+        name, kwargs = found
+        endpoint = _ENDPOINTS[name]
         try:
-            status, payload = self._route(method, raw_path.split("/")[2:], query)
+            kwargs.update({arg: parse(query, wire) for wire, arg, parse in endpoint.params})
+            status, payload = http.HTTPStatus.OK, _to_wire(endpoint, self._call(name, **kwargs))
         except UnknownStream as exc:
             status, payload = http.HTTPStatus.NOT_FOUND, {"error": str(exc)}
         except InvalidRequest as exc:
             status, payload = http.HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         return _json_response(status, payload)
 
-    def _route(
-        self, method: str, parts: list[str], query: dict[str, list[str]]
-    ) -> tuple[http.HTTPStatus, Any]:
-        ok = http.HTTPStatus.OK
-        match method, parts:
-            case "GET", ["streams"]:
-                return ok, {"streams": self.streams()}
-            case "GET", ["streams", quoted]:
-                return ok, self.stream_info(urllib.parse.unquote(quoted))
-            case "GET", ["sessions"]:
-                only_open = _query_value(query, "open") in ("1", "true")
-                found = (self.open_sessions if only_open else self.sessions)(
-                    _query_value(query, "stream")
-                )
-                return ok, {"sessions": [r.to_dict() for r in found]}
-            case "POST", ["streams", quoted, "fault"]:
-                self.inject_fault(urllib.parse.unquote(quoted), _query_value(query, "kind") or "")
-                return ok, {"ok": True}
-            case "POST", ["streams", quoted, "hostile"]:
-                self.inject_hostile(
-                    urllib.parse.unquote(quoted),
-                    _query_value(query, "kind") or "",
-                    size=_int_param(query, "size"),
-                )
-                return ok, {"ok": True}
-            case "POST", ["streams", quoted, "poison"]:
-                self.poison_stream(urllib.parse.unquote(quoted), _int_param(query, "size") or 0)
-                return ok, {"ok": True}
-            case "POST", ["streams", quoted, "redirect"]:
-                self.redirect_stream(urllib.parse.unquote(quoted), _query_value(query, "location"))
-                return ok, {"ok": True}
-            case "GET", ["streams", quoted, "redirects"]:
-                return ok, {"served": self.redirects_served(urllib.parse.unquote(quoted))}
-            case "POST", ["streams", quoted, "shape"]:
-                self.set_shape(
-                    urllib.parse.unquote(quoted),
-                    _query_value(query, "kind") or "",
-                    header=_query_value(query, "header"),
-                    value=_query_value(query, "value"),
-                    field=_query_value(query, "field"),
-                )
-                return ok, {"ok": True}
-            case "GET", ["streams", quoted, "auth_rejects"]:
-                return ok, {"rejected": self.auth_rejects(urllib.parse.unquote(quoted))}
-            case "POST", ["streams", quoted, "end"]:
-                stream_id = urllib.parse.unquote(quoted)
-                self.end_stream(stream_id)
-                return ok, self.stream_info(stream_id)
-            case "POST", ["streams", quoted, "open"]:
-                stream_id = urllib.parse.unquote(quoted)
-                self.open_stream(
-                    stream_id,
-                    rate=_float_param(query, "rate"),
-                    max_seq=_int_param(query, "max_seq"),
-                )
-                return ok, self.stream_info(stream_id)
-            case (("GET" | "POST"), _):
-                return http.HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {method} {parts}"}
-            case _:
-                return http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"method {method} not allowed"}
-
     # -- hostile frames ----------------------------------------------------------------------
-
-    def inject_hostile(
-        self, stream_id: str, kind: str | HostileFrame, *, size: int | None = None
-    ) -> None:
-        """Arm a one-shot hostile frame, sent like a fault frame (the stream then continues)."""
-        frame = HostileFrame.parse(kind)
-        if size is not None and size < 0:
-            raise InvalidRequest(f"size must be >= 0, got {size}")
-        if frame is not HostileFrame.MAX_SIZE:
-            size = 0
-        elif size is None:
-            size = DEFAULT_HOSTILE_FRAME_BYTES
-        self._hostile.setdefault(stream_id, collections.deque()).append((frame, size))
-        self._wake(stream_id)
-
-    def poison_stream(self, stream_id: str, size: int) -> None:
-        """Every later session of ``stream_id`` first gets a ``size``-byte frame (0: off)."""
-        if size < 0:
-            raise InvalidRequest(f"size must be >= 0, got {size}")
-        if size:
-            self._poisoned[stream_id] = size
-        else:
-            self._poisoned.pop(stream_id, None)
 
     async def _send_hostile(self, session: _LiveSession, kind: HostileFrame, size: int) -> None:
         record = session.record
@@ -1107,16 +1229,14 @@ class UpstreamSimulator:
 
 
 # --------------------------------------------------------------------------------------------
-# Sync wrapper: the simulator on its own loop in a daemon thread
-
-_T = TypeVar("_T")
+# The simulator on its own loop in a daemon thread, for synchronous tests and tools
 
 
-class SimulatorThread:
+class SimulatorThread(SimulatorControl, Service):
     """Run an :class:`UpstreamSimulator` in a daemon thread, for synchronous tests and tools.
 
-    Every wrapper runs on the simulator's loop and waits for the result, so it is safe to call
-    from any thread::
+    Every operation runs on the simulator's loop and waits for the result, so it is safe to
+    call from any thread::
 
         with SimulatorThread(rate=100) as sim:
             with websockets.sync.client.connect(sim.url_for("s1")) as ws:
@@ -1143,22 +1263,22 @@ class SimulatorThread:
         if self._error is not None:
             raise self._error
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the simulator (sessions close with 1001) and join the thread. Idempotent."""
+    def stop(
+        self,
+        timeout: float = 30.0,
+        *,
+        join: Callable[[threading.Thread, float], None] = threading.Thread.join,
+    ) -> None:
+        """Stop the simulator (sessions close with 1001) and join the thread. Idempotent.
+
+        ``join`` waits for the thread (:meth:`StopSignals.join` gives up on a second signal)."""
         thread, loop, stop = self._thread, self._loop, self._stop
         if thread is None:
             return
         if loop is not None and stop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout)
+        join(thread, timeout)
         self._thread = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _run(self) -> None:
         try:
@@ -1177,13 +1297,13 @@ class SimulatorThread:
         finally:
             await self.sim.stop()
 
-    def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
         loop = self._loop
         if loop is None or self._thread is None:
             raise SimulatorError("the simulator thread is not running")
 
-        async def call() -> _T:
-            return fn(*args, **kwargs)
+        async def call() -> Any:
+            return self.sim._call(operation, *args, **kwargs)
 
         return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=30)
 
@@ -1197,70 +1317,12 @@ class SimulatorThread:
         """Base URL, ``ws://host:port``."""
         return self.sim.url
 
-    def url_for(self, stream_id: str) -> str:
-        """WebSocket URL of one stream."""
-        return self.sim.url_for(stream_id)
-
-    def open_stream(
-        self, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
-    ) -> None:
-        """Thread-safe :meth:`UpstreamSimulator.open_stream`."""
-        self._call(self.sim.open_stream, stream_id, rate=rate, max_seq=max_seq)
-
-    def end_stream(self, stream_id: str) -> None:
-        """Thread-safe :meth:`UpstreamSimulator.end_stream`."""
-        self._call(self.sim.end_stream, stream_id)
-
-    def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
-        """Thread-safe :meth:`UpstreamSimulator.inject_fault`."""
-        self._call(self.sim.inject_fault, stream_id, kind)
-
-    def current_seq(self, stream_id: str) -> int:
-        """Thread-safe :meth:`UpstreamSimulator.current_seq`."""
-        return self._call(self.sim.current_seq, stream_id)
-
-    def redirect_stream(self, stream_id: str, location: str | None) -> None:
-        """Thread-safe :meth:`UpstreamSimulator.redirect_stream`."""
-        self._call(self.sim.redirect_stream, stream_id, location)
-
-    def redirects_served(self, stream_id: str) -> int:
-        """Thread-safe :meth:`UpstreamSimulator.redirects_served`."""
-        return self._call(self.sim.redirects_served, stream_id)
-
-    def set_shape(self, stream_id: str, kind: str | Shape, **options: str | None) -> None:
-        """Thread-safe :meth:`UpstreamSimulator.set_shape`."""
-        self._call(self.sim.set_shape, stream_id, kind, **options)
-
-    def auth_rejects(self, stream_id: str) -> int:
-        """Thread-safe :meth:`UpstreamSimulator.auth_rejects`."""
-        return self._call(self.sim.auth_rejects, stream_id)
-
-    def streams(self) -> dict[str, dict[str, Any]]:
-        """Thread-safe :meth:`UpstreamSimulator.streams`."""
-        return self._call(self.sim.streams)
-
-    def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
-        """Thread-safe :meth:`UpstreamSimulator.sessions`."""
-        return self._call(self.sim.sessions, stream_id)
-
-    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
-        """Thread-safe :meth:`UpstreamSimulator.open_sessions`."""
-        return self._call(self.sim.open_sessions, stream_id)
-
-    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
-        """Thread-safe :meth:`UpstreamSimulator.overlaps`."""
-        return self._call(self.sim.overlaps, stream_id)
-
-    def first_frame_at(self, stream_id: str, after: float) -> float | None:
-        """Thread-safe :meth:`UpstreamSimulator.first_frame_at`."""
-        return self._call(self.sim.first_frame_at, stream_id, after)
-
 
 # --------------------------------------------------------------------------------------------
-# Remote client: a simulator in another process, over /_sim (stdlib only)
+# A simulator in another process, over /_sim (stdlib only)
 
 
-class SimulatorClient:
+class SimulatorClient(SimulatorControl):
     """Drive and inspect a simulator running in another process, over its /_sim endpoints.
 
     ``base_url`` may be the ws:// URL the simulator printed; it is turned into http://::
@@ -1279,12 +1341,25 @@ class SimulatorClient:
         self.http_url = urllib.parse.urlunsplit((scheme, parts.netloc, "", "", ""))
         self.timeout = timeout
 
-    def url_for(self, stream_id: str) -> str:
-        """WebSocket URL of one stream."""
-        return f"{self.ws_url}/{urllib.parse.quote(stream_id, safe='')}"
+    @property
+    def url(self) -> str:
+        """Base URL, ``ws://host:port``."""
+        return self.ws_url
 
-    def _request(self, method: str, path: str, **params: Any) -> Any:
-        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+    def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
+        endpoint = _ENDPOINTS[operation]
+        bound = inspect.signature(_OPERATIONS[operation]).bind(None, *args, **kwargs).arguments
+        path = endpoint.path.replace(
+            "{id}", urllib.parse.quote(str(bound.get("stream_id", "")), safe="")
+        )
+        params = {wire: bound.get(arg) for wire, arg, _parse in endpoint.params}
+        return _from_wire(endpoint, self._request(endpoint.verb, path, params))
+
+    def _request(self, method: str, path: str, params: dict[str, Any]) -> Any:
+        # None and False are left out; True is "1" (what the server's flags accept).
+        # (Compared by identity: ``0 == False``, and a max_seq of 0 must be sent.)
+        sent = {k: "1" if v is True else v for k, v in params.items() if v is not None}
+        query = urllib.parse.urlencode({k: v for k, v in sent.items() if v is not False})
         url = f"{self.http_url}{CONTROL_PREFIX}/{path}" + (f"?{query}" if query else "")
         data = b"" if method == "POST" else None
         request = urllib.request.Request(url, data=data, method=method)
@@ -1300,98 +1375,6 @@ class SimulatorClient:
             raise SimulatorError(f"{method} {url} -> HTTP {exc.code}: {detail}") from exc
         except urllib.error.URLError as exc:
             raise SimulatorError(f"{method} {url} failed: {exc.reason}") from exc
-
-    @staticmethod
-    def _quote(stream_id: str) -> str:
-        return urllib.parse.quote(stream_id, safe="")
-
-    def streams(self) -> dict[str, dict[str, Any]]:
-        """Info for every stream the simulator has seen."""
-        return dict(self._request("GET", "streams")["streams"])
-
-    def stream_info(self, stream_id: str) -> dict[str, Any]:
-        """Info for one stream (raises :class:`UnknownStream`)."""
-        return dict(self._request("GET", f"streams/{self._quote(stream_id)}"))
-
-    def current_seq(self, stream_id: str) -> int:
-        """Latest seq produced (0 if the stream is unknown), like the in-process API."""
-        try:
-            return int(self.stream_info(stream_id)["current_seq"])
-        except UnknownStream:
-            return 0
-
-    def open_stream(
-        self, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
-    ) -> dict[str, Any]:
-        """Start or retune a stream; returns its info."""
-        return dict(
-            self._request(
-                "POST", f"streams/{self._quote(stream_id)}/open", rate=rate, max_seq=max_seq
-            )
-        )
-
-    def end_stream(self, stream_id: str) -> dict[str, Any]:
-        """End a stream at its current seq; returns its info."""
-        return dict(self._request("POST", f"streams/{self._quote(stream_id)}/end"))
-
-    def inject_fault(self, stream_id: str, kind: str | Fault) -> None:
-        """Arm a one-shot fault (see :class:`Fault`)."""
-        self._request("POST", f"streams/{self._quote(stream_id)}/fault", kind=str(kind))
-
-    def inject_hostile(self, stream_id: str, kind: str, *, size: int | None = None) -> None:
-        """Arm a one-shot :class:`HostileFrame`."""
-        self._request(
-            "POST", f"streams/{self._quote(stream_id)}/hostile", kind=str(kind), size=size
-        )
-
-    def poison_stream(self, stream_id: str, size: int) -> None:
-        """Every later session opens with a ``size``-byte frame (0: off)."""
-        self._request("POST", f"streams/{self._quote(stream_id)}/poison", size=size)
-
-    def redirect_stream(self, stream_id: str, location: str | None) -> None:
-        """Answer every handshake with ``302 Location: <location>`` (None: off)."""
-        self._request("POST", f"streams/{self._quote(stream_id)}/redirect", location=location)
-
-    def redirects_served(self, stream_id: str) -> int:
-        return int(self._request("GET", f"streams/{self._quote(stream_id)}/redirects")["served"])
-
-    def set_shape(
-        self,
-        stream_id: str,
-        kind: str | Shape,
-        *,
-        header: str | None = None,
-        value: str | None = None,
-        field: str | None = None,
-    ) -> None:
-        """Give a stream a :class:`Shape` (see :meth:`UpstreamSimulator.set_shape`)."""
-        self._request(
-            "POST", f"streams/{self._quote(stream_id)}/shape",
-            kind=str(kind), header=header, value=value, field=field,
-        )
-
-    def auth_rejects(self, stream_id: str) -> int:
-        return int(
-            self._request("GET", f"streams/{self._quote(stream_id)}/auth_rejects")["rejected"]
-        )
-
-    def sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
-        """The session log, optionally for one stream."""
-        payload = self._request("GET", "sessions", stream=stream_id)
-        return [SessionRecord.from_dict(item) for item in payload["sessions"]]
-
-    def open_sessions(self, stream_id: str | None = None) -> list[SessionRecord]:
-        """Sessions still open, optionally for one stream."""
-        payload = self._request("GET", "sessions", stream=stream_id, open=1)
-        return [SessionRecord.from_dict(item) for item in payload["sessions"]]
-
-    def overlaps(self, stream_id: str) -> list[tuple[SessionRecord, SessionRecord]]:
-        """Pairs of sessions on ``stream_id`` that were open at the same time."""
-        return find_overlaps(self.sessions(stream_id))
-
-    def first_frame_at(self, stream_id: str, after: float) -> float | None:
-        """Wall time of the first frame sent by a session opened after ``after`` (or None)."""
-        return first_frame_after(self.sessions(stream_id), after)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1409,12 +1392,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--buffer-frames", type=int, default=DEFAULT_BUFFER_FRAMES)
     parser.add_argument("--max-sessions-logged", type=int, default=DEFAULT_MAX_SESSIONS_LOGGED)
     parser.add_argument("--compression", action="store_true", help="offer permessage-deflate")
+    parser.add_argument(
+        "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (parent died)"
+    )
     return parser.parse_args(argv)
 
 
-async def _serve_until_signalled(args: argparse.Namespace) -> None:
-    """Print the URL once listening; the first SIGTERM/SIGINT stops gracefully, a second forces."""
-    sim = UpstreamSimulator(
+def main(argv: list[str] | None = None) -> int:
+    """Serve in the foreground: one JSON line ``{"url": ...}`` once listening, then until
+    SIGTERM/SIGINT (or stdin EOF when asked). Returns 0 after a graceful stop (open sessions
+    closed with 1001), 1 when a second signal cut the stop short."""
+    args = _parse_args(argv)
+    simulator = SimulatorThread(
         args.host,
         args.port,
         rate=args.rate,
@@ -1422,31 +1411,15 @@ async def _serve_until_signalled(args: argparse.Namespace) -> None:
         max_sessions_logged=args.max_sessions_logged,
         compression="deflate" if args.compression else None,
     )
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    main_task = asyncio.current_task()
-
-    def on_signal() -> None:
-        if stop.is_set() and main_task is not None:
-            main_task.cancel()  # second signal: stop waiting for sessions to close
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
-    await sim.start()
-    print(json.dumps({"url": sim.url}), flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await sim.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 after a graceful stop)."""
-    args = _parse_args(argv)
-    try:
-        asyncio.run(_serve_until_signalled(args))
-    except asyncio.CancelledError:
+    with StopSignals() as stop:
+        simulator.start()
+        try:
+            serve_until_stopped(
+                {"url": simulator.url}, stop, exit_on_stdin_eof=args.exit_on_stdin_eof
+            )
+        finally:
+            simulator.stop(join=stop.join)
+    if stop.force_exit:
         print("simulator: forced stop", file=sys.stderr)
         return 1
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import textwrap
 import pytest
 from fleet_helpers import wait_until
 
-from wsfleet_local.procs import ChildProcessError_, pid_alive, spawn
+from wsfleet_local.procs import ChildProcessError_, StopSignals, pid_alive, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +119,19 @@ def test_children_die_with_a_sigkilled_supervisor():
     supervisor.stdout.close()
     # THEN the child gets its parent-death signal and goes away (init reaps it)
     wait_until(lambda: not pid_alive(child_pid), timeout=30, message="the orphan still runs")
+
+
+def test_interrupt_on_force_raises_keyboard_interrupt_on_the_second_signal():
+    # GIVEN the CLI's policy: a shutdown that cannot poll force_exit is interrupted instead
+    original = signal.getsignal(signal.SIGTERM)
+    with StopSignals(interrupt_on_force=True) as stop:
+        # WHEN one signal arrives, the stop is only asked
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_until(stop.should_exit.is_set, timeout=10, message="the first signal")
+        assert not stop.force_exit
+        # AND a second one interrupts the main thread (where Python runs signal handlers)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            stop.sleep(10)
+    # THEN it was forced and the original handler is back
+    assert stop.force_exit and signal.getsignal(signal.SIGTERM) is original

@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -530,3 +531,89 @@ def test_overlap_and_failover_helpers_on_hand_made_records() -> None:
     assert first_frame_after([a, b, c, d], after=10) == 16
     assert first_frame_after([a, b, c, d], after=30) is None
     assert SessionRecord.from_dict(c.to_dict()) == c
+
+
+# -- one control API: the same answers wherever the simulator runs ---------------------------
+
+
+def test_each_operation_answers_alike_in_a_thread_and_over_http() -> None:
+    with SimulatorThread(rate=FAST) as sim:
+        client = SimulatorClient(sim.url)
+        # GIVEN state set through both paths (a max_seq of 0 must travel: 0 is not "absent")
+        assert client.open_stream("z", rate=0, max_seq=0)["max_seq"] == 0
+        sim.set_shape("a", "header_auth", header="X-Key", value="k")
+        client.inject_fault("a", "garbage")
+        sim.redirect_stream("r", "ws://127.0.0.2:9/r")
+        with sync_connect(client.url_for("s") + "?from_seq=1") as ws:
+            ws.recv(timeout=WAIT)
+            # THEN every read agrees, session records included
+            assert client.open_sessions("s") == sim.open_sessions("s") != []
+            assert client.sessions() == sim.sessions()
+        wait_until_sync(lambda: not sim.open_sessions())
+        assert client.streams() == sim.streams()
+        assert client.stream_info("z") == sim.stream_info("z")
+        assert client.current_seq("z") == sim.current_seq("z") == 0
+        assert client.stream_info("s")["shape"] == "plain"
+        assert (client.auth_rejects("a"), client.redirects_served("r")) == (0, 0)
+        assert client.overlaps("s") == sim.overlaps("s") == []
+        # AND an error is the same domain error on both paths
+        for control in (sim, client):
+            with pytest.raises(UnknownStream):
+                control.stream_info("never-seen")
+            with pytest.raises(InvalidRequest, match="unknown shape"):
+                control.set_shape("a", "nope")
+
+
+def test_control_http_answers_unknown_paths_methods_and_bad_numbers_with_4xx() -> None:
+    with SimulatorThread(rate=FAST) as sim:
+        SimulatorClient(sim.url).open_stream("s")
+
+        def ask(method: str, path: str) -> tuple[int, dict[str, Any]]:
+            connection = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=WAIT)
+            connection.request(method, path)
+            response = connection.getresponse()
+            body = json.loads(response.read())
+            connection.close()
+            return response.status, body
+
+        assert ask("GET", "/_sim/nothing")[0] == 404
+        assert ask("POST", "/_sim/streams")[0] == 404  # a GET-only path
+        assert ask("PUT", "/_sim/streams")[0] == 405
+        status, body = ask("POST", "/_sim/streams/s/open?rate=fast")
+        assert status == 400 and "rate must be a number" in body["error"]
+        assert ask("GET", "/_sim/sessions?open=true")[1] == {"sessions": []}
+
+
+def test_module_entry_point_stops_on_stdin_eof_and_a_second_signal_forces_exit() -> None:
+    from wsfleet_local.procs import spawn
+
+    argv = [sys.executable, "-m", "wsfleet_local.simulator", "--rate", "50"]
+    # GIVEN a simulator told to watch stdin: closing it is a graceful stop
+    child = spawn("sim", [*argv, "--exit-on-stdin-eof"], stdin_pipe=True, capture_stdout=True)
+    try:
+        assert child.read_json_line(WAIT)["url"].startswith("ws://127.0.0.1:")
+        child.close_stdin()
+        assert child.wait(WAIT) == 0
+    finally:
+        child.stop()
+    # GIVEN a client that never answers the closing handshake (the stop would wait for it)
+    child = spawn("sim", argv, capture_stdout=True)
+    try:
+        port = int(child.read_json_line(WAIT)["url"].rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as raw:
+            headers = "".join(f"{k}: {v}\r\n" for k, v in UPGRADE_HEADERS.items())
+            raw.sendall(f"GET /s HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+            received = raw.recv(4096)
+            assert received.startswith(b"HTTP/1.1 101")
+            # WHEN the first SIGTERM starts the stop (the server sends its close frame) ...
+            child.send_signal(signal.SIGTERM)
+            while b"\x88" not in received:  # a close frame; JSON text frames are ASCII
+                chunk = raw.recv(4096)
+                assert chunk, "closed without a close frame"
+                received += chunk
+            # ... AND a second one arrives while it waits for our answer
+            os.kill(child.pid, signal.SIGTERM)
+            # THEN the child exits at once, saying it was forced
+            assert child.wait(WAIT) == 1
+    finally:
+        child.stop()
