@@ -1075,13 +1075,17 @@ class UpstreamSimulator(SimulatorControl):
         """The one task per connection: register the session, stream until it ends."""
         assert isinstance(connection, _SimConnection) and connection.target is not None
         target = connection.target
-        if target.stream_id not in self._streams:
+        opened_here = target.stream_id not in self._streams
+        if opened_here:
             self.open_stream(target.stream_id)
         clock = self._streams[target.stream_id]
         config = self._shapes.get(target.stream_id)
         shape = Shape.PLAIN if config is None else config.shape
         from_seq = None if shape is Shape.LIVE_ONLY else target.from_seq
-        next_seq, gap = plan_start(from_seq, clock.current(self._now()), self.buffer_frames)
+        # A stream this session opened has produced nothing it could have missed: it starts at
+        # seq 1 (reading its clock again could already count a frame on a busy machine).
+        current = 0 if opened_here else clock.current(self._now())
+        next_seq, gap = plan_start(from_seq, current, self.buffer_frames)
         request = connection.request
         headers: dict[str, str] = {}
         if request is not None:
