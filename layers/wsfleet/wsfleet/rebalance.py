@@ -1,0 +1,231 @@
+"""Rebalancing after a scale-out: each worker's target share and the moves that reach it.
+
+Pure (no I/O, no clock): the reconciler feeds it the live workers' items (held connections,
+capacity) once per pass, writes the result as the one ``FLEET#view`` item, and each worker
+reads that item and carries out its own part (:mod:`wsfleet_worker.rebalancing`).
+
+The rules:
+
+* **Target share** (:func:`target_shares`): the connections held fleet-wide, split in
+  proportion to capacity (largest remainder; ties to the lower worker id), never above a
+  worker's capacity.
+* **Tolerance band** (:func:`band`): a worker within ``band_percent`` of its target (at least
+  one connection either way) is balanced. Nothing moves while every worker is.
+* **Moves** (:func:`plan_moves`): once some worker is outside its band, connections go from
+  workers above their target to workers below it, the ones outside their band first, only
+  as many as it takes to bring every worker into its band, at most ``max_moves`` from any
+  one giver per plan. A move never takes a giver below its target nor a taker above it, so a
+  worker that gives never takes back in a later plan of the same fleet: no back and forth.
+* **Settling** (:func:`settled`): a plan is made only once every worker of the previous plan
+  has reported its held count after that plan was carried out (a heartbeat later), so a plan
+  never acts on counts that do not show the previous one yet.
+
+Example::
+
+    >>> workers = [WorkerLoad("a", 100, 200), WorkerLoad("b", 100, 200), WorkerLoad("c", 0, 200)]
+    >>> target_shares(workers)
+    {'a': 67, 'b': 67, 'c': 66}
+    >>> plan_moves(workers, band_percent=10, max_moves=20)
+    (Move(giver='a', taker='c', count=20), Move(giver='b', taker='c', count=20))
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "Move",
+    "WorkerLoad",
+    "apply_moves",
+    "band",
+    "defer_placement",
+    "in_band",
+    "plan_moves",
+    "settled",
+    "target_shares",
+]
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """One live worker as its item shows it: connections held and the most it may hold."""
+
+    worker_id: str
+    held: int
+    capacity: int
+    joined_at_ms: int = 0
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.held)
+
+
+@dataclass(frozen=True)
+class Move:
+    """``giver`` hands ``count`` connections to ``taker``."""
+
+    giver: str
+    taker: str
+    count: int
+
+
+def target_shares(workers: Sequence[WorkerLoad]) -> dict[str, int]:
+    """Each worker's share of the connections held fleet-wide, in proportion to capacity.
+
+    The shares add up to the total held (or to the total capacity, if more is held than fits).
+
+    >>> target_shares([WorkerLoad("a", 10, 100), WorkerLoad("b", 0, 300)])
+    {'a': 3, 'b': 7}
+    """
+    ordered = sorted(workers, key=lambda w: w.worker_id)
+    capacity = sum(max(0, w.capacity) for w in ordered)
+    if capacity <= 0:
+        return {w.worker_id: 0 for w in ordered}
+    total = min(sum(max(0, w.held) for w in ordered), capacity)
+    exact = {w.worker_id: total * max(0, w.capacity) / capacity for w in ordered}
+    shares = {wid: math.floor(share) for wid, share in exact.items()}
+    left = total - sum(shares.values())
+    # Largest remainder; ties go to the lower id, so every reader computes the same shares.
+    by_remainder = sorted(ordered, key=lambda w: (-(exact[w.worker_id] % 1), w.worker_id))
+    for worker in by_remainder[:left]:
+        shares[worker.worker_id] += 1
+    return shares
+
+
+def band(target: int, band_percent: float) -> tuple[int, int]:
+    """The held counts a worker with ``target`` counts as balanced at: target -/+ the band
+    (``band_percent`` of the target, at least one connection).
+
+    >>> band(50, 10), band(4, 10)
+    ((45, 55), (3, 5))
+    """
+    slack = max(1, math.floor(target * band_percent / 100))
+    return max(0, target - slack), target + slack
+
+
+def in_band(workers: Sequence[WorkerLoad], band_percent: float) -> bool:
+    """Whether every worker holds a count within its band (nothing to move)."""
+    shares = target_shares(workers)
+    for worker in workers:
+        low, high = band(shares[worker.worker_id], band_percent)
+        if not low <= worker.held <= high:
+            return False
+    return True
+
+
+def _allot(amount: int, wants: Sequence[tuple[str, int, int]]) -> dict[str, int]:
+    """Split ``amount`` over ``(id, must, may)`` entries one connection at a time, each to the
+    entry with the most left of its ``must`` (then of its ``may``): the counts even out
+    instead of one worker taking everything. Ids break ties."""
+    allotted = {wid: 0 for wid, _, _ in wants}
+    for limit in (1, 2):  # 1: the musts, 2: the mays
+        heap = [(-(w[limit] - allotted[w[0]]), w[0], w[limit]) for w in wants]
+        heap = [entry for entry in heap if entry[0] < 0]
+        heapq.heapify(heap)
+        while amount > 0 and heap:
+            _, wid, cap = heapq.heappop(heap)
+            allotted[wid] += 1
+            amount -= 1
+            if allotted[wid] < cap:
+                heapq.heappush(heap, (-(cap - allotted[wid]), wid, cap))
+    return allotted
+
+
+def plan_moves(
+    workers: Sequence[WorkerLoad], *, band_percent: float, max_moves: int
+) -> tuple[Move, ...]:
+    """The moves that bring every worker into its band (see the module docstring).
+
+    Deterministic: the same workers give the same plan whatever their order. Empty when
+    everyone is within its band, or ``max_moves`` is 0 (rebalancing off).
+    """
+    if max_moves <= 0 or len(workers) < 2:
+        return ()
+    shares = target_shares(workers)
+    givers: list[tuple[str, int, int]] = []  # (id, must give, may give)
+    takers: list[tuple[str, int, int]] = []
+    for worker in workers:
+        target = shares[worker.worker_id]
+        low, high = band(target, band_percent)
+        if worker.held > target:
+            givers.append(
+                (worker.worker_id, max(0, worker.held - high), worker.held - target)
+            )
+        elif worker.held < target:
+            takers.append((worker.worker_id, max(0, low - worker.held), target - worker.held))
+    must = max(sum(g[1] for g in givers), sum(t[1] for t in takers))
+    if must == 0:
+        return ()
+    # At most max_moves from each giver: cap what it may give (its must is capped too).
+    givers = [(wid, min(m, max_moves), min(may, max_moves)) for wid, m, may in givers]
+    amount = min(must, sum(g[2] for g in givers), sum(t[2] for t in takers))
+    gives = _allot(amount, givers)
+    takes = _allot(amount, takers)
+    moves: list[Move] = []
+    taker_order = sorted((wid for wid, n in takes.items() if n), key=lambda w: (-takes[w], w))
+    for giver in sorted((wid for wid, n in gives.items() if n), key=lambda w: (-gives[w], w)):
+        left = gives[giver]
+        for taker in taker_order:
+            step = min(left, takes[taker])
+            if step <= 0:
+                continue
+            moves.append(Move(giver, taker, step))
+            takes[taker] -= step
+            left -= step
+            if left == 0:
+                break
+    return tuple(moves)
+
+
+def apply_moves(workers: Sequence[WorkerLoad], moves: Iterable[Move]) -> list[WorkerLoad]:
+    """The workers as they stand once ``moves`` are carried out (tests and the bench model)."""
+    delta: dict[str, int] = {}
+    for move in moves:
+        delta[move.giver] = delta.get(move.giver, 0) - move.count
+        delta[move.taker] = delta.get(move.taker, 0) + move.count
+    return [
+        WorkerLoad(w.worker_id, w.held + delta.get(w.worker_id, 0), w.capacity, w.joined_at_ms)
+        for w in workers
+    ]
+
+
+def settled(
+    previous_at_ms: int | None,
+    previous_moves: Iterable[Move],
+    heartbeats: Mapping[str, int],
+    *,
+    act_ms: int,
+) -> bool:
+    """Whether the held counts now show the previous plan carried out.
+
+    Workers carry a plan out within ``act_ms`` of its making (their REBALANCE_SECONDS and the
+    hand-off); a count reported by a heartbeat after that includes it. A worker of the
+    previous plan that is gone no longer matters.
+
+    >>> settled(1_000, [Move("a", "b", 3)], {"a": 12_000, "b": 9_000}, act_ms=10_000)
+    False
+    """
+    if previous_at_ms is None:
+        return True
+    after = previous_at_ms + act_ms
+    for move in previous_moves:
+        for wid in (move.giver, move.taker):
+            beat = heartbeats.get(wid)
+            if beat is not None and beat <= after:
+                return False
+    return True
+
+
+def defer_placement(held: int, capacity: int, best_free: int, band_percent: float) -> bool:
+    """Whether a worker should let a less loaded peer take new work first: its free capacity
+    (now) is below the fleet's best (as of the fleet view) by more than the band.
+
+    >>> defer_placement(60, 100, 95, 10), defer_placement(10, 100, 95, 10)
+    (True, False)
+    """
+    free = capacity - held
+    slack = max(1, math.floor(capacity * band_percent / 100))
+    return free < best_free - slack
