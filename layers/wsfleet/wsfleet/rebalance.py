@@ -121,8 +121,8 @@ def _allot(amount: int, wants: Sequence[tuple[str, int, int]]) -> dict[str, int]
     entry with the most left of its ``must`` (then of its ``may``): the counts even out
     instead of one worker taking everything. Ids break ties."""
     allotted = {wid: 0 for wid, _, _ in wants}
-    for limit in (1, 2):  # 1: the musts, 2: the mays
-        heap = [(-(w[limit] - allotted[w[0]]), w[0], w[limit]) for w in wants]
+    for caps in ({w: must for w, must, _ in wants}, {w: may for w, _, may in wants}):
+        heap = [(-(cap - allotted[wid]), wid, cap) for wid, cap in caps.items()]
         heap = [entry for entry in heap if entry[0] < 0]
         heapq.heapify(heap)
         while amount > 0 and heap:
