@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import doctest
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from wsfleet import rebalance
 from wsfleet.rebalance import (
+    FleetView,
     Move,
     WorkerLoad,
     apply_moves,
     band,
     defer_placement,
     in_band,
+    make_view,
     plan_moves,
     settled,
     target_shares,
@@ -154,3 +158,48 @@ def test_repeated_plans_converge_without_back_and_forth(
     # THEN every worker ends within its band, and no worker both gave and took
     assert in_band(workers, band_percent)
     assert not gave & took
+
+
+# ---------------------------------------------------------------------------- the fleet view
+def _view(**changes: object) -> FleetView:
+    loads = _fleet(100, 100, 0, capacity=200)
+    base = make_view(loads, now_ms=1_000, queues={"w2": "https://q/w2"}, heartbeats={},
+                     previous=None, band_percent=10, max_moves=20, act_ms=13_000)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_view_round_trips_through_its_item() -> None:
+    view = _view()
+    assert view.moves and view.queues == {"w2": "https://q/w2"}
+    assert FleetView.from_item(view.to_item()) == view
+    assert view.moves_from("w0") == tuple(m for m in view.moves if m.giver == "w0")
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {},
+        {"at_ms": "soon"},
+        {"at_ms": 1, "moves": [["a", "b"]]},
+        {"at_ms": 1, "moves": [["a", "b", 0]]},
+        {"at_ms": 1, "moves": "ab"},
+        {"at_ms": 1, "targets": ["a"]},
+    ],
+)
+def test_a_malformed_view_is_refused(item: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="not a fleet view"):
+        FleetView.from_item(item)
+
+
+def test_an_unsettled_plan_stays_in_the_view() -> None:
+    previous = _view()
+    loads = apply_moves(_fleet(100, 100, 0, capacity=200), previous.moves)
+    beats = {"w0": 5_000, "w1": 20_000, "w2": 20_000}  # w0 has not reported since
+    kept = make_view(loads, now_ms=11_000, queues={}, heartbeats=beats, previous=previous,
+                     band_percent=10, max_moves=20, act_ms=13_000)
+    assert (kept.plan_at_ms, kept.moves) == (previous.plan_at_ms, previous.moves)
+    beats["w0"] = 15_000
+    fresh = make_view(loads, now_ms=21_000, queues={}, heartbeats=beats, previous=previous,
+                      band_percent=10, max_moves=20, act_ms=13_000)
+    assert fresh.plan_at_ms == 21_000
+    assert fresh.held == 200 and fresh.workers == 3

@@ -34,15 +34,20 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
+    "FLEET_VIEW_PK",
+    "MAX_VIEW_MOVES",
+    "FleetView",
     "Move",
     "WorkerLoad",
     "apply_moves",
     "band",
     "defer_placement",
     "in_band",
+    "make_view",
     "plan_moves",
     "settled",
     "target_shares",
@@ -229,3 +234,121 @@ def defer_placement(held: int, capacity: int, best_free: int, band_percent: floa
     free = capacity - held
     slack = max(1, math.floor(capacity * band_percent / 100))
     return free < best_free - slack
+
+
+# ---------------------------------------------------------------------------- the fleet view
+#: The one item the reconciler writes per pass and every worker reads per REBALANCE_SECONDS.
+FLEET_VIEW_PK = "FLEET#view"
+#: Moves one view carries at most: the item stays a few KB (one read unit or two) whatever
+#: the fleet's size; moves left out are planned again once this plan has settled.
+MAX_VIEW_MOVES = 100
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What a worker needs to know about the fleet, in one small item.
+
+    ``plan_at_ms``: when ``moves`` were planned (a worker carries a plan out once, and only
+    within REBALANCE_SECONDS of it: see :func:`settled`); ``targets``: the share of each
+    worker named in a move; ``queues``: the control queue of each taker, where its hand-off
+    hints go; ``best_free``: the most free capacity any live worker has (placement).
+    """
+
+    at_ms: int
+    plan_at_ms: int = 0
+    workers: int = 0
+    held: int = 0
+    capacity: int = 0
+    best_free: int = 0
+    moves: tuple[Move, ...] = ()
+    targets: Mapping[str, int] = field(default_factory=dict)
+    queues: Mapping[str, str] = field(default_factory=dict)
+
+    def moves_from(self, worker_id: str) -> tuple[Move, ...]:
+        return tuple(m for m in self.moves if m.giver == worker_id)
+
+    def to_item(self) -> dict[str, Any]:
+        return {
+            "pk": FLEET_VIEW_PK,
+            "at_ms": self.at_ms,
+            "plan_at_ms": self.plan_at_ms,
+            "workers": self.workers,
+            "held": self.held,
+            "capacity": self.capacity,
+            "best_free": self.best_free,
+            "moves": [[m.giver, m.taker, m.count] for m in self.moves],
+            "targets": dict(self.targets),
+            "queues": dict(self.queues),
+        }
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> FleetView:
+        """ValueError (only) for an item that is not a well-formed view (it is data anyone
+        with write access to the table could have put there)."""
+        try:
+            moves = tuple(
+                Move(str(giver), str(taker), int(count))
+                for giver, taker, count in item.get("moves") or []
+            )
+            view = cls(
+                at_ms=int(item["at_ms"]),
+                plan_at_ms=int(item.get("plan_at_ms", 0)),
+                workers=int(item.get("workers", 0)),
+                held=int(item.get("held", 0)),
+                capacity=int(item.get("capacity", 0)),
+                best_free=int(item.get("best_free", 0)),
+                moves=moves[:MAX_VIEW_MOVES],
+                targets={str(k): int(v) for k, v in (item.get("targets") or {}).items()},
+                queues={str(k): str(v) for k, v in (item.get("queues") or {}).items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a fleet view: {exc}") from None
+        if any(m.count <= 0 for m in view.moves):
+            raise ValueError("not a fleet view: a move of no connections")
+        return view
+
+
+def make_view(
+    workers: Sequence[WorkerLoad],
+    *,
+    now_ms: int,
+    queues: Mapping[str, str],
+    heartbeats: Mapping[str, int],
+    previous: FleetView | None,
+    band_percent: float,
+    max_moves: int,
+    act_ms: int,
+) -> FleetView:
+    """The view the reconciler writes this pass.
+
+    A new plan is made once the previous one has :func:`settled`; until then the previous
+    plan stays in the view unchanged (workers have carried it out already: they act on a
+    ``plan_at_ms`` once). ``queues``: each worker's control queue URL.
+
+    >>> loads = [WorkerLoad("a", 10, 100), WorkerLoad("b", 0, 100)]
+    >>> view = make_view(loads, now_ms=5, queues={"b": "q-b"}, heartbeats={}, previous=None,
+    ...                  band_percent=10, max_moves=20, act_ms=1)
+    >>> view.moves, dict(view.queues), view.best_free
+    ((Move(giver='a', taker='b', count=4),), {'b': 'q-b'}, 100)
+    """
+    plan_at, moves = now_ms, ()
+    if previous is not None and previous.moves and not settled(
+        previous.plan_at_ms, previous.moves, heartbeats, act_ms=act_ms
+    ):
+        plan_at, moves = previous.plan_at_ms, previous.moves
+    else:
+        moves = plan_moves(workers, band_percent=band_percent, max_moves=max_moves)
+    moves = moves[:MAX_VIEW_MOVES]
+    shares = target_shares(workers)
+    named = {m.giver for m in moves} | {m.taker for m in moves}
+    return FleetView(
+        at_ms=now_ms,
+        plan_at_ms=plan_at,
+        workers=len(workers),
+        held=sum(w.held for w in workers),
+        capacity=sum(w.capacity for w in workers),
+        best_free=max((w.free for w in workers), default=0),
+        moves=moves,
+        targets={wid: shares[wid] for wid in sorted(named) if wid in shares},
+        queues={m.taker: queues[m.taker] for m in moves if queues.get(m.taker)},
+    )
