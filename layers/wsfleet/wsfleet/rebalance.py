@@ -331,7 +331,8 @@ def make_view(
     >>> view.moves, dict(view.queues), view.best_free
     ((Move(giver='a', taker='b', count=4),), {'b': 'q-b'}, 100)
     """
-    plan_at, moves = now_ms, ()
+    plan_at = now_ms
+    moves: tuple[Move, ...]
     if previous is not None and previous.moves and not settled(
         previous.plan_at_ms, previous.moves, heartbeats, act_ms=act_ms
     ):
