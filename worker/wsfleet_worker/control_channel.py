@@ -35,9 +35,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from wsfleet.bodies import excerpt
 from wsfleet.control import (
     WORKER_ID_TAG,
+    HandoffHint,
     StopCommand,
     control_queue_name,
     control_queue_policy,
+    parse_control_message,
 )
 from wsfleet.record import connection_id_from_pk
 
@@ -108,32 +110,75 @@ class ControlChannel:
         self._queue.queue_url = response["QueueUrl"]
         return self.queue_url
 
-    async def run(self, on_stop: Callable[[StopCommand], Awaitable[bool]]) -> None:
-        """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied."""
+    async def run(
+        self,
+        on_stop: Callable[[StopCommand], Awaitable[bool]],
+        on_handoff: Callable[[HandoffHint], Awaitable[None]] | None = None,
+    ) -> None:
+        """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied;
+        ``on_handoff`` takes a rebalancing hand-off addressed here (None: ignored)."""
 
         async def handle(messages: list[Message]) -> None:
+            handoffs: list[Awaitable[None]] = []
             for message in messages:
-                await self._handle(message, on_stop)
+                handoff = await self._handle(message, on_stop)
+                if handoff is not None and on_handoff is not None:
+                    handoffs.append(self._take(on_handoff, handoff))
+            # Hand-offs at once and together: each is a peer's stream waiting for its taker.
+            if handoffs:
+                await asyncio.gather(*handoffs)
             # Every message is deleted, applied or not: a STOP is idempotent and an unusable
             # body would only come back.
             await self._queue.delete([m["ReceiptHandle"] for m in messages])
 
         await self._queue.run(handle)
 
+    async def _take(
+        self, on_handoff: Callable[[HandoffHint], Awaitable[None]], handoff: HandoffHint
+    ) -> None:
+        try:
+            await on_handoff(handoff)
+        except Exception as exc:  # a bug must cost this hand-off (its copy follows), no more
+            self._metrics.count("ControlMessageFailures")
+            self._logger.error(
+                "hand-off failed",
+                extra={"connection_id": connection_id_from_pk(handoff.pk),
+                       "error": describe_error(exc)},
+                exc_info=exc,
+            )
+
+    async def send_handoff(self, queue_url: str, handoff: HandoffHint) -> bool:
+        """Send a hand-off to a peer's control queue; False if it did not go out (the
+        delayed copy on the hint queue still does)."""
+        try:
+            await self._offloader.sqs(
+                self._sqs.send_message, QueueUrl=queue_url, MessageBody=handoff.body()
+            )
+        except (ClientError, BotoCoreError) as exc:
+            self._logger.warning(
+                "hand-off hint not sent to the peer",
+                extra={"connection_id": connection_id_from_pk(handoff.pk), "error": str(exc)},
+            )
+            return False
+        return True
+
     async def _handle(
         self, message: Message, on_stop: Callable[[StopCommand], Awaitable[bool]]
-    ) -> None:
-        """Act on one message; nothing it contains can end the consumer."""
+    ) -> HandoffHint | None:
+        """Act on one STOP, or return the hand-off; nothing a message holds ends the consumer."""
         body = message.get("Body", "")
         try:
-            command = StopCommand.parse(body)
+            command = parse_control_message(body)
         except ValueError as exc:
             self._metrics.count("InvalidControlMessages")
             self._logger.warning(
                 "deleting unusable control message",
                 extra={"error": str(exc), "body": excerpt(body)},
             )
-            return
+            return None
+        if isinstance(command, HandoffHint):
+            self._metrics.count("HandoffHints")
+            return command
         try:
             applied = await on_stop(command)
         except Exception as exc:  # a bug must cost this message, not the control channel
@@ -146,7 +191,7 @@ class ControlChannel:
                 },
                 exc_info=exc,
             )
-            return
+            return None
         self._metrics.count("StopCommands")
         self._logger.info(
             "STOP command received",
@@ -156,6 +201,7 @@ class ControlChannel:
                 "applied": applied,
             },
         )
+        return None
 
     async def close(self) -> None:
         """Delete the queue (graceful exit). The reconciler removes those of crashed workers."""

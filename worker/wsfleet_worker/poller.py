@@ -31,6 +31,7 @@ Hints in hand count against the free slots, so overlapping never receives beyond
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from wsfleet.record import connection_id_from_pk
@@ -44,6 +45,8 @@ __all__ = ["HintPoller"]
 
 #: Received batches being acted on at once (see the module docstring).
 MAX_ROUNDS_IN_FLIGHT = 3
+#: The long-poll wait of a receive after a placement deferral (seconds).
+_DEFERRED_WAIT_SECONDS = 1
 
 
 class HintPoller:
@@ -64,8 +67,14 @@ class HintPoller:
         taker: LeaseTaker,
         metrics: WorkerMetrics,
         logger: Any,
+        *,
+        placement: Callable[[], float] | None = None,
     ) -> None:
+        """``placement``: seconds to wait before the next receive, so less loaded peers take
+        new work first (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)."""
         self._queue = queue
+        self._placement = placement
+        self._wait_seconds = queue.wait_seconds
         self._taker = taker
         self._metrics = metrics
         self._logger = logger
@@ -100,10 +109,26 @@ class HintPoller:
         """How many hints to receive next: the free slots less the hints in hand. Waits while
         that is none or ``MAX_ROUNDS_IN_FLIGHT`` rounds are in hand; 0 (receive no more) once
         stopped or a round failed."""
+        deferred = False
         while not self._queue.stopped and self._round_failed is None:
             free = self._taker.free_slots() - sum(self._rounds.values())
             if free > 0 and len(self._rounds) < MAX_ROUNDS_IN_FLIGHT:
-                return free
+                delay = 0.0 if deferred or self._placement is None else self._placement()
+                if delay <= 0:
+                    if not deferred:
+                        self._queue.wait_seconds = self._wait_seconds
+                    return free
+                # Placement: a more loaded worker lets its peers' long polls take what
+                # arrives meanwhile, then looks with a short poll (a long one would compete).
+                deferred = True
+                self._queue.wait_seconds = min(self._wait_seconds, _DEFERRED_WAIT_SECONDS)
+                self._metrics.count("PlacementDeferrals")
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._queue.wait_stopped()
+                except TimeoutError:
+                    pass
+                continue
             self._slot_freed.clear()
             try:
                 async with asyncio.timeout(1.0):

@@ -1,0 +1,236 @@
+"""Rebalancer: a worker's part of evening the fleet out, and where new work should go.
+
+Every ``REBALANCE_SECONDS`` the worker reads the one ``FLEET#view`` item the reconciler writes
+each pass (:mod:`wsfleet.rebalance`): one eventually consistent GetItem, however large the
+fleet. If the view's plan is new and asks this worker to give:
+
+* it gives at most what the plan says, and never below its target share as it stands now
+  (its own count is live; the view's may be a heartbeat old);
+* it picks connections that have not been moved within ``REBALANCE_DWELL_SECONDS`` (the
+  release of a move stamps ``rebalanced_at_ms`` on the item, so the next owner knows too),
+  never moved ones first, then by key;
+* each one ends like a SIGTERM hand-off: socket closed (1001), frames flushed, the lease
+  released with the final checkpoint in one write (:attr:`ExitReason.REBALANCED`);
+* once released, a :class:`~wsfleet.control.HandoffHint` goes to the chosen peer's control
+  queue (it acquires at once: no placement wait), and a copy goes to the hint queue delayed
+  by ``HANDOFF_COPY_DELAY_SECONDS``, for anyone, in case that peer died meanwhile (if the
+  peer took it, the copy costs one refused acquire).
+
+A plan is carried out once (by its ``plan_at_ms``), and only within ``REBALANCE_SECONDS`` of
+its making: the reconciler plans again only after every worker of the plan has reported its
+count a heartbeat after that window (:func:`wsfleet.rebalance.settled`).
+
+Placement (:meth:`Rebalancer.placement_delay`): a worker whose free capacity (now) is below
+the fleet's best (per the view) by more than the band waits ``REBALANCE_PLACEMENT_SECONDS``
+before each receive from the hint queue, and receives with a short poll, so less loaded peers'
+long polls take new and orphaned connections first. Hand-offs addressed to it are not delayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from wsfleet.clock import Clock, now_ms
+from wsfleet.control import HandoffHint
+from wsfleet.exceptions import WsfleetError
+from wsfleet.hints import Hint
+from wsfleet.rebalance import FleetView, defer_placement
+from wsfleet.store import LeaseStore
+
+from .observability import WorkerMetrics
+from .offload import Offloader
+from .outbox import HintOutbox
+from .protocol import ExitReason
+from .session import Session, SessionResult
+from .upstream import describe_error
+
+__all__ = ["HANDOFF_COPY_DELAY_SECONDS", "Rebalancer", "choose_to_give"]
+
+#: The hint-queue copy of a hand-off waits this long: the addressed peer takes it well before
+#: (a control-queue receive and one acquire), and the copy only matters if that peer is gone.
+HANDOFF_COPY_DELAY_SECONDS = 5
+#: A view older than this many REBALANCE_SECONDS is not used for placement (the reconciler
+#: stopped writing it).
+_VIEW_FRESH_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class _Destination:
+    taker: str
+    queue_url: str
+
+
+def choose_to_give(
+    candidates: Mapping[str, int | None], count: int, *, now_ms: int, dwell_ms: int
+) -> list[str]:
+    """Which ``count`` connections to give, from pk -> ``rebalanced_at_ms``: none moved
+    within ``dwell_ms``; never moved ones first, then the longest ago; keys break ties.
+
+    >>> choose_to_give({"CONN#b": None, "CONN#a": 5, "CONN#c": None}, 2, now_ms=10, dwell_ms=3)
+    ['CONN#b', 'CONN#c']
+    >>> choose_to_give({"CONN#a": 9}, 1, now_ms=10, dwell_ms=3)
+    []
+    """
+    eligible = [
+        (moved_at if moved_at is not None else -1, pk)
+        for pk, moved_at in candidates.items()
+        if moved_at is None or now_ms - moved_at >= dwell_ms
+    ]
+    return [pk for _, pk in sorted(eligible)[: max(0, count)]]
+
+
+class Rebalancer:
+    """One worker's rebalancing: reads the fleet view, gives its part, sends the hand-offs.
+
+    :param sessions: the worker's sessions by pk (read only; sessions are ended via finish).
+    :param send_handoff: sends a hand-off to a peer's control queue (None: no control
+        channel here; then the hint-queue copy goes out without a delay).
+    """
+
+    def __init__(
+        self,
+        leases: LeaseStore,
+        worker_id: str,
+        offloader: Offloader,
+        outbox: HintOutbox,
+        metrics: WorkerMetrics,
+        logger: Any,
+        *,
+        sessions: Mapping[str, Session],
+        capacity: int,
+        interval_seconds: float,
+        dwell_seconds: float,
+        band_percent: float,
+        placement_seconds: float,
+        send_handoff: Callable[[str, HandoffHint], Awaitable[bool]] | None,
+        stopping: Callable[[], bool],
+        clock: Clock = now_ms,
+    ) -> None:
+        self._leases = leases
+        self.worker_id = worker_id
+        self._offloader = offloader
+        self._outbox = outbox
+        self._metrics = metrics
+        self._logger = logger
+        self._sessions = sessions
+        self._capacity = capacity
+        self._interval_ms = int(interval_seconds * 1000)
+        self._dwell_ms = int(dwell_seconds * 1000)
+        self._band_percent = band_percent
+        self._placement_seconds = placement_seconds
+        self._send_handoff = send_handoff
+        self._stopping = stopping
+        self._clock = clock
+        #: The last view read (placement uses it between reads).
+        self.view: FleetView | None = None
+        self._done_plan_at_ms = 0
+        #: Connections being handed off, and to whom.
+        self._destinations: dict[str, _Destination] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.given = 0
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        """Every REBALANCE_SECONDS: read the view and carry out this worker's part (until
+        cancelled; nothing while the worker drains or is fenced)."""
+        while True:
+            await asyncio.sleep(self._interval_ms / 1000)
+            if self._stopping():
+                continue
+            try:
+                await self.run_once()
+            except WsfleetError as exc:
+                self._metrics.count("RebalanceFailures")
+                self._logger.warning(
+                    "fleet view not read; rebalancing waits", extra={"error": describe_error(exc)}
+                )
+
+    async def run_once(self) -> int:
+        """Read the view; give what its plan asks of us (once per plan). Returns how many."""
+        view = await self._offloader.io(self._leases.get_fleet_view)
+        self.view = view
+        if view is None or self._stopping():
+            return 0
+        now = self._clock()
+        if view.plan_at_ms == self._done_plan_at_ms or now - view.plan_at_ms > self._interval_ms:
+            return 0  # done already, or too old to act on (the next plan is made without it)
+        self._done_plan_at_ms = view.plan_at_ms
+        moves = view.moves_from(self.worker_id)
+        if not moves:
+            return 0
+        running = {
+            pk: s.record.rebalanced_at_ms
+            for pk, s in self._sessions.items()
+            if s.reason is None and pk not in self._destinations
+        }
+        target = view.targets.get(self.worker_id, len(running))
+        budget = min(sum(m.count for m in moves), len(running) - target)
+        chosen = iter(choose_to_give(running, budget, now_ms=now, dwell_ms=self._dwell_ms))
+        given = 0
+        for move in moves:
+            destination = _Destination(move.taker, view.queues.get(move.taker, ""))
+            for _ in range(move.count):
+                pk = next(chosen, None)
+                if pk is None:
+                    break
+                session = self._sessions.get(pk)
+                if session is None or session.reason is not None:
+                    continue
+                self._destinations[pk] = destination
+                session.finish(ExitReason.REBALANCED, via="rebalance")
+                given += 1
+        if given:
+            self.given += given
+            self._metrics.count("RebalanceGiven", given)
+            self._logger.info(
+                "rebalancing: handing connections off",
+                extra={"connections": given, "held": len(running), "target": target,
+                       "takers": sorted({m.taker for m in moves})},
+            )
+        return given
+
+    # ------------------------------------------------------------------ the hand-off
+    def session_done(self, result: SessionResult | None, pk: str) -> None:
+        """A session ended (called by the worker for every session): a released move gets
+        its hints."""
+        destination = self._destinations.pop(pk, None)
+        if (
+            destination is None
+            or result is None
+            or result.reason is not ExitReason.REBALANCED
+            or not result.released
+        ):
+            return
+        task = asyncio.create_task(self._hint(result, destination), name=f"handoff:{pk}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _hint(self, result: SessionResult, destination: _Destination) -> None:
+        sent = False
+        if self._send_handoff is not None and destination.queue_url:
+            sent = await self._send_handoff(
+                destination.queue_url, HandoffHint(result.pk, result.epoch)
+            )
+        delay = HANDOFF_COPY_DELAY_SECONDS if sent else 0
+        self._outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
+
+    async def close(self) -> None:
+        """Let the hand-off hints in flight go out (the worker flushes the outbox after)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ placement
+    def placement_delay(self) -> float:
+        """Seconds to wait before the next hint-queue receive (0: receive now)."""
+        view = self.view
+        if view is None or self._placement_seconds <= 0:
+            return 0.0
+        if self._clock() - view.at_ms > _VIEW_FRESH_INTERVALS * max(self._interval_ms, 1):
+            return 0.0
+        held = len(self._sessions)
+        if defer_placement(held, self._capacity, view.best_free, self._band_percent):
+            return self._placement_seconds
+        return 0.0
