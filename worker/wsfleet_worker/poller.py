@@ -22,6 +22,12 @@ waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_h
 
 Handled messages are deleted with one DeleteMessageBatch per round.
 
+Placement (REBALANCE_PLACEMENT_SECONDS): before a receive, a worker whose free capacity is
+well below the fleet's best (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)
+waits, then receives with a short poll, so new and orphaned connections go to less loaded
+peers first. Not while hints are queued (the last receive came back full: a failover burst,
+where speed comes first and rebalancing evens the spread out afterwards).
+
 Rounds overlap: while one batch is being acted on (its acquires, or an early hint's wait for
 its lease to lapse), the next receive is already out, up to ``MAX_ROUNDS_IN_FLIGHT`` batches
 in hand. Taking over a hundred connections is then a pipeline, not ten rounds back to back.
@@ -38,7 +44,7 @@ from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
 from .protocol import triage_hints
-from .sqs_consumer import Message, QueueConsumer
+from .sqs_consumer import RECEIVE_LIMIT, Message, QueueConsumer
 from .taking import HintOutcome, LeaseTaker
 
 __all__ = ["HintPoller"]
@@ -75,6 +81,10 @@ class HintPoller:
         self._queue = queue
         self._placement = placement
         self._wait_seconds = queue.wait_seconds
+        self._requested = 0  # messages the last receive asked for
+        #: The last receive came back full: hints are queued (a failover burst), so placement
+        #: does not hold this worker back (speed first; rebalancing evens out after).
+        self._backlog = False
         self._taker = taker
         self._metrics = metrics
         self._logger = logger
@@ -113,10 +123,13 @@ class HintPoller:
         while not self._queue.stopped and self._round_failed is None:
             free = self._taker.free_slots() - sum(self._rounds.values())
             if free > 0 and len(self._rounds) < MAX_ROUNDS_IN_FLIGHT:
-                delay = 0.0 if deferred or self._placement is None else self._placement()
+                delay = 0.0
+                if not deferred and not self._backlog and self._placement is not None:
+                    delay = self._placement()
                 if delay <= 0:
                     if not deferred:
                         self._queue.wait_seconds = self._wait_seconds
+                    self._requested = min(free, RECEIVE_LIMIT)
                     return free
                 # Placement: a more loaded worker lets its peers' long polls take what
                 # arrives meanwhile, then looks with a short poll (a long one would compete).
@@ -138,6 +151,7 @@ class HintPoller:
         return 0
 
     async def _start_round(self, messages: list[Message]) -> None:
+        self._backlog = len(messages) >= self._requested > 0
         task = asyncio.create_task(self._handle(messages), name="hint-round")
         self._rounds[task] = len(messages)
 
