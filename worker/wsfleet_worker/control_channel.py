@@ -9,8 +9,12 @@ holds it under that epoch and a consistent read of the record confirms the STOP
 (:func:`~wsfleet.control.stop_confirmed`): milliseconds instead of up to one heartbeat, and a
 forged command cannot end a live stream.
 
+Rebalancing uses the same queue: a peer handing a connection over sends a
+:class:`~wsfleet.control.HandoffHint` here, which the worker acquires at once
+(:mod:`~wsfleet_worker.rebalancing`).
+
 Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
-role), the queue is created with a policy denying ``SendMessage`` to every other principal
+role and the worker role, for hand-offs), the queue is created with a policy denying ``SendMessage`` to every other principal
 (:func:`~wsfleet.control.control_queue_policy`). Whatever still arrives is untrusted input: an
 unusable body is counted (``InvalidControlMessages``), logged by excerpt and deleted, and a
 failure while acting on one message (``ControlMessageFailures``) never ends the consumer.

@@ -22,6 +22,10 @@ Run
       (CHECKPOINT_SECONDS, advanced only). Idle connections write nothing.
     * Sweep (every WORKER_SWEEP_SECONDS): ``owned_by(self)`` on gsi_owner, the fallback for
       a lost STOP and the repair of what no session holds; see :meth:`Worker.sweep`.
+    * Rebalancing (every REBALANCE_SECONDS, unless REBALANCE=false): the fleet view's plan,
+      hand-offs to less loaded peers, and placement of new work
+      (:mod:`~wsfleet_worker.rebalancing`); hand-offs addressed here arrive on the control
+      queue and are acquired at once.
 
 Lease lost: a new incarnation
     A worker whose lease renewals keep failing fences itself at ``expires_at - margin``; one
