@@ -14,10 +14,11 @@ Rebalancing uses the same queue: a peer handing a connection over sends a
 (:mod:`~wsfleet_worker.rebalancing`).
 
 Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
-role and the worker role, for hand-offs), the queue is created with a policy denying ``SendMessage`` to every other principal
-(:func:`~wsfleet.control.control_queue_policy`). Whatever still arrives is untrusted input: an
-unusable body is counted (``InvalidControlMessages``), logged by excerpt and deleted, and a
-failure while acting on one message (``ControlMessageFailures``) never ends the consumer.
+role and the worker role, for hand-offs), the queue is created with a policy denying
+``SendMessage`` to every other principal (:func:`~wsfleet.control.control_queue_policy`).
+Whatever still arrives is untrusted input: an unusable body is counted
+(``InvalidControlMessages``), logged by excerpt and deleted, and a failure while acting on one
+message (``ControlMessageFailures``) never ends the consumer.
 
 Receiving (with backoff on errors) and deleting are
 :class:`~wsfleet_worker.sqs_consumer.QueueConsumer`'s, the loop the hint poller uses too; this
