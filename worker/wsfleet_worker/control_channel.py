@@ -152,20 +152,27 @@ class ControlChannel:
                 exc_info=exc,
             )
 
-    async def send_handoff(self, queue_url: str, handoff: HandoffHint) -> bool:
-        """Send a hand-off to a peer's control queue; False if it did not go out (the
-        delayed copy on the hint queue still does)."""
+    async def send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
+        """Send up to ten hand-offs to a peer's control queue in one SendMessageBatch; returns
+        the pks that went out (the others' delayed copies on the hint queue go out at once)."""
+        entries = [{"Id": str(i), "MessageBody": h.body()} for i, h in enumerate(handoffs[:10])]
         try:
-            await self._offloader.sqs(
-                self._sqs.send_message, QueueUrl=queue_url, MessageBody=handoff.body()
+            response = await self._offloader.sqs(
+                self._sqs.send_message_batch, QueueUrl=queue_url, Entries=entries
             )
         except (ClientError, BotoCoreError) as exc:
             self._logger.warning(
-                "hand-off hint not sent to the peer",
-                extra={"connection_id": connection_id_from_pk(handoff.pk), "error": str(exc)},
+                "hand-off hints not sent to the peer",
+                extra={"count": len(entries), "error": str(exc)},
             )
-            return False
-        return True
+            return set()
+        sent = {handoffs[int(entry["Id"])].pk for entry in response.get("Successful", [])}
+        if len(sent) < len(entries):
+            self._logger.warning(
+                "some hand-off hints not sent to the peer",
+                extra={"count": len(entries) - len(sent)},
+            )
+        return sent
 
     async def _handle(
         self, message: Message, on_stop: Callable[[StopCommand], Awaitable[bool]]

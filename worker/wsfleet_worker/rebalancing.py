@@ -12,7 +12,9 @@ fleet. If the view's plan is new and asks this worker to give:
 * each one ends like a SIGTERM hand-off: socket closed (1001), frames flushed, the lease
   released with the final checkpoint in one write (:attr:`ExitReason.REBALANCED`);
 * once released, a :class:`~wsfleet.control.HandoffHint` goes to the chosen peer's control
-  queue (it acquires at once: no placement wait), and a copy goes to the hint queue delayed
+  queue (it acquires at once: no placement wait; hand-offs released while a send to that
+  peer is out go together next, ten per SendMessageBatch), and a copy goes to the hint queue
+  delayed
   by ``HANDOFF_COPY_DELAY_SECONDS``, for anyone, in case that peer died meanwhile (if the
   peer took it, the copy costs one refused acquire).
 
@@ -86,8 +88,9 @@ class Rebalancer:
     """One worker's rebalancing: reads the fleet view, gives its part, sends the hand-offs.
 
     :param sessions: the worker's sessions by pk (read only; sessions are ended via finish).
-    :param send_handoff: sends a hand-off to a peer's control queue (None: no control
-        channel here; then the hint-queue copy goes out without a delay).
+    :param send_handoffs: sends up to ten hand-offs to a peer's control queue and returns the
+        pks that went out (None: no control channel here; then the hint-queue copies go out
+        without a delay).
     """
 
     def __init__(
@@ -105,7 +108,7 @@ class Rebalancer:
         dwell_seconds: float,
         band_percent: float,
         placement_seconds: float,
-        send_handoff: Callable[[str, HandoffHint], Awaitable[bool]] | None,
+        send_handoffs: Callable[[str, list[HandoffHint]], Awaitable[set[str]]] | None,
         stopping: Callable[[], bool],
         clock: Clock = now_ms,
     ) -> None:
@@ -121,7 +124,8 @@ class Rebalancer:
         self._dwell_ms = int(dwell_seconds * 1000)
         self._band_percent = band_percent
         self._placement_seconds = placement_seconds
-        self._send_handoff = send_handoff
+        self._send_handoffs = send_handoffs
+        self._queued: dict[str, list[HandoffHint]] = {}  # by taker queue URL
         self._stopping = stopping
         self._clock = clock
         #: The last view read (placement uses it between reads).
@@ -204,18 +208,35 @@ class Rebalancer:
             or not result.released
         ):
             return
-        task = asyncio.create_task(self._hint(result, destination), name=f"handoff:{pk}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        handoff = HandoffHint(result.pk, result.epoch)
+        url = destination.queue_url
+        if self._send_handoffs is None or not url:
+            self._outbox.add(Hint(result.pk, epoch=result.epoch))
+            return
+        queued = self._queued.setdefault(url, [])
+        queued.append(handoff)
+        if len(queued) == 1:  # else a send to this peer is out, and takes these next
+            task = asyncio.create_task(self._send(url), name=f"handoff:{destination.taker}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    async def _hint(self, result: SessionResult, destination: _Destination) -> None:
-        sent = False
-        if self._send_handoff is not None and destination.queue_url:
-            sent = await self._send_handoff(
-                destination.queue_url, HandoffHint(result.pk, result.epoch)
-            )
-        delay = HANDOFF_COPY_DELAY_SECONDS if sent else 0
-        self._outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
+    async def _send(self, url: str) -> None:
+        """Send the hand-offs queued for one peer, ten at a time, until none is left; then a
+        delayed copy of each on the hint queue (at once for one that did not go out)."""
+        assert self._send_handoffs is not None
+        queued = self._queued[url]
+        try:
+            while queued:
+                batch = queued[:10]
+                sent = await self._send_handoffs(url, batch)
+                del queued[: len(batch)]
+                for handoff in batch:
+                    delay = HANDOFF_COPY_DELAY_SECONDS if handoff.pk in sent else 0
+                    self._outbox.add(Hint(handoff.pk, epoch=handoff.epoch, delay_seconds=delay))
+        finally:
+            for handoff in queued:  # cancelled mid-way: the copies still go out
+                self._outbox.add(Hint(handoff.pk, epoch=handoff.epoch))
+            del self._queued[url]
 
     async def close(self) -> None:
         """Let the hand-off hints in flight go out (the worker flushes the outbox after)."""

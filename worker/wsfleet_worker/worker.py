@@ -205,7 +205,7 @@ class Worker:
                 dwell_seconds=settings.rebalance_dwell_seconds,
                 band_percent=settings.rebalance_band_percent,
                 placement_seconds=settings.rebalance_placement_seconds,
-                send_handoff=self._send_handoff,
+                send_handoffs=self._send_handoffs,
                 stopping=lambda: self._stopping or self.liveness.fenced,
                 clock=clock,
             )
@@ -494,10 +494,10 @@ class Worker:
             extra={"connection_id": connection_id_from_pk(handoff.pk), "outcome": outcome.value},
         )
 
-    async def _send_handoff(self, queue_url: str, handoff: HandoffHint) -> bool:
+    async def _send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
         if self.control is None:
-            return False
-        return await self.control.send_handoff(queue_url, handoff)
+            return set()
+        return await self.control.send_handoffs(queue_url, handoffs)
 
     async def _on_stop_command(self, command: StopCommand) -> bool:
         """Close the named session if the connection record confirms the STOP.
