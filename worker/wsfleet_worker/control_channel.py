@@ -81,6 +81,7 @@ class ControlChannel:
         self.queue_name = control_queue_name(prefix, worker_id)
         self._wait_seconds = wait_seconds
         self._sender_arns = sender_arns
+        self._takes: set[asyncio.Task[None]] = set()  # hand-offs being acquired
         self._queue = QueueConsumer(
             sqs,
             offloader,
@@ -124,14 +125,14 @@ class ControlChannel:
         ``on_handoff`` takes a rebalancing hand-off addressed here (None: ignored)."""
 
         async def handle(messages: list[Message]) -> None:
-            handoffs: list[Awaitable[None]] = []
             for message in messages:
                 handoff = await self._handle(message, on_stop)
                 if handoff is not None and on_handoff is not None:
-                    handoffs.append(self._take(on_handoff, handoff))
-            # Hand-offs at once and together: each is a peer's stream waiting for its taker.
-            if handoffs:
-                await asyncio.gather(*handoffs)
+                    # At once, and without holding up the next receive: each is a peer's
+                    # stream waiting for its taker.
+                    task = asyncio.create_task(self._take(on_handoff, handoff))
+                    self._takes.add(task)
+                    task.add_done_callback(self._takes.discard)
             # Every message is deleted, applied or not: a STOP is idempotent and an unusable
             # body would only come back.
             await self._queue.delete([m["ReceiptHandle"] for m in messages])
