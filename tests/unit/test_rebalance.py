@@ -97,10 +97,15 @@ def test_settled_waits_for_a_heartbeat_after_the_plan() -> None:
     assert settled(1_000, moves, {"a": 20_000}, act_ms=10_000)
 
 
-def test_placement_defers_only_beyond_the_band() -> None:
-    assert not defer_placement(0, 100, 100, 10)
-    assert not defer_placement(10, 100, 100, 10)  # 10 below the best: within the band
-    assert defer_placement(11, 100, 100, 10)
+def test_placement_defers_only_beyond_the_share_and_its_band() -> None:
+    # two equal workers, 100 connections in the fleet: a share of 50, a band of 5
+    assert not defer_placement(55, 100, fleet_held=100, fleet_capacity=200, band_percent=10)
+    assert defer_placement(56, 100, fleet_held=100, fleet_capacity=200, band_percent=10)
+    # an idle fleet: one connection is within the band, two are not
+    assert not defer_placement(1, 100, fleet_held=0, fleet_capacity=200, band_percent=10)
+    assert defer_placement(2, 100, fleet_held=0, fleet_capacity=200, band_percent=10)
+    # no view of the fleet's capacity: never held back beyond one connection
+    assert not defer_placement(1, 100, fleet_held=0, fleet_capacity=0, band_percent=10)
 
 
 # ---------------------------------------------------------------------------- properties

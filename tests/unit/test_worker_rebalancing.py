@@ -150,17 +150,19 @@ async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwe
     await _drain(worker)
 
 
-def test_placement_defers_a_worker_well_above_the_best_free_capacity():
+def test_placement_defers_a_worker_above_its_share_of_the_fleet():
     store = MovingStore()
     worker = make_worker(store, max_connections=10, rebalance_placement_seconds=0.5)
     rebalancer = worker.rebalancer
     assert rebalancer.placement_delay() == 0  # no view yet
-    rebalancer.view = FleetView(at_ms=now_ms(), best_free=10)
-    assert rebalancer.placement_delay() == 0  # as free as the best
+    # two workers of 10, 4 connections in the fleet: a share of 2, band one connection
+    rebalancer.view = FleetView(at_ms=now_ms(), workers=2, held=4, capacity=20)
     for i in range(3):
         worker.sessions[f"CONN#x{i}"] = object()  # type: ignore[assignment]
+    assert rebalancer.placement_delay() == 0  # 3: within the band
+    worker.sessions["CONN#x3"] = object()  # type: ignore[assignment]
     assert rebalancer.placement_delay() == 0.5
-    rebalancer.view = FleetView(at_ms=now_ms() - 3_600_000, best_free=10)
+    rebalancer.view = FleetView(at_ms=now_ms() - 3_600_000, workers=2, held=4, capacity=20)
     assert rebalancer.placement_delay() == 0  # a stale view says nothing
 
 

@@ -22,8 +22,8 @@ waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_h
 
 Handled messages are deleted with one DeleteMessageBatch per round.
 
-Placement (REBALANCE_PLACEMENT_SECONDS): before a receive, a worker whose free capacity is
-well below the fleet's best (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)
+Placement (REBALANCE_PLACEMENT_SECONDS): before a receive, a worker holding more than its share
+of the fleet's load plus the band (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)
 waits, then receives with a short poll, so new and orphaned connections go to less loaded
 peers first. Not while hints are queued (the last receive came back full: a failover burst,
 where speed comes first and rebalancing evens the spread out afterwards).

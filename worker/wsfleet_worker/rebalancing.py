@@ -22,8 +22,8 @@ A plan is carried out once (by its ``plan_at_ms``), and only within ``REBALANCE_
 its making: the reconciler plans again only after every worker of the plan has reported its
 count a heartbeat after that window (:func:`wsfleet.rebalance.settled`).
 
-Placement (:meth:`Rebalancer.placement_delay`): a worker whose free capacity (now) is below
-the fleet's best (per the view) by more than the band waits ``REBALANCE_PLACEMENT_SECONDS``
+Placement (:meth:`Rebalancer.placement_delay`): a worker that holds (now) more than its share
+of the fleet's load (per the view) plus the band waits ``REBALANCE_PLACEMENT_SECONDS``
 before each receive from the hint queue, and receives with a short poll, so less loaded peers'
 long polls take new and orphaned connections first. Hand-offs addressed to it are not delayed.
 """
@@ -252,6 +252,12 @@ class Rebalancer:
         if self._clock() - view.at_ms > _VIEW_FRESH_INTERVALS * max(self._interval_ms, 1):
             return 0.0
         held = len(self._sessions)
-        if defer_placement(held, self._capacity, view.best_free, self._band_percent):
+        if defer_placement(
+            held,
+            self._capacity,
+            fleet_held=view.held,
+            fleet_capacity=view.capacity,
+            band_percent=self._band_percent,
+        ):
             return self._placement_seconds
         return 0.0

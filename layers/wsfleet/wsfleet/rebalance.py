@@ -224,16 +224,22 @@ def settled(
     return True
 
 
-def defer_placement(held: int, capacity: int, best_free: int, band_percent: float) -> bool:
-    """Whether a worker should let a less loaded peer take new work first: its free capacity
-    (now) is below the fleet's best (as of the fleet view) by more than the band.
+def defer_placement(
+    held: int, capacity: int, *, fleet_held: int, fleet_capacity: int, band_percent: float
+) -> bool:
+    """Whether a worker should let less loaded peers take new work first: it holds (now) more
+    than its share of the fleet's load (as of the fleet view) plus the band.
 
-    >>> defer_placement(60, 100, 95, 10), defer_placement(10, 100, 95, 10)
-    (True, False)
+    Two idle workers and a burst of STARTs: each takes two at most before the other is
+    preferred (share 0, band one connection), instead of whoever polls first taking most.
+
+    >>> defer_placement(2, 100, fleet_held=0, fleet_capacity=200, band_percent=10)
+    True
+    >>> defer_placement(55, 100, fleet_held=100, fleet_capacity=200, band_percent=10)
+    False
     """
-    free = capacity - held
-    slack = max(1, math.floor(capacity * band_percent / 100))
-    return free < best_free - slack
+    share = fleet_held * capacity / fleet_capacity if fleet_capacity > 0 else 0.0
+    return held > share + max(1, math.floor(share * band_percent / 100))
 
 
 # ---------------------------------------------------------------------------- the fleet view
@@ -251,7 +257,7 @@ class FleetView:
     ``plan_at_ms``: when ``moves`` were planned (a worker carries a plan out once, and only
     within REBALANCE_SECONDS of it: see :func:`settled`); ``targets``: the share of each
     worker named in a move; ``queues``: the control queue of each taker, where its hand-off
-    hints go; ``best_free``: the most free capacity any live worker has (placement).
+    hints go; ``best_free``: the most free capacity any live worker has.
     """
 
     at_ms: int

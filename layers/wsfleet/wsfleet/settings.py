@@ -132,7 +132,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "connection) is balanced; nothing moves while every worker is.",
            "reconciler, worker"),
     EnvVar("REBALANCE_PLACEMENT_SECONDS", "rebalance_placement_seconds", "1",
-           "A worker whose free capacity is below the fleet's best by more than the band waits "
+           "A worker holding more than its share of the fleet's load plus the band waits "
            "this long before each receive from the hint queue, so new and orphaned "
            "connections go to less loaded peers first; 0 turns placement off.", "worker"),
     EnvVar("ALLOWED_UPSTREAM_HOSTS", "allowed_upstream_hosts", "",
