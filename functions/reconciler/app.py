@@ -191,8 +191,9 @@ class RebalancePolicy:
     band_percent: float
     act_ms: int
 
-    #: Added to REBALANCE_SECONDS for the hand-offs themselves (release, hint, acquire).
-    HANDOFF_MARGIN_MS = 3_000
+    #: Added to REBALANCE_SECONDS for the hand-offs themselves (release, hint, acquire), done
+    #: a few at a time (wsfleet_worker.rebalancing.HANDOFF_WAVE).
+    HANDOFF_MARGIN_MS = 5_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RebalancePolicy | None:

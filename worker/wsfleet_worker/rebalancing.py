@@ -10,7 +10,9 @@ fleet. If the view's plan is new and asks this worker to give:
   release of a move stamps ``rebalanced_at_ms`` on the item, so the next owner knows too),
   never moved ones first, then by key;
 * each one ends like a SIGTERM hand-off: socket closed (1001), frames flushed, the lease
-  released with the final checkpoint in one write (:attr:`ExitReason.REBALANCED`);
+  released with the final checkpoint in one write (:attr:`ExitReason.REBALANCED`); five at
+  a time, each wave once the previous one has released, so the hand-offs do not slow each
+  other down;
 * once released, a :class:`~wsfleet.control.HandoffHint` goes to the chosen peer's control
   queue (it acquires at once: no placement wait; hand-offs released while a send to that
   peer is out go together next, ten per SendMessageBatch), and a copy goes to the hint queue
@@ -31,6 +33,7 @@ long polls take new and orphaned connections first. Hand-offs addressed to it ar
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +52,15 @@ from .protocol import ExitReason
 from .session import Session, SessionResult
 from .upstream import describe_error
 
-__all__ = ["HANDOFF_COPY_DELAY_SECONDS", "Rebalancer", "choose_to_give"]
+__all__ = ["HANDOFF_COPY_DELAY_SECONDS", "HANDOFF_WAVE", "Rebalancer", "choose_to_give"]
 
 #: The hint-queue copy of a hand-off waits this long: the addressed peer takes it well before
 #: (a control-queue receive and one acquire), and the copy only matters if that peer is gone.
 HANDOFF_COPY_DELAY_SECONDS = 5
+#: Sessions a giver ends at once (see Rebalancer._give), and how long it waits at most for a
+#: wave to release before it starts the next.
+HANDOFF_WAVE = 5
+_WAVE_WAIT_SECONDS = 2.0
 #: A view older than this many REBALANCE_SECONDS is not used for placement (the reconciler
 #: stopped writing it).
 _VIEW_FRESH_INTERVALS = 3
@@ -88,6 +95,7 @@ class Rebalancer:
     """One worker's rebalancing: reads the fleet view, gives its part, sends the hand-offs.
 
     :param sessions: the worker's sessions by pk (read only; sessions are ended via finish).
+    :param session_tasks: their tasks (a wave of hand-offs waits for them).
     :param send_handoffs: sends up to ten hand-offs to a peer's control queue and returns the
         pks that went out (None: no control channel here; then the hint-queue copies go out
         without a delay).
@@ -103,6 +111,7 @@ class Rebalancer:
         logger: Any,
         *,
         sessions: Mapping[str, Session],
+        session_tasks: Mapping[str, asyncio.Task[SessionResult]],
         capacity: int,
         interval_seconds: float,
         dwell_seconds: float,
@@ -119,6 +128,7 @@ class Rebalancer:
         self._metrics = metrics
         self._logger = logger
         self._sessions = sessions
+        self._session_tasks = session_tasks
         self._capacity = capacity
         self._interval_ms = int(interval_seconds * 1000)
         self._dwell_ms = int(dwell_seconds * 1000)
@@ -173,27 +183,43 @@ class Rebalancer:
         target = view.targets.get(self.worker_id, len(running))
         budget = min(sum(m.count for m in moves), len(running) - target)
         chosen = iter(choose_to_give(running, budget, now_ms=now, dwell_ms=self._dwell_ms))
-        given = 0
+        plan: list[tuple[str, _Destination]] = []
         for move in moves:
             destination = _Destination(move.taker, view.queues.get(move.taker, ""))
-            for _ in range(move.count):
-                pk = next(chosen, None)
-                if pk is None:
-                    break
+            plan += [(pk, destination) for pk in itertools.islice(chosen, move.count)]
+        if not plan:
+            return 0
+        self._logger.info(
+            "rebalancing: handing connections off",
+            extra={"connections": len(plan), "held": len(running), "target": target,
+                   "takers": sorted({m.taker for m in moves})},
+        )
+        given = await self._give(plan)
+        self.given += given
+        self._metrics.count("RebalanceGiven", given)
+        return given
+
+    async def _give(self, plan: list[tuple[str, _Destination]]) -> int:
+        """End the chosen sessions ``HANDOFF_WAVE`` at a time, each wave once the previous
+        one has released: a burst of simultaneous hand-offs (close, flush, release, hint,
+        the peer's acquire and connect) would stretch every one of them."""
+        given = 0
+        for start in range(0, len(plan), HANDOFF_WAVE):
+            if self._stopping():
+                break
+            wave = []
+            for pk, destination in plan[start : start + HANDOFF_WAVE]:
                 session = self._sessions.get(pk)
                 if session is None or session.reason is not None:
                     continue
                 self._destinations[pk] = destination
                 session.finish(ExitReason.REBALANCED, via="rebalance")
                 given += 1
-        if given:
-            self.given += given
-            self._metrics.count("RebalanceGiven", given)
-            self._logger.info(
-                "rebalancing: handing connections off",
-                extra={"connections": given, "held": len(running), "target": target,
-                       "takers": sorted({m.taker for m in moves})},
-            )
+                task = self._session_tasks.get(pk)
+                if task is not None:
+                    wave.append(task)
+            if wave:
+                await asyncio.wait(wave, timeout=_WAVE_WAIT_SECONDS)
         return given
 
     # ------------------------------------------------------------------ the hand-off

@@ -200,6 +200,7 @@ class Worker:
                 metrics,
                 logger,
                 sessions=self.sessions,
+                session_tasks=self._session_tasks,
                 capacity=settings.max_connections,
                 interval_seconds=settings.rebalance_seconds,
                 dwell_seconds=settings.rebalance_dwell_seconds,
