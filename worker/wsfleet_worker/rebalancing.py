@@ -150,8 +150,15 @@ class Rebalancer:
     async def run(self) -> None:
         """Every REBALANCE_SECONDS: read the view and carry out this worker's part (until
         cancelled; nothing while the worker drains or is fenced)."""
+        loop = asyncio.get_running_loop()
+        interval = self._interval_ms / 1000
+        next_at = loop.time()
         while True:
-            await asyncio.sleep(self._interval_ms / 1000)
+            # On a fixed grid, however long a hand-off took: every plan is read within
+            # REBALANCE_SECONDS of its making (run_once acts on no older one).
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at = max(next_at, loop.time() - interval)  # after a long stall, no catch-up
             if self._stopping():
                 continue
             try:
