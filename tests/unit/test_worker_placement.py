@@ -81,10 +81,13 @@ def test_no_holding_back_while_hints_are_queued() -> None:
     async def run() -> None:
         poller, queue = make(lambda: 5.0)
         poller._requested = 10
-        await poller._start_round([{"ReceiptHandle": str(i), "Body": "x"} for i in range(10)])
-        assert poller._backlog  # the last receive came back full: a burst
-        assert await poller._room() == 50 - 10  # the ten in hand count against the slots
+        await poller._start_round([{"ReceiptHandle": str(i), "Body": "x"} for i in range(2)])
+        assert poller._backlog  # the last receive brought two: a burst
+        assert await poller._room() == 50 - 2  # the two in hand count against the slots
         assert queue.wait_seconds == 20
-        await asyncio.gather(*poller._rounds)  # ten unusable hints, deleted
+        await asyncio.gather(*poller._rounds)  # two unusable hints, deleted
+        await poller._start_round([{"ReceiptHandle": "3", "Body": "x"}])
+        assert not poller._backlog  # one at a time: a trickle, placement applies
+        await asyncio.gather(*poller._rounds)
 
     asyncio.run(run())

@@ -25,8 +25,8 @@ Handled messages are deleted with one DeleteMessageBatch per round.
 Placement (REBALANCE_PLACEMENT_SECONDS): before a receive, a worker holding more than its share
 of the fleet's load plus the band (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)
 waits, then receives with a short poll, so new and orphaned connections go to less loaded
-peers first. Not while hints are queued (the last receive came back full: a failover burst,
-where speed comes first and rebalancing evens the spread out afterwards).
+peers first. Not while hints are queued (the last receive brought more than one: a drain or
+failover burst, where speed comes first and rebalancing evens the spread out afterwards).
 
 Rounds overlap: while one batch is being acted on (its acquires, or an early hint's wait for
 its lease to lapse), the next receive is already out, up to ``MAX_ROUNDS_IN_FLIGHT`` batches
@@ -82,8 +82,9 @@ class HintPoller:
         self._placement = placement
         self._wait_seconds = queue.wait_seconds
         self._requested = 0  # messages the last receive asked for
-        #: The last receive came back full: hints are queued (a failover burst), so placement
-        #: does not hold this worker back (speed first; rebalancing evens out after).
+        #: The last receive brought more than one hint (or all it asked for): hints are
+        #: queued (a drain or failover burst), so placement does not hold this worker back
+        #: (speed first; rebalancing evens out after). Placement is for a trickle.
         self._backlog = False
         self._taker = taker
         self._metrics = metrics
@@ -151,7 +152,7 @@ class HintPoller:
         return 0
 
     async def _start_round(self, messages: list[Message]) -> None:
-        self._backlog = len(messages) >= self._requested > 0
+        self._backlog = len(messages) > 1 or len(messages) >= self._requested > 0
         task = asyncio.create_task(self._handle(messages), name="hint-round")
         self._rounds[task] = len(messages)
 
