@@ -45,15 +45,9 @@ def _dynamodb_on_dynalite(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
 
 
 def _client(endpoint_url: str) -> Any:
-    import boto3
+    from wsfleet_local.backend import local_client
 
-    return boto3.client(
-        "dynamodb",
-        endpoint_url=endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return local_client("dynamodb", endpoint_url)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -25,15 +25,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
-
-import boto3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_capacity import create_connections, emf_documents, value, wait_for
@@ -81,25 +78,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.settings import ENVIRONMENT
-    from wsfleet_local.backend import EmbeddedBackend
+    from wsfleet_local.backend import EmbeddedBackend, local_client
+    from wsfleet_local.procs import ChildProcess, spawn
 
     defaults = {v.name: v.default for v in ENVIRONMENT}
     workdir = Path(tempfile.mkdtemp(prefix="wsfleet-flood-"))
-    upstream = subprocess.Popen(
+    upstream = spawn(
+        "flooding upstream",
         [sys.executable, __file__, "--serve", "--frame-bytes", str(args.frame_bytes)],
-        stdout=subprocess.PIPE, text=True,
+        capture_stdout=True, inherit_stderr=True,
     )  # fmt: skip
     backend = EmbeddedBackend().start()
-    worker: subprocess.Popen[bytes] | None = None
+    worker: ChildProcess | None = None
     try:
-        url = json.loads(upstream.stdout.readline())["url"]  # type: ignore[union-attr]
+        url = upstream.read_json_line(60)["url"]
         resources = backend.create_resources(f"flood-{uuid.uuid4().hex[:6]}")
-        session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            region_name=resources.region,
-        )  # fmt: skip
-        dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
-        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
+        sqs = local_client("sqs", resources.endpoint_url, resources.region)
         log_path = workdir / "worker.log"
         worker_env = {
             **os.environ,
@@ -120,11 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1",
             "PYTHONUNBUFFERED": "1",
         }
-        with open(log_path, "wb") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "wsfleet_worker"], env=worker_env, stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=worker_env,
+                       log_path=log_path)  # fmt: skip
         wait_for(lambda: len(emf_documents(log_path)) >= 2, 120, "the idle worker")
         idle_rss = status_kb(worker.pid, "VmRSS")
         ids = [f"flood{i:04d}" for i in range(args.connections)]
@@ -133,10 +125,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         started = time.monotonic()
         samples: list[int] = []
-        while time.monotonic() - started < args.window and worker.poll() is None:
+        while time.monotonic() - started < args.window and worker.alive():
             samples.append(status_kb(worker.pid, "VmRSS"))
             time.sleep(0.25)
-        alive = worker.poll() is None
+        alive = worker.alive()
         peak_kb = status_kb(worker.pid, "VmHWM") if alive else max(samples, default=0)
         documents = emf_documents(log_path)
         active = value(documents[-1], "ActiveConnections") if documents else 0
@@ -179,14 +171,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ),
         }
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-        upstream.terminate()
-        upstream.wait(10)
+        if worker is not None:
+            worker.stop(timeout_seconds=30)
+        upstream.stop(timeout_seconds=10)
         backend.stop()
 
 

@@ -137,14 +137,9 @@ def machine() -> dict[str, Any]:
 
 def aws_client(service: str, endpoint_url: str, region: str = "us-east-1") -> Any:
     """A boto3 client straight to the backend (not through the proxy: not counted)."""
-    import boto3
+    from wsfleet_local.backend import local_client
 
-    from wsfleet.aws import client_config
-
-    session = boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
-    )
-    return session.client(service, endpoint_url=endpoint_url, config=client_config())
+    return local_client(service, endpoint_url, region)
 
 
 def by_stream(sessions: Sequence[Any]) -> dict[str, list[Any]]:

@@ -50,10 +50,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_capacity import cpu_seconds, create_connections, value, wait_for
+
+from wsfleet_local.procs import ChildProcess, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PER_VCPU = 10_000
@@ -237,18 +237,14 @@ def _short(frame: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the run
-def start_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "wsfleet_worker"], env=env, stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+def start_worker(env: dict[str, str], log_path: Path) -> ChildProcess:
+    return spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=env, log_path=log_path)
 
 
 def measure_pass(
     env: dict[str, str], log_path: Path, hint: Any, args: argparse.Namespace, *,
     warmup: float, window: float, py_spy_raw: Path | None = None,
-) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:  # fmt: skip
+) -> tuple[dict[str, Any], ChildProcess]:  # fmt: skip
     worker = start_worker(env, log_path)
     tail = EmfTail(log_path, worker.pid)
     wait_for(lambda: (tail.poll(), len(tail.samples) >= 2)[1], 120, "the worker's first metrics")
@@ -257,33 +253,26 @@ def measure_pass(
              120, "every connection streaming", 0.2)  # fmt: skip
     tail.follow(warmup)
     first = len(tail.samples) - 1
-    spy: subprocess.Popen[bytes] | None = None
+    spy: ChildProcess | None = None
     binary = py_spy_binary() if py_spy_raw is not None else None
     if binary is not None and py_spy_raw is not None:
-        spy = subprocess.Popen(
-            [binary, "record", "--pid", str(worker.pid), "--duration", str(int(window)),
-             "--rate", "200", "--nonblocking", "--gil", "--format", "raw",
-             "--output", str(py_spy_raw)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        spy = spawn("py-spy", [
+            binary, "record", "--pid", str(worker.pid), "--duration", str(int(window)),
+            "--rate", "200", "--nonblocking", "--gil", "--format", "raw",
+            "--output", str(py_spy_raw),
+        ])  # fmt: skip
     tail.follow(window)
     figures = window_figures(tail.samples[first:])
     figures["active_connections"] = int(tail.last("ActiveConnections"))
-    if spy is not None:
-        try:
-            spy.wait(30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
+    if spy is not None and spy.wait(30) is None:
+        spy.stop(signal.SIGKILL)
     return figures, worker
 
 
-def drain(worker: subprocess.Popen[bytes]) -> int:
+def drain(worker: ChildProcess) -> int:
     worker.send_signal(signal.SIGTERM)
-    try:
-        return worker.wait(120)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        return worker.wait()
+    code = worker.wait(120)
+    return code if code is not None else worker.stop(signal.SIGKILL)
 
 
 def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[str, Any]:
@@ -336,32 +325,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
-    from wsfleet_local.backend import EmbeddedBackend
+    from wsfleet_local.backend import EmbeddedBackend, local_client
     from wsfleet_local.dynalite import Dynalite, available
 
     if not available():
         raise SystemExit("dynalite is not installed (python -m wsfleet_local.dynalite --install)")
     workdir = Path(args.out or tempfile.mkdtemp(prefix="wsfleet-throughput-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    upstream = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--rate", str(args.rate)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    upstream = spawn("upstream", [sys.executable, __file__, "--serve", "--rate", str(args.rate)],
+                     capture_stdout=True, inherit_stderr=True)  # fmt: skip
     backend = EmbeddedBackend().start()
     dynalite = Dynalite(log_path=workdir / "dynalite.log")
-    workers: list[subprocess.Popen[bytes]] = []
+    workers: list[ChildProcess] = []
     try:
-        url = json.loads(upstream.stdout.readline())["url"]  # type: ignore[union-attr]
+        url = upstream.read_json_line(60)["url"]
         resources = backend.create_resources(f"tp-{uuid.uuid4().hex[:6]}")
-        session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            region_name=resources.region,
-        )  # fmt: skip
-        moto_dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
+        moto_dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
         dynalite.start()
         dynalite.clone_tables(moto_dynamodb, resources.tables.values())
-        dynamodb = session.client("dynamodb", endpoint_url=dynalite.endpoint_url)
-        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        dynamodb = local_client("dynamodb", dynalite.endpoint_url, resources.region)
+        sqs = local_client("sqs", resources.endpoint_url, resources.region)
         store = DynamoDBLeaseStore(dynamodb, resources.connections_table, lease_ms=30_000)
         ids = [f"tp{i:04d}" for i in range(args.connections)]
         create_connections(dynamodb, resources.connections_table, ids, url)
@@ -426,7 +409,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 profile["dump"] = str(dump)
         spy = py_spy_tables(spy_raw, args.top) if spy_raw.exists() else None
 
-        upstream.terminate()
+        upstream.send_signal(signal.SIGTERM)
         checked = verify(dynamodb, resources, ids, store)
         per_cpu = measured["frames_per_cpu_second"]
         result = {
@@ -452,14 +435,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return result
     finally:
         for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-        upstream.terminate()
-        try:
-            upstream.wait(10)
-        except subprocess.TimeoutExpired:
-            upstream.kill()
+            worker.stop(signal.SIGKILL)
+        upstream.stop(timeout_seconds=10)
         dynalite.stop()
         backend.stop()
 

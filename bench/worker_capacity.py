@@ -33,15 +33,12 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
-
-import boto3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,27 +117,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
-    from wsfleet_local.backend import EmbeddedBackend
+    from wsfleet_local.backend import EmbeddedBackend, local_client
+    from wsfleet_local.procs import ChildProcess, spawn
 
     workdir = Path(tempfile.mkdtemp(prefix="wsfleet-capacity-"))
-    simulator = subprocess.Popen(
+    simulator = spawn(
+        "simulator",
         [sys.executable, "-m", "wsfleet_local.simulator", "--port", "0", "--rate", str(args.rate)],
-        stdout=subprocess.PIPE,
-        text=True,
+        capture_stdout=True,
     )
     backend = EmbeddedBackend().start()
-    worker: subprocess.Popen[bytes] | None = None
+    worker: ChildProcess | None = None
     try:
-        sim_url = json.loads(simulator.stdout.readline())["url"]  # type: ignore[union-attr]
+        sim_url = simulator.read_json_line(60)["url"]
         resources = backend.create_resources(f"cap-{uuid.uuid4().hex[:6]}")
         env = resources.env()
-        session = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=resources.region,
-        )
-        dynamodb = session.client("dynamodb", endpoint_url=resources.endpoint_url)
-        sqs = session.client("sqs", endpoint_url=resources.endpoint_url)
+        dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
+        sqs = local_client("sqs", resources.endpoint_url, resources.region)
         store = DynamoDBLeaseStore(
             dynamodb, resources.connections_table, lease_ms=int(args.lease * 1000)
         )
@@ -166,11 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "POWERTOOLS_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         }
-        with open(log_path, "wb") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "wsfleet_worker"], env=worker_env, stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=worker_env,
+                       log_path=log_path)  # fmt: skip
         wait_for(lambda: len(emf_documents(log_path)) >= 2, 120, "the idle worker")
         time.sleep(args.metrics_every)
         idle_rss = rss_kb(worker.pid)
@@ -235,7 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # ---- graceful drain of everything
         drain_start = time.monotonic()
         worker.send_signal(signal.SIGTERM)
-        exit_code = worker.wait(120)
+        exit_code = worker.wait(120)  # None: still draining after 120 s
         drain_s = time.monotonic() - drain_start
         drained = [
             json.loads(line) for line in log_path.read_text().splitlines()
@@ -283,14 +273,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "worker_log": str(log_path),
         }
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        simulator.terminate()
-        try:
-            simulator.wait(30)
-        except subprocess.TimeoutExpired:
-            simulator.kill()
+        if worker is not None:
+            worker.stop(signal.SIGKILL)
+        simulator.stop(signal.SIGTERM, 30)
         backend.stop()
 
 

@@ -33,7 +33,8 @@ ones. Command line::
     python -m wsfleet_local.backend [--host 127.0.0.1] [--port 0] [--create-resources PREFIX]
 
 prints one JSON line (``{"endpoint_url": ...}`` plus ``"env"``/``"resources"`` when asked)
-to stdout once the server answers, then serves until SIGTERM/SIGINT.
+to stdout once the server answers, then serves until SIGTERM/SIGINT
+(:func:`wsfleet_local.procs.serve_until_stopped`, which every local child uses).
 """
 
 from __future__ import annotations
@@ -44,16 +45,15 @@ import json
 import logging
 import os
 import re
-import selectors
 import signal
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -63,6 +63,7 @@ import yaml
 
 from wsfleet.exceptions import WsfleetError
 
+from .procs import ChildProcess, ChildProcessError_, StopSignals, serve_until_stopped, spawn
 from .stack import StackResolver, Unresolvable
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ __all__ = [
     "TemplateError",
     "find_template",
     "load_template",
+    "local_client",
     "main",
     "provision_resources",
     "serve",
@@ -566,24 +568,14 @@ def _referenced_ids(value: Any) -> set[str]:
 
 def _creation_order(resources: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Logical ids in an order where every resource comes after the ones it refers to."""
-    order: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(logical_id: str) -> None:
-        if logical_id in order:
-            return
-        if logical_id in visiting:
-            raise TemplateError(f"circular reference through {logical_id}")
-        visiting.add(logical_id)
-        properties = resources[logical_id].get("Properties") or {}
-        for dependency in sorted(_referenced_ids(properties) & resources.keys()):
-            visit(dependency)
-        visiting.discard(logical_id)
-        order.append(logical_id)
-
-    for logical_id in resources:
-        visit(logical_id)
-    return order
+    graph = {
+        logical_id: _referenced_ids(definition.get("Properties") or {}) & resources.keys()
+        for logical_id, definition in resources.items()
+    }
+    try:
+        return list(TopologicalSorter(graph).static_order())
+    except CycleError as exc:
+        raise TemplateError(f"circular reference through {exc.args[1][0]}") from exc
 
 
 _INDEX_KEYS = ("IndexName", "KeySchema", "Projection", "ProvisionedThroughput")
@@ -670,7 +662,9 @@ class Resources:
     """The stack's tables and queues as created on a local endpoint.
 
     ``tables``/``queues`` map every AWS::DynamoDB::Table / AWS::SQS::Queue of the template by
-    logical id (table names / queue URLs), including any the named fields do not cover.
+    logical id (table names / queue URLs), including any the named fields do not cover;
+    ``attributes`` holds what ``!GetAtt`` returns for each, keyed ``"LogicalId.Attribute"``
+    (the ARNs as the backend reported them: nobody needs to format one).
 
     Example::
 
@@ -689,6 +683,15 @@ class Resources:
     stream_arn: str  # ConnectionsTable's LatestStreamArn
     tables: dict[str, str]
     queues: dict[str, str]
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def get_att(self) -> dict[tuple[str, str], str]:
+        """``attributes`` keyed ``(logical_id, attribute)``, as StackResolver takes them."""
+        return {
+            (logical_id, attribute): value
+            for key, value in self.attributes.items()
+            for logical_id, attribute in [key.split(".", 1)]
+        }
 
     def env(self) -> dict[str, str]:
         """Environment variables that point wsfleet code (and boto3) at these resources.
@@ -710,15 +713,26 @@ class Resources:
         }
 
 
-def _local_client(service: str, endpoint_url: str, region: str) -> Any:
+def local_client(service: str, endpoint_url: str, region: str = DEFAULT_REGION) -> Any:
+    """A boto3 client for ``service`` on a local endpoint: the local dummy credentials, an own
+    session (so the caller's environment and profile play no part) and wsfleet's
+    :func:`~wsfleet.aws.client_config` (timeouts, "standard" retries).
+
+    Example::
+
+        >>> local_client("dynamodb", resources.endpoint_url).list_tables()["TableNames"]
+        ['t1-ConnectionsTable', 't1-MessagesTable']
+    """
     import boto3
+
+    from wsfleet.aws import client_config
 
     session = boto3.session.Session(
         aws_access_key_id=LOCAL_ACCESS_KEY,
         aws_secret_access_key=LOCAL_SECRET_KEY,
         region_name=region,
     )
-    return session.client(service, endpoint_url=endpoint_url)
+    return session.client(service, endpoint_url=endpoint_url, config=client_config())
 
 
 def provision_resources(
@@ -749,8 +763,8 @@ def provision_resources(
         if isinstance(definition, dict) and definition.get("Type") in (TABLE_TYPE, QUEUE_TYPE)
     }
     parameters = template.get("Parameters") or {}
-    dynamodb = _local_client("dynamodb", endpoint_url, region)
-    sqs = _local_client("sqs", endpoint_url, region)
+    dynamodb = local_client("dynamodb", endpoint_url, region)
+    sqs = local_client("sqs", endpoint_url, region)
     tables: dict[str, str] = {}
     queues: dict[str, str] = {}
     attributes: dict[tuple[str, str], str] = {}  # GetAtt values of what exists so far
@@ -827,38 +841,13 @@ def provision_resources(
         stream_arn=stream_arns[CONNECTIONS_TABLE_ID],
         tables=tables,
         queues=queues,
+        attributes={f"{key[0]}.{key[1]}": value for key, value in attributes.items()},
     )
 
 
 # =============================================================================================
 # The child process and its handle.
 # =============================================================================================
-
-
-def _read_ready_line(process: subprocess.Popen[bytes], timeout_seconds: float) -> dict[str, Any]:
-    """The child's one JSON line, or BackendError if it dies or stays silent."""
-    assert process.stdout is not None
-    buffer = b""
-    deadline = time.monotonic() + timeout_seconds
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while b"\n" not in buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BackendError(f"backend gave no ready line within {timeout_seconds:.0f} s")
-            if not selector.select(remaining):
-                continue
-            chunk = os.read(process.stdout.fileno(), 65536)
-            if not chunk:
-                code = process.wait()
-                raise BackendError(f"backend exited with code {code} before it was ready")
-            buffer += chunk
-    try:
-        ready: dict[str, Any] = json.loads(buffer.split(b"\n", 1)[0])
-        _ = ready["endpoint_url"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BackendError(f"unexpected ready line from backend: {buffer!r}") from exc
-    return ready
 
 
 def _wait_until_answers(endpoint_url: str, timeout_seconds: float) -> None:
@@ -895,14 +884,12 @@ class EmbeddedBackend:
         *,
         template_path: Path | None = None,
         region: str = DEFAULT_REGION,
-        new_session: bool = False,
     ) -> None:
         self.host = host
-        self.new_session = new_session
         self.port = port
         self.region = region
         self.template_path = template_path
-        self._process: subprocess.Popen[bytes] | None = None
+        self._child: ChildProcess | None = None
         self._endpoint_url: str | None = None
 
     @property
@@ -915,51 +902,37 @@ class EmbeddedBackend:
     @property
     def pid(self) -> int | None:
         """The child's process id while it runs, else None."""
-        return self._process.pid if self._process is not None else None
+        return self._child.pid if self._child is not None else None
 
     def start(self) -> EmbeddedBackend:
         """Start the child, wait until it answers, and return self (which is also usable later)."""
-        if self._process is not None:
+        if self._child is not None:
             raise BackendError("backend already started")
         command = [
             sys.executable, "-m", "wsfleet_local.backend",
             "--host", self.host, "--port", str(self.port), "--exit-on-stdin-eof",
         ]  # fmt: skip
-        # new_session keeps a terminal's Ctrl-C away from the server, so a supervisor can
-        # drain its workers (whose final writes need the server) before stopping it.
-        self._process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=self.new_session,
+        # The child answers before it prints its line (main() waits for its health path).
+        self._child = spawn(
+            "backend", command, stdin_pipe=True, capture_stdout=True, inherit_stderr=True
         )
         try:
-            ready = _read_ready_line(self._process, START_TIMEOUT_SECONDS)
-            assert self._process.stdout is not None
-            self._process.stdout.close()  # the child sends nothing more to stdout
-            _wait_until_answers(ready["endpoint_url"], START_TIMEOUT_SECONDS)
-        except BaseException:
+            ready = self._child.read_json_line(START_TIMEOUT_SECONDS)
+            self._endpoint_url = str(ready["endpoint_url"])
+        except BaseException as exc:
             self.stop()
+            if isinstance(exc, (ChildProcessError_, KeyError)):
+                raise BackendError(f"backend did not start: {exc}") from exc
             raise
-        self._endpoint_url = ready["endpoint_url"]
         self.port = urlsplit(self._endpoint_url).port or self.port
         return self
 
     def stop(self) -> None:
         """Terminate the child and reap it (SIGKILL after a grace period). Safe to call twice."""
-        process, self._process, self._endpoint_url = self._process, None, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for pipe in (process.stdin, process.stdout):
-            if pipe is not None and not pipe.closed:
-                pipe.close()
+        child, self._child, self._endpoint_url = self._child, None, None
+        if child is not None:
+            child.close_stdin()
+            child.stop(signal.SIGTERM, STOP_TIMEOUT_SECONDS)
 
     def create_resources(self, prefix: str = "wsfleet") -> Resources:
         """Create the template's tables and queues named ``<prefix>-<LogicalId>``.
@@ -987,37 +960,6 @@ class EmbeddedBackend:
         self.stop()
 
 
-def _install_stop_signals(stop: threading.Event) -> None:
-    """First SIGTERM/SIGINT asks for a clean exit; a second one exits at once."""
-
-    def handle(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            os._exit(128 + signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-
-
-def _watch_stdin(stop: threading.Event) -> None:
-    """Set ``stop`` when stdin reaches EOF: the parent holding the pipe has exited.
-
-    Reads the raw descriptor, not ``sys.stdin``: a daemon thread parked inside the buffered
-    reader would make interpreter shutdown abort.
-    """
-    fd = sys.stdin.fileno()
-
-    def drain() -> None:
-        try:
-            while os.read(fd, 4096):
-                pass
-        except OSError:
-            pass
-        stop.set()
-
-    threading.Thread(target=drain, name="stdin-eof-watch", daemon=True).start()
-
-
 def main(argv: Iterator[str] | list[str] | None = None) -> int:
     """``python -m wsfleet_local.backend``: serve in the foreground until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(
@@ -1037,31 +979,25 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    stop = threading.Event()
-    _install_stop_signals(stop)
-    server, thread = serve(args.host, args.port)
-    try:
-        endpoint_url = f"http://{args.host}:{server.port}"
-        _wait_until_answers(endpoint_url, START_TIMEOUT_SECONDS)
-        ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
-        if args.create_resources:
-            resources = provision_resources(
-                endpoint_url, args.create_resources, region=args.region, template_path=args.template
-            )
-            ready["env"] = resources.env()
-            ready["resources"] = asdict(resources)
-        sys.stdout.write(json.dumps(ready) + "\n")
-        sys.stdout.flush()
-        # stdout carries exactly one line: anything printed later (moto prints) goes to stderr.
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-        if args.exit_on_stdin_eof:
-            _watch_stdin(stop)
-        while not stop.wait(timeout=1.0):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with StopSignals() as stop:
+        server, thread = serve(args.host, args.port)
+        try:
+            endpoint_url = f"http://{args.host}:{server.port}"
+            _wait_until_answers(endpoint_url, START_TIMEOUT_SECONDS)
+            ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
+            if args.create_resources:
+                resources = provision_resources(
+                    endpoint_url, args.create_resources, region=args.region,
+                    template_path=args.template,
+                )  # fmt: skip
+                ready["env"] = resources.env()
+                ready["resources"] = asdict(resources)
+            # stdout carries exactly one line: anything printed later (moto prints) goes to stderr.
+            serve_until_stopped(ready, stop, exit_on_stdin_eof=args.exit_on_stdin_eof)
+        finally:
+            server.shutdown()
+            server.server_close()
+            stop.join(thread, 5)
     return 0
 
 

@@ -43,9 +43,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from wsfleet.messages import MessageStore
 from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 
 from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
+from .backend import local_client
 from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
 from .simulator import SessionRecord, first_frame_after
@@ -120,8 +122,6 @@ class _Monitor:
     """Reads the system, keeps the live view fresh, waits for conditions. Main thread only."""
 
     def __init__(self, fleet: LocalFleet, console: Console, stream_ids: Sequence[str]) -> None:
-        import boto3
-
         self.fleet = fleet
         self.console = console
         self.stream_ids = list(stream_ids)
@@ -129,11 +129,7 @@ class _Monitor:
         self.phase = "starting"
         self.slot_state: dict[int, str] = {}
         resources = fleet.resources
-        self.ddb = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=resources.region,
-        ).client("dynamodb", endpoint_url=resources.endpoint_url)
+        self.ddb = local_client("dynamodb", resources.endpoint_url, resources.region)
         self.live: Live | None = None
         self.last: Snapshot | None = None
 
@@ -458,23 +454,11 @@ def _stop_some(
 
 
 def _read_messages(monitor: _Monitor, stream_id: str) -> list[dict[str, Any]]:
-    from boto3.dynamodb.types import TypeDeserializer
-
-    deserializer = TypeDeserializer()
-    pages = monitor.ddb.get_paginator("query").paginate(
-        TableName=monitor.fleet.resources.messages_table,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues={":pk": {"S": connection_pk(stream_id)}},
-        # only what the audit reads: moto's cost grows with every attribute it serialises
-        ProjectionExpression="#seq, #data, #epoch",
-        ExpressionAttributeNames={"#seq": "seq", "#data": "message_data", "#epoch": "lease_epoch"},
-        ConsistentRead=True,
+    store = MessageStore(monitor.ddb, monitor.fleet.resources.messages_table)
+    # only what the audit reads: moto's cost grows with every attribute it serialises
+    return store.read_all(
+        connection_pk(stream_id), attributes=("seq", "message_data", "lease_epoch")
     )
-    return [
-        {key: deserializer.deserialize(value) for key, value in raw.items()}
-        for page in pages
-        for raw in page.get("Items", [])
-    ]
 
 
 def run_demo(options: DemoOptions, console: Console) -> DemoReport:

@@ -161,12 +161,9 @@ class Dynalite:
             child.stop(signal.SIGTERM, 10)
 
     def client(self, region: str = "us-east-1") -> Any:
-        import boto3
+        from .backend import local_client
 
-        session = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
-        )
-        return session.client("dynamodb", endpoint_url=self.endpoint_url)
+        return local_client("dynamodb", self.endpoint_url, region)
 
     def clone_tables(self, source: Any, table_names: Iterable[str]) -> None:
         """Create tables here shaped like ``source``'s (keys, GSIs, billing; no streams).

@@ -89,6 +89,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from wsfleet.exceptions import WsfleetError
 
+from .procs import StopSignals, serve_until_stopped, spawn
+
 __all__ = [
     "CONTROL_PREFIX",
     "FaultClient",
@@ -958,8 +960,6 @@ class ProxyProcess:
         self.urls: dict[str, str] = {}
 
     def start(self) -> Self:
-        from .procs import spawn
-
         self._child = spawn(
             "fault proxy", self._argv, log_path=self._log_path, stdin_pipe=True, capture_stdout=True
         )
@@ -1107,21 +1107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.upstream, labels=labels, host=args.host, port=args.port, seed=seed, rules=rules,
         rules_file=args.rules_file, journal=args.journal, journal_table=args.journal_table,
     )  # fmt: skip
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    if args.exit_on_stdin_eof:
-
-        def watch() -> None:
-            with contextlib.suppress(OSError, ValueError):
-                while sys.stdin.buffer.read(4096):
-                    pass
-            stop.set()
-
-        threading.Thread(target=watch, daemon=True).start()
-    with proxy:
-        print(json.dumps({"url": proxy.url, "urls": proxy.urls()}), flush=True)
-        stop.wait()
+    with StopSignals() as stop, proxy:
+        serve_until_stopped(
+            {"url": proxy.url, "urls": proxy.urls()}, stop, exit_on_stdin_eof=args.exit_on_stdin_eof
+        )
     return 0
 
 

@@ -61,7 +61,7 @@ from typing import Any
 from wsfleet.exceptions import WsfleetError
 
 from .api import DEFAULT_STAGE, LocalApi
-from .backend import Resources, find_template, load_template
+from .backend import Resources, find_template, load_template, local_client
 from .dynalite import Dynalite
 from .procs import ChildProcess, spawn
 from .runtime import FunctionProcess
@@ -343,36 +343,21 @@ class LocalFleet:
         ready = self._backend.read_json_line(CHILD_READY_TIMEOUT_SECONDS)
         self._resources = Resources(**ready["resources"])
         resources = self._resources
-        names: dict[str, str] = {**resources.tables, **resources.queues}
-        attributes: dict[tuple[str, str], str] = {}
-        for logical_id, table in resources.tables.items():
-            attributes[(logical_id, "Arn")] = _table_arn(resources.region, table)
-        attributes[("ConnectionsTable", "StreamArn")] = resources.stream_arn
-        for logical_id, url in resources.queues.items():
-            queue_name = url.rstrip("/").rsplit("/", 1)[-1]
-            attributes[(logical_id, "Arn")] = _queue_arn(resources.region, queue_name)
-            attributes[(logical_id, "QueueName")] = queue_name
-            attributes[(logical_id, "QueueUrl")] = url
         self._resolver = StackResolver(
             stack_name=self.stack_name,
             region=resources.region,
-            names=names,
+            names={**resources.tables, **resources.queues},
             parameters=self.stack.parameters,
             overrides=self._parameter_overrides(),
-            attributes=attributes,
+            attributes=resources.get_att(),
         )
 
     def _start_dynalite(self) -> None:
         """dynalite, holding tables shaped like the ones the backend made from template.yaml."""
-        import boto3
-
         self._progress("starting DynamoDB on dynalite (SQS stays on moto)")
         resources = self.resources
         self._dynalite = Dynalite().start()
-        moto = boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            region_name=resources.region,
-        ).client("dynamodb", endpoint_url=resources.endpoint_url)  # fmt: skip
+        moto = local_client("dynamodb", resources.endpoint_url, resources.region)
         self._dynalite.clone_tables(moto, resources.tables.values())
 
     def _dynamodb_env(self) -> dict[str, str]:
@@ -472,18 +457,9 @@ class LocalFleet:
         ).start()
 
     def _start_stream_poller(self, source: Any) -> None:
-        import boto3
-
-        from wsfleet.aws import client_config
-
         resources = self.resources
-        session = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=resources.region,
-        )
-        streams_client = session.client(
-            "dynamodbstreams", endpoint_url=resources.endpoint_url, config=client_config()
+        streams_client = local_client(
+            "dynamodbstreams", resources.endpoint_url, resources.region
         )
         self._poller = StreamPoller(
             client=streams_client,
@@ -494,12 +470,10 @@ class LocalFleet:
             function_arn=f"arn:aws:lambda:{resources.region}:123456789012:function:"
             f"{self.stack_name}-stream-notifier",
             poll_interval_seconds=self.stream_poll_seconds,
-            on_failure=self._on_failure_sender(session, source.on_failure_destination),
+            on_failure=self._on_failure_sender(source.on_failure_destination),
         ).start()
 
-    def _on_failure_sender(
-        self, session: Any, destination: Any
-    ) -> Callable[[dict[str, Any]], None] | None:
+    def _on_failure_sender(self, destination: Any) -> Callable[[dict[str, Any]], None] | None:
         """Send given-up batches to the template's on-failure queue, if it exists locally."""
         if not (isinstance(destination, Mapping) and "Fn::GetAtt" in destination):
             return None
@@ -508,7 +482,7 @@ class LocalFleet:
         url = self.resources.queues.get(logical_id)
         if url is None:
             return None
-        sqs = session.client("sqs", endpoint_url=self.resources.endpoint_url)
+        sqs = local_client("sqs", self.resources.endpoint_url, self.resources.region)
 
         def send(message: dict[str, Any]) -> None:
             sqs.send_message(QueueUrl=url, MessageBody=json.dumps(message, default=str))
@@ -770,11 +744,3 @@ _FUNCTION_VARIABLES = frozenset(
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
-
-
-def _table_arn(region: str, table: str) -> str:
-    return f"arn:aws:dynamodb:{region}:123456789012:table/{table}"
-
-
-def _queue_arn(region: str, queue: str) -> str:
-    return f"arn:aws:sqs:{region}:123456789012:{queue}"

@@ -15,6 +15,12 @@ Three rules make ``wsfleet local up`` leave nothing behind, however it ends:
   (while its leader is alive, so the group id cannot have been reused), waits, escalates to
   SIGKILL after a bound, and reaps the child.
 
+The child side is :func:`serve_until_stopped`: one JSON ready line on stdout, then serve until
+SIGTERM/SIGINT or (when asked) EOF on stdin. :class:`StopSignals` is the one signal policy,
+uvicorn's: the first signal asks for a graceful stop, a second sets ``force_exit`` (which every
+wait of the shutdown honours) and restores the original handlers, so a third one is the
+default action.
+
 Example::
 
     child = spawn("sim", [sys.executable, "-m", "wsfleet_local.simulator"], capture_stdout=True)
@@ -33,10 +39,12 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import IO, Any
 
 from wsfleet.exceptions import WsfleetError
@@ -46,7 +54,9 @@ __all__ = [
     "ChildProcessError_",
     "ChildTimeout",
     "LineReader",
+    "StopSignals",
     "pid_alive",
+    "serve_until_stopped",
     "spawn",
 ]
 
@@ -211,12 +221,14 @@ def spawn(
     log_path: Path | None = None,
     stdin_pipe: bool = False,
     capture_stdout: bool = False,
+    inherit_stderr: bool = False,
     cwd: Path | None = None,
 ) -> ChildProcess:
     """Start ``argv`` in its own session, dying with this process; output to ``log_path``.
 
     Without ``capture_stdout`` both stdout and stderr go to the log file (or /dev/null); with
-    it, stdout is a pipe read by :meth:`ChildProcess.read_json_line`.
+    it, stdout is a pipe read by :meth:`ChildProcess.read_json_line`. ``inherit_stderr``
+    leaves stderr on this process's own (where pytest captures it, say).
     """
     log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     sink: Any = log if log is not None else subprocess.DEVNULL
@@ -228,7 +240,7 @@ def spawn(
             cwd=cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else sink,
-            stderr=sink,
+            stderr=None if inherit_stderr else sink,
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
@@ -241,3 +253,108 @@ def spawn(
         if log is not None:
             log.close()  # the child holds its own descriptor
     return ChildProcess(name, popen, log_path)
+
+
+# =============================================================================================
+# The child side: one signal policy, one stdin watcher, one ready line.
+# =============================================================================================
+
+
+class StopSignals:
+    """SIGTERM/SIGINT as uvicorn's ``Server`` handles them; a context manager that installs
+    the handlers on entry (main thread only) and restores the originals on exit.
+
+    The first signal sets :attr:`should_exit` (an Event: wait on it); a second one sets
+    :attr:`force_exit` and restores the original handlers at once, so a third signal gets
+    the default action. Waits during the shutdown go through :meth:`join` / :meth:`sleep`,
+    which return early once ``force_exit`` is set.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    #: How often a shutdown wait looks at ``force_exit``.
+    POLL_SECONDS = 0.1
+
+    def __init__(self) -> None:
+        self.should_exit = threading.Event()
+        self.force_exit = False
+        self._originals: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for signum in self.SIGNALS:
+            self._originals[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.should_exit.is_set():
+            self.force_exit = True
+            self.restore()
+        self.should_exit.set()
+
+    def restore(self) -> None:
+        """Put the original handlers back. Safe to call twice."""
+        originals, self._originals = self._originals, {}
+        for signum, handler in originals.items():
+            signal.signal(signum, handler)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds``; return early once ``force_exit`` is set."""
+        deadline = time.monotonic() + seconds
+        while not self.force_exit and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, self.POLL_SECONDS))
+
+    def join(self, thread: threading.Thread, timeout_seconds: float) -> None:
+        """``thread.join(timeout_seconds)`` that gives up once ``force_exit`` is set."""
+        deadline = time.monotonic() + timeout_seconds
+        while thread.is_alive() and not self.force_exit:
+            if (left := deadline - time.monotonic()) <= 0:
+                return
+            thread.join(min(left, self.POLL_SECONDS))
+
+
+def _watch_stdin(stop: threading.Event) -> None:
+    """Set ``stop`` when stdin reaches EOF: the parent holding the pipe has gone.
+
+    Reads the raw descriptor with ``os.read``, not ``sys.stdin``: a daemon thread parked
+    inside the buffered reader would make interpreter shutdown abort.
+    """
+    fd = sys.stdin.fileno()
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(fd, 4096):
+                pass
+        stop.set()
+
+    threading.Thread(target=drain, name="stdin-eof-watch", daemon=True).start()
+
+
+def serve_until_stopped(
+    ready: Mapping[str, Any], stop: StopSignals, *, exit_on_stdin_eof: bool = False
+) -> None:
+    """Announce ``ready`` as one JSON line on stdout, then block until a stop is asked.
+
+    After the line, stdout is pointed at stderr: the parent reads exactly one line, and a
+    later print into an unread pipe would fill it and block the child. With
+    ``exit_on_stdin_eof`` an EOF on stdin (the parent closed it, or died) also stops.
+
+    Example (a child's ``main``)::
+
+        with StopSignals() as stop, MyServer() as server:
+            serve_until_stopped({"url": server.url}, stop, exit_on_stdin_eof=True)
+    """
+    sys.stdout.write(json.dumps(dict(ready)) + "\n")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    if exit_on_stdin_eof:
+        _watch_stdin(stop.should_exit)
+    # A timed wait, so the main thread runs the signal handlers promptly on every platform.
+    while not stop.should_exit.wait(timeout=1.0):
+        pass

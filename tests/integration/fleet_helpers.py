@@ -23,13 +23,10 @@ checkpoints every 0.5 s, a sweep every 2 s).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import itertools
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -47,6 +44,7 @@ from wsfleet.lease import is_worker_alive
 from wsfleet.messages import MessageStore
 from wsfleet.record import INDEX_SHARDS, ConnectionRecord, connection_id_from_pk, connection_pk
 from wsfleet.store import DynamoDBLeaseStore, IndexEntry
+from wsfleet_local.procs import spawn as spawn_child
 from wsfleet_local.simulator import SimulatorThread
 
 __all__ = [
@@ -126,17 +124,6 @@ def wait_until(
 # ============================================================================ worker processes
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL it if the test process dies (Linux), so a crashed
-    or interrupted test run never leaves workers polling a backend that is gone.
-
-    The kernel ties this to the *thread* that forked: start workers from a thread that lives
-    as long as they should (the test's main thread), not from a short-lived pool thread.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class WorkerProcess:
     """One ``python -m wsfleet_worker`` child. Always :meth:`stop` it (or use ``with``)."""
 
@@ -155,14 +142,11 @@ class WorkerProcess:
         full_env.setdefault("HEALTH_FILE", str(Path(log_dir) / f"{self.worker_id}.health"))
         full_env.setdefault("CONTROL_QUEUE_PREFIX", f"ctl-{uuid.uuid4().hex[:6]}-")
         self.env = full_env
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "wsfleet_worker"],
-            env=full_env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-        )
+        # Own session, dies with the test process, stdout and stderr into the log file.
+        self.process = spawn_child(
+            self.worker_id, [sys.executable, "-m", "wsfleet_worker"], env=full_env,
+            log_path=self.log_path,
+        )  # fmt: skip
 
     def __enter__(self) -> WorkerProcess:
         return self
@@ -175,28 +159,19 @@ class WorkerProcess:
         return self.process.pid
 
     def is_running(self) -> bool:
-        return self.process.poll() is None
+        return self.process.alive()
 
     def signal(self, signum: int) -> None:
-        if self.is_running():
-            os.kill(self.pid, signum)
+        self.process.send_signal(signum)
 
     def wait(self, timeout: float = 30.0) -> int:
-        return self.process.wait(timeout)
+        return self.process.popen.wait(timeout)
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGCONT (in case it is paused), SIGTERM, wait, then SIGKILL. Idempotent."""
-        if self.is_running():
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        if not self._log.closed:
-            self._log.close()
-        return self.process.returncode
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGCONT (in case it is paused), SIGTERM (unless sent already), wait, then SIGKILL.
+        Idempotent."""
+        self.signal(signal.SIGCONT)
+        return self.process.stop(signal.SIGTERM, timeout)
 
     # -- output -------------------------------------------------------------------------
     def output(self) -> str:

@@ -7,11 +7,8 @@ the shared fixtures, and each test provisions resources under its own prefix.
 from __future__ import annotations
 
 import json
-import os
-import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +17,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -42,6 +40,7 @@ from wsfleet_local.backend import (
     load_template,
     provision_resources,
 )
+from wsfleet_local.procs import pid_alive, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -118,31 +117,6 @@ def send_query(endpoint_url: str, params: dict[str, str], *, timeout: float = 60
 def query_bodies(response: bytes) -> list[str]:
     root = ET.fromstring(response)
     return [element.text or "" for element in root.iterfind(".//sqs:Message/sqs:Body", SQS_XMLNS)]
-
-
-def reap(process: subprocess.Popen[bytes]) -> None:
-    """Kill the child if it still runs, wait for it and close its stdout pipe."""
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-    assert process.stdout is not None
-    process.stdout.close()
-
-
-def read_ready_line(process: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        assert selector.select(timeout), "no ready line from the backend"
-    return json.loads(process.stdout.readline())
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # ----------------------------------------------------------------- fixtures
@@ -383,6 +357,24 @@ def test_hint_queue_has_the_template_attributes_and_redrives_to_the_dlq(
     assert dlq["Attributes"]["MessageRetentionPeriod"] == "1209600"
 
 
+def test_resources_carry_the_get_att_values_the_backend_reported(
+    embedded: EmbeddedBackend, resources: Resources
+) -> None:
+    # GIVEN created resources WHEN their GetAtt map is read
+    get_att = resources.get_att()
+
+    # THEN it holds the ARNs the backend gave (the fleet resolves the template's !GetAtt with it)
+    dynamodb = make_client(embedded.endpoint_url, "dynamodb")
+    sqs = make_client(embedded.endpoint_url, "sqs")
+    table = dynamodb.describe_table(TableName=resources.connections_table)["Table"]
+    dlq = sqs.get_queue_attributes(QueueUrl=resources.hint_dlq_url, AttributeNames=["QueueArn"])
+    assert get_att[("ConnectionsTable", "Arn")] == table["TableArn"]
+    assert get_att[("ConnectionsTable", "StreamArn")] == resources.stream_arn
+    assert get_att[("HintDeadLetterQueue", "Arn")] == dlq["Attributes"]["QueueArn"]
+    assert get_att[("HintQueue", "QueueUrl")] == resources.hint_queue_url
+    assert Resources(**json.loads(json.dumps(asdict(resources)))) == resources  # the ready line
+
+
 def test_resources_of_two_prefixes_are_independent(embedded: EmbeddedBackend) -> None:
     # GIVEN two resource sets on one server
     first = embedded.create_resources(f"a-{uuid.uuid4().hex[:8]}")
@@ -588,29 +580,21 @@ def test_stop_ends_the_child_and_frees_the_port() -> None:
 def test_command_line_prints_env_and_exits_cleanly_on_sigterm() -> None:
     # GIVEN the command line asked to create resources
     prefix = f"cli-{uuid.uuid4().hex[:8]}"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wsfleet_local.backend",
-            "--port",
-            "0",
-            "--create-resources",
-            prefix,
-        ],
-        stdout=subprocess.PIPE,
-    )
+    child = spawn(
+        "backend", [sys.executable, "-m", "wsfleet_local.backend", "--port", "0",
+                    "--create-resources", prefix], capture_stdout=True,
+    )  # fmt: skip
     try:
-        ready = read_ready_line(process)
+        ready = child.read_json_line(60)
 
         # WHEN its printed env is used, then it is signalled
         env = ready["env"]
         dynamodb = make_client(env["AWS_ENDPOINT_URL"], "dynamodb")
         table = dynamodb.describe_table(TableName=env["CONNECTIONS_TABLE"])["Table"]
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=20)
+        child.send_signal(signal.SIGTERM)
+        code = child.wait(20)
     finally:
-        reap(process)
+        child.stop(signal.SIGKILL)
 
     # THEN it served the resources it announced and exited with status 0
     assert ready["endpoint_url"] == env["AWS_ENDPOINT_URL"]
@@ -620,20 +604,18 @@ def test_command_line_prints_env_and_exits_cleanly_on_sigterm() -> None:
 
 def test_child_exits_when_its_parent_goes_away() -> None:
     # GIVEN a child watching its stdin, as EmbeddedBackend starts it
-    process = subprocess.Popen(
-        [sys.executable, "-m", "wsfleet_local.backend", "--port", "0", "--exit-on-stdin-eof"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+    child = spawn(
+        "backend", [sys.executable, "-m", "wsfleet_local.backend", "--port", "0",
+                    "--exit-on-stdin-eof"], stdin_pipe=True, capture_stdout=True,
+    )  # fmt: skip
     try:
-        read_ready_line(process)
+        child.read_json_line(60)
 
         # WHEN the parent's end of the pipe closes (as it does when the parent dies)
-        assert process.stdin is not None
-        process.stdin.close()
+        child.close_stdin()
 
         # THEN the child exits cleanly on its own
-        code = process.wait(timeout=20)
+        code = child.wait(20)
     finally:
-        reap(process)
+        child.stop(signal.SIGKILL)
     assert code == 0

@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from fleet_helpers import wait_until
 
 from wsfleet_local.procs import ChildProcessError_, pid_alive, spawn
 
@@ -54,10 +54,47 @@ def test_a_child_that_dies_before_its_ready_line_is_reported(tmp_path):
 
 
 def test_stop_escalates_to_sigkill(tmp_path):
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    child = spawn("stubborn", [sys.executable, "-c", stubborn], log_path=tmp_path / "s.log")
-    time.sleep(0.5)  # let it install its handler
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('{}', flush=True); time.sleep(60)")  # fmt: skip
+    child = spawn("stubborn", [sys.executable, "-c", stubborn], log_path=tmp_path / "s.log",
+                  capture_stdout=True)  # fmt: skip
+    assert child.read_json_line(10) == {}  # its handler is in place
     assert child.stop(signal.SIGTERM, 0.5) == -signal.SIGKILL
+
+
+# Serves until stopped, then "drains" for up to 10 minutes in waits that honour force_exit.
+FORCED = textwrap.dedent(
+    """
+    import json, signal, sys
+    from wsfleet_local.procs import StopSignals, serve_until_stopped
+    with StopSignals() as stop:
+        serve_until_stopped({"ready": True}, stop)
+        print("draining", flush=True)  # stdout now goes to the log (stderr)
+        stop.sleep(600)
+        print(json.dumps({"force_exit": stop.force_exit,
+                          "restored": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL}),
+              flush=True)
+    """
+)
+
+
+def test_a_second_sigterm_forces_the_exit_and_restores_the_handlers(tmp_path):
+    # GIVEN a child served by serve_until_stopped, draining after a first SIGTERM
+    log = tmp_path / "forced.log"
+    child = spawn("forced", [sys.executable, "-c", FORCED], log_path=log, capture_stdout=True)
+    try:
+        assert child.read_json_line(30) == {"ready": True}
+        child.send_signal(signal.SIGTERM)
+        wait_until(lambda: "draining" in log.read_text(), timeout=30, message=log.read_text)
+
+        # WHEN a second SIGTERM arrives
+        child.popen.send_signal(signal.SIGTERM)
+
+        # THEN the drain's wait ends at once, the original handler is back, and it exits 0
+        assert child.wait(60) == 0
+    finally:
+        child.stop(signal.SIGKILL)
+    assert json.loads(log.read_text().splitlines()[-1]) == {"force_exit": True, "restored": True}
 
 
 SUPERVISOR = textwrap.dedent(
@@ -80,7 +117,4 @@ def test_children_die_with_a_sigkilled_supervisor():
     supervisor.wait()
     supervisor.stdout.close()
     # THEN the child gets its parent-death signal and goes away (init reaps it)
-    deadline = time.monotonic() + 10
-    while pid_alive(child_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(child_pid)
+    wait_until(lambda: not pid_alive(child_pid), timeout=30, message="the orphan still runs")

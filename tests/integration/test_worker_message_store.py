@@ -50,6 +50,12 @@ def test_a_replayed_frame_overwrites_itself(store):
     assert (item["seq"], item["lease_epoch"], item["worker_id"]) == (5, 2, "w2")
 
 
+def test_read_all_can_project_the_attributes_a_reader_needs(store):
+    store.put_batch([frame(1), frame(2)])
+    items = store.read_all("CONN#s1", attributes=("seq", "message_data", "lease_epoch"))
+    assert items == [{"seq": n, "message_data": f"s1:{n}", "lease_epoch": 1} for n in (1, 2)]
+
+
 def test_many_frames_are_chunked_and_read_back_in_order_over_pages(store):
     big = "x" * 3000  # ~3 KB each: 600 items exceed one 1 MB query page
     result = store.put_batch([frame(seq, data=f"{big}{seq}") for seq in range(600, 0, -1)])

@@ -130,8 +130,7 @@ def test_graceful_exit_deletes_the_control_queue_and_retires_the_worker_item(fle
     worker = spawn()
     item = wait_until(lambda: fleet.worker_item(worker.worker_id), timeout=60, message=worker.tail)
     assert item.capacity == 100 and not item.dead  # MAX_CONNECTIONS' default
-    worker.stop()
-    assert worker.process.returncode == 0
+    assert worker.stop() == 0
     retired = fleet.worker_item(worker.worker_id)
     assert retired.dead and retired.expires_at_ms <= retired.dead_at_ms  # peers need not wait
     queues = fleet.sqs.list_queues().get("QueueUrls", [])

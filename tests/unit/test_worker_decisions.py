@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -203,12 +204,15 @@ async def test_checkpoints_are_written_when_advanced_and_due_and_idle_ones_write
     store = Store()
     worker = make_worker(store, checkpoint_seconds=0.2)
     busy, idle = connect(worker, store, "busy"), connect(worker, store, "idle")
+    marker = connect(worker, store, "marker")  # its checkpoints show that passes went by
     receive(busy, 1, 2, 3)
     loop = asyncio.create_task(worker._checkpoint_loop())
     try:
-        # WHEN the checkpoint loop runs
+        # WHEN the checkpoint loop runs, then runs again with nothing new for busy or idle
         await until(lambda: store.get(busy.pk).last_seq == 3)
-        await asyncio.sleep(0.5)  # more than two intervals with nothing new
+        for seq in (1, 2):  # a pass handles a session once: seq 2 lands in a later pass
+            receive(marker, seq)
+            await until(lambda seq=seq: store.get(marker.pk).last_seq == seq)
     finally:
         loop.cancel()
     # THEN the busy one wrote once, the idle one never
@@ -216,7 +220,7 @@ async def test_checkpoints_are_written_when_advanced_and_due_and_idle_ones_write
     assert ("checkpoint", idle.pk) not in store.writes
     assert busy.persisted_seq == 3
     assert "CheckpointLagMs" in worker.metrics.peaks
-    assert worker.metrics.totals["CheckpointWrites"] == 1
+    assert worker.metrics.totals["CheckpointWrites"] == 1 + 2  # busy once, marker twice
 
 
 @sync
@@ -538,3 +542,39 @@ def test_a_lost_lease_and_failed_restarts_start_over_until_an_incarnation_runs(m
 
 def test_the_first_incarnation_that_cannot_start_ends_the_process(monkeypatch):
     assert run_serve(monkeypatch, [(1, False)]) == (1, ["w0"])
+
+
+# ---------------------------------------------------------------- signals
+@sync
+async def test_a_second_signal_cuts_the_drain_short_and_restores_the_handlers():
+    # GIVEN a worker draining a session whose message write is still out (drain bound 600 s)
+    store = Store()
+    worker = make_worker(store, message_flush_ms=0, drain_timeout_seconds=600.0)
+    messages = HeldMessages()
+    worker.flusher = MessageFlusher(messages, worker.offloader, worker.metrics, flush_ms=0)
+    worker._context = dataclasses.replace(worker._context, flusher=worker.flusher)
+    flushing = asyncio.create_task(worker.flusher.run())
+    loop = asyncio.get_running_loop()
+    try:
+        worker._install_signal_handlers()
+        session = connect(worker, store, "slow")
+        await session._on_frame('{"seq": 1}')
+        await asyncio.to_thread(messages.entered.wait, WAIT)
+        worker._on_signal(signal.SIGTERM)
+        draining = asyncio.create_task(worker.shutdown())
+        await until(lambda: session._ending)
+
+        # WHEN a second signal arrives
+        worker._on_signal(signal.SIGTERM)
+
+        # THEN the drain ends now (not after its bound, not by exiting the process), the exit
+        # status says it was forced, and a third signal would get the default action
+        await asyncio.wait_for(draining, WAIT)
+        assert worker.force_exit and worker.exit_code == 1
+        assert not loop.remove_signal_handler(signal.SIGTERM)  # none left to remove
+        assert not loop.remove_signal_handler(signal.SIGINT)
+    finally:
+        messages.hold.set()
+        flushing.cancel()
+        loop.remove_signal_handler(signal.SIGTERM)
+        loop.remove_signal_handler(signal.SIGINT)

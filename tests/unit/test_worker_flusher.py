@@ -31,6 +31,7 @@ class RecordingStore:
         self.reject_markers = False  # True: DynamoDB refuses a frame's marker too
         self.gate = threading.Event()
         self.gate.set()
+        self.at_gate = threading.Event()  # a batch reached put_batch (and maybe the gate)
         self.sent = threading.Event()  # a request passed the guard ("left the process")
         self.landed = threading.Event()  # ...and its response came back
         self.landed.set()
@@ -39,6 +40,7 @@ class RecordingStore:
         return None
 
     def put_batch(self, messages: list[Message], guard=None) -> PutResult:
+        self.at_gate.set()
         self.gate.wait(WAIT)
         result = PutResult(requests=1)
         if guard is not None:
@@ -175,7 +177,7 @@ def test_an_owner_fenced_while_its_batch_waits_for_a_thread_writes_nothing():
         await flusher.put(frame(owner, 1))
         await flusher.put(frame(other, 1))
         flusher.flush_now()
-        await asyncio.sleep(0.05)
+        await until(store.at_gate.is_set)
         owner.writable = False  # the lease is lost before the request leaves
         store.gate.set()
         await until(lambda: other.written == [1])
@@ -259,7 +261,7 @@ def test_the_byte_budget_blocks_the_producer_until_writes_settle():
         assert flusher.held_bytes == sum(sizes) > 80_000
         # WHEN a third 40 kB frame comes THEN put waits: the budget holds in-flight writes
         third = asyncio.create_task(flusher.put(frame_of(owner, 3, 40_000)))
-        await asyncio.sleep(0.2)
+        await until(lambda: flusher.waiting_puts == 1)
         assert not third.done()
         # WHEN the writes land THEN the bytes are released and the producer goes on
         store.gate.set()
@@ -303,8 +305,7 @@ def test_a_full_queue_blocks_the_producer():
                 accepted += 1
 
         producer = asyncio.create_task(produce())
-        await until(lambda: accepted >= 5)
-        await asyncio.sleep(0.2)
+        await until(lambda: flusher.waiting_puts == 1)
         assert accepted < 100  # blocked: the session would stop reading its socket
         assert not producer.done()
         store.gate.set()
@@ -366,14 +367,14 @@ def test_producers_blocked_on_a_full_queue_are_admitted_in_arrival_order():
         tasks = []
         for owner in owners:  # each starts (and, once the queue is full, waits) in turn
             tasks.append(asyncio.create_task(produce(owner)))
-            await asyncio.sleep(0.01)
+            await until(lambda: len(admitted) + flusher.waiting_puts == len(tasks))
         assert len(admitted) < len(owners)  # some are waiting for room
         store.gate.set()
         await asyncio.gather(*tasks)
         assert admitted == [owner.name for owner in owners]
         await until(lambda: all(owner.written == [1] for owner in owners))
 
-    run_with_flusher(scenario, capacity=1, in_flight=1)
+    run_with_flusher(scenario, capacity=1, in_flight=1, flush_ms=0)  # batches close at once
 
 
 def test_a_cancelled_waiting_producer_does_not_hold_up_the_ones_behind_it():
@@ -387,7 +388,7 @@ def test_a_cancelled_waiting_producer_does_not_hold_up_the_ones_behind_it():
         await flusher.put(frame(first, 3))  # the queue (capacity 1) is full
         waiting = asyncio.create_task(flusher.put(frame(cancelled, 1)))
         later = asyncio.create_task(flusher.put(frame(behind, 1)))
-        await asyncio.sleep(0.05)
+        await until(lambda: flusher.waiting_puts == 2)
         assert not waiting.done() and not later.done()
         waiting.cancel()
         store.gate.set()

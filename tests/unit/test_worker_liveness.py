@@ -194,7 +194,7 @@ async def test_a_paused_worker_fences_on_waking_without_renewing_first():
     # GIVEN a live worker lease
     liveness, store, clock, fences, _metrics = make(lease_ms=10_000, heartbeat_ms=5_000)
     task = asyncio.create_task(liveness.run())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # one loop turn, no clock: run() is parked in its timed wait
     # WHEN the process "wakes up" after a pause longer than the lease
     clock.offset += 20_000
     liveness._wake.set()  # its timer fired while it was stopped
@@ -227,7 +227,7 @@ async def test_a_renewal_refused_because_a_peer_killed_the_lease_fences_at_once(
 async def test_fence_is_idempotent_and_ends_the_task():
     liveness, _store, _clock, fences, _metrics = make(lease_ms=10_000, heartbeat_ms=5_000)
     task = asyncio.create_task(liveness.run())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one loop turn, no clock: run() is parked in its timed wait
     liveness.fence(FenceCause.DEAD)
     liveness.fence(FenceCause.DEADLINE)
     await asyncio.wait_for(task, WAIT)

@@ -139,6 +139,11 @@ class MessageFlusher:
         """Item bytes of the frames held: queued, waiting for a retry, or being written."""
         return self._held_bytes
 
+    @property
+    def waiting_puts(self) -> int:
+        """put() calls blocked for room: sessions under backpressure."""
+        return len(self._room_waiters)
+
     async def put(self, frame: QueuedFrame) -> int:
         """Queue a frame; waits while the queue is full (the caller stops reading).
 

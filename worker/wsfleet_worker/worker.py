@@ -39,7 +39,8 @@ Lease lost: a new incarnation
     is a peer like any other). A process restart would do the same, only slower: a transient
     DynamoDB stall must not cost a task.
 
-Graceful shutdown (first SIGTERM/SIGINT; a second one exits at once), uvicorn's order:
+Graceful shutdown (first SIGTERM/SIGINT; a second one cuts every wait below short and gives
+the signals their default action back, as uvicorn does), uvicorn's order:
     1. stop polling for hints (a receive already in flight is given back to the queue);
     2. every session, in parallel: stop reading, close its socket (1001), flush its frames,
        then release its connection with the final checkpoint in the same write (owner
@@ -58,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import random
 import signal
 import sys
@@ -251,6 +251,9 @@ class Worker:
         self._stop = asyncio.Event()
         self._stopping = False
         self._signals = 0
+        #: A second signal arrived: every shutdown wait ends now (uvicorn's ``force_exit``).
+        self.force_exit = False
+        self._deadline: asyncio.Timeout | None = None
         self._started_at_ms = 0
         self._drain_complete = False
         #: ``start`` completed (registered, machinery running): a failure after is not a start's
@@ -639,8 +642,20 @@ class Worker:
             self.request_stop()
             return
         self.logger.warning("second signal: exiting now", extra={"signal": name})
-        sys.stdout.flush()
-        os._exit(1)
+        self.force_exit = True
+        self.exit_code = 1
+        loop = asyncio.get_running_loop()
+        for other in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(other)  # a third signal: the default action
+        self.request_stop()
+        if self._deadline is not None:
+            with contextlib.suppress(RuntimeError):  # that wait is over already
+                self._deadline.reschedule(loop.time())
+
+    def _bounded(self, seconds: float) -> asyncio.Timeout:
+        """``asyncio.timeout(seconds)`` that a second signal expires at once."""
+        self._deadline = asyncio.timeout(0 if self.force_exit else seconds)
+        return self._deadline
 
     async def shutdown(self) -> None:
         """Drain as described in the module docstring. Safe to call twice."""
@@ -658,7 +673,7 @@ class Worker:
         started = loop.time()
         hints_before = self.outbox.sent
         try:
-            async with asyncio.timeout(settings.drain_timeout_seconds):
+            async with self._bounded(settings.drain_timeout_seconds):
                 self.flusher.flush_now()
                 for session in list(self.sessions.values()):
                     session.finish(ExitReason.SHUTDOWN, via="shutdown")
@@ -683,7 +698,7 @@ class Worker:
             )
             # Leases already released must still be hinted, or they wait for the reconciler.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_LATE_HINTS_TIMEOUT_SECONDS):
+                async with self._bounded(_LATE_HINTS_TIMEOUT_SECONDS):
                     await self.outbox.flush()
         for task in list(self._session_tasks.values()):
             task.cancel()
@@ -723,7 +738,7 @@ class Worker:
         if self.control is not None:
             steps.append(self.control.close())
         try:
-            async with asyncio.timeout(_CLEANUP_TIMEOUT_SECONDS):
+            async with self._bounded(_CLEANUP_TIMEOUT_SECONDS):
                 await asyncio.gather(*steps, return_exceptions=True)
         except TimeoutError:
             self.logger.warning("cleanup timed out")

@@ -513,17 +513,28 @@ class MessageStore:
         return backoff(initial=self._backoff_initial, cap=self._backoff_cap, rng=self._rng)
 
     # ------------------------------------------------------------------ reads
-    def read_all(self, pk: str, *, consistent: bool = True) -> list[dict[str, Any]]:
+    def read_all(
+        self, pk: str, *, consistent: bool = True, attributes: Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
         """Every stored frame of one connection in key order (all Query pages).
 
-        Numbers come back as ``int``. Meant for tests, the demo and benchmarks: a live
-        connection's partition can be large.
+        Numbers come back as ``int``. ``attributes`` limits each item to those (a projection:
+        the local backend's cost grows with every attribute it serialises). Meant for tests,
+        the demo and benchmarks: a live connection's partition can be large.
         """
+        projection: dict[str, Any] = {}
+        if attributes:
+            names = {f"#a{i}": name for i, name in enumerate(attributes)}
+            projection = {
+                "ProjectionExpression": ", ".join(names),
+                "ExpressionAttributeNames": names,
+            }
         pages = self._client.get_paginator("query").paginate(
             TableName=self.table_name,
             KeyConditionExpression="pk = :pk",
             ExpressionAttributeValues={":pk": {"S": pk}},
             ConsistentRead=consistent,
+            **projection,
         )
         try:
             return [_plain(raw) for page in pages for raw in page.get("Items", [])]
