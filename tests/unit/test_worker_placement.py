@@ -58,7 +58,7 @@ def make(placement: Any) -> tuple[HintPoller, Queue]:
     return poller, queue
 
 
-def test_a_loaded_worker_holds_back_once_then_receives_with_a_short_poll() -> None:
+def test_a_loaded_worker_holds_back_once_then_receives_without_waiting() -> None:
     asked: list[int] = []
 
     def placement() -> float:
@@ -68,7 +68,7 @@ def test_a_loaded_worker_holds_back_once_then_receives_with_a_short_poll() -> No
     async def run() -> None:
         poller, queue = make(placement)
         assert await poller._room() == 50
-        assert len(asked) == 1 and queue.wait_seconds == 1  # held back once, short poll
+        assert len(asked) == 1 and queue.wait_seconds == 0  # held back once, then no wait
         # a balanced worker receives at once, with the long poll again
         poller._placement = lambda: 0.0
         assert await poller._room() == 50

@@ -24,7 +24,7 @@ Handled messages are deleted with one DeleteMessageBatch per round.
 
 Placement (REBALANCE_PLACEMENT_SECONDS): before a receive, a worker holding more than its share
 of the fleet's load plus the band (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)
-waits, then receives with a short poll, so new and orphaned connections go to less loaded
+waits, then receives without waiting, so new and orphaned connections go to less loaded
 peers first. Not while hints are queued (the last receive brought more than one: a drain or
 failover burst, where speed comes first and rebalancing evens the spread out afterwards).
 
@@ -51,8 +51,9 @@ __all__ = ["HintPoller"]
 
 #: Received batches being acted on at once (see the module docstring).
 MAX_ROUNDS_IN_FLIGHT = 3
-#: The long-poll wait of a receive after a placement deferral (seconds).
-_DEFERRED_WAIT_SECONDS = 1
+#: The wait of a receive after a placement deferral: none, so the loaded worker takes only
+#: what its less loaded peers' long polls left queued meanwhile.
+_DEFERRED_WAIT_SECONDS = 0
 
 
 class HintPoller:
@@ -133,7 +134,8 @@ class HintPoller:
                     self._requested = min(free, RECEIVE_LIMIT)
                     return free
                 # Placement: a more loaded worker lets its peers' long polls take what
-                # arrives meanwhile, then looks with a short poll (a long one would compete).
+                # arrives meanwhile, then takes what they left without waiting (a long poll
+                # of its own would compete with theirs).
                 deferred = True
                 self._queue.wait_seconds = min(self._wait_seconds, _DEFERRED_WAIT_SECONDS)
                 self._metrics.count("PlacementDeferrals")

@@ -26,7 +26,7 @@ count a heartbeat after that window (:func:`wsfleet.rebalance.settled`).
 
 Placement (:meth:`Rebalancer.placement_delay`): a worker that holds (now) more than its share
 of the fleet's load (per the view) plus the band waits ``REBALANCE_PLACEMENT_SECONDS``
-before each receive from the hint queue, and receives with a short poll, so less loaded peers'
+before each receive from the hint queue, then receives without waiting, so less loaded peers'
 long polls take new and orphaned connections first. Hand-offs addressed to it are not delayed.
 """
 
