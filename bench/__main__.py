@@ -11,7 +11,7 @@ Options::
     python -m bench --render            # re-render RESULTS.md from results.json
 
 Groups: cost, crash, handoff, stop, capacity, flood, throughput, reconcile, compat, scale,
-shapes.
+shapes, rebalance (300 connections on 3 workers scaled to 6: time to even, moves, hand-off gaps).
 Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
 messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
 coordination writes and reads per connection-hour at 1,000 connections per worker, every
@@ -42,7 +42,7 @@ from .harness import ROOT, machine
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
-          "compat", "scale", "shapes")
+          "compat", "scale", "shapes", "rebalance")
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,12 @@ def _steps(quick: bool) -> list[Step]:
         steps.append(Step("throughput", "throughput-100", lambda d: run_throughput(
             run_dir=d, connections=100, window=15 if quick else 30)))
     steps.append(Step("compat", "compat-dynalite", lambda d: run_compat()))
+    # Rebalancing after a scale-out (issue 14): 300 connections on 3 workers, 3 more join.
+    from .rebalance_bench import run_rebalance
+
+    backend = "dynalite" if dynalite_available() else "moto"
+    steps.append(Step("rebalance", f"rebalance-300-{backend}", lambda d: run_rebalance(
+        connections=100 if quick else 300, run_dir=d, dynamodb=backend)))
     # Partition-key heat: 100 connections on 2 workers, every cadence / 10, a 2-minute window
     # (two checkpoint periods at CHECKPOINT_SECONDS / 10); SCALE.md beside the v1 baseline.
     steps.append(Step("scale", "scale", lambda d: run_scale(

@@ -98,6 +98,7 @@ def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = 
             checkpoint_seconds=600.0,
             sweep_seconds=30.0,
             max_connections=max_connections,
+            rebalance_max_moves=0,  # nothing moves but what the disruption moves
         )
     if profile == Profile.MEDIUM:
         return FleetTimings(
@@ -108,6 +109,7 @@ def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = 
             drain_timeout_seconds=10.0,
             queue_wait_seconds=queue_wait if queue_wait is not None else 2,
             max_connections=max_connections,
+            rebalance_max_moves=0,  # nothing moves but what the disruption moves
         )
     return FleetTimings(
         lease_seconds=4.0,
@@ -117,6 +119,7 @@ def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = 
         drain_timeout_seconds=10.0,
         queue_wait_seconds=queue_wait if queue_wait is not None else 2,
         max_connections=max_connections,
+        rebalance_max_moves=0,  # nothing moves but what the disruption moves
     )
 
 

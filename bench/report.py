@@ -457,6 +457,44 @@ def _compat_section(document: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _rebalance_section(document: dict[str, Any]) -> str:
+    items = _results(document, "rebalance")
+    rows = []
+    for name, r in items:
+        if "spread_after" not in r:
+            continue
+        st = r.get("settings", {})
+        gap, reconnect = r.get("gap_seconds") or {}, r.get("reconnect_seconds") or {}
+        audit = r.get("audit") or {}
+        rows.append([
+            name, f"{r.get('connections')} on {st.get('workers_before')} -> "
+            f"{st.get('workers_after')} ({st.get('dynamodb')})",
+            " / ".join(str(v) for v in (r.get("spread_before") or {}).values()),
+            " / ".join(str(v) for v in (r.get("spread_after") or {}).values()),
+            _s(r.get("seconds_to_even")), r.get("moves"), r.get("moved_twice"),
+            f"{_s(gap.get('p50'))} / {_s(gap.get('p99'))} / {_s(gap.get('max'))}",
+            f"{_s(reconnect.get('p50'))} / {_s(reconnect.get('max'))}",
+            f"{audit.get('lost')} / {audit.get('overlapping_sessions')}",
+            _met(r.get("target_met")),
+        ])
+    header = ["run", "connections, workers", "held before", "held after", "even after",
+              "moves", "moved twice", "gap p50 / p99 / max", "reconnect p50 / max",
+              "lost / overlaps", "target met"]
+    parts = ["## 6d. Rebalancing after a scale-out",
+             "",
+             "bench/rebalance_bench.py (`python -m bench --only rebalance`). Production "
+             "cadences (lease 20 s, heartbeat 5 s, reconcile pass 10 s, REBALANCE_SECONDS 10, "
+             "REBALANCE_MAX_MOVES 20 per giver and plan, band 10 %). Three workers hold the "
+             "connections; three more join; measured from just before the first joins until "
+             "every worker holds its share +/- 10 %, then 30 s more (nothing else may move). "
+             "Gap: the old upstream session's close to the new one's first frame, per move "
+             "(reconnect: to the new one's open). Then every stream is STOPped and the messages "
+             "table audited.", "",
+             _table(header, rows) if rows else "(not run)"]
+    parts += _error_rows(items)
+    return "\n".join(parts)
+
+
 def _targets(document: dict[str, Any]) -> str:
     rows = []
     for name, r in _results(document, "cost"):
@@ -512,6 +550,16 @@ def _targets(document: dict[str, Any]) -> str:
                              _met(r.get("target_met"))])  # fmt: skip
             elif "error" in r:
                 rows.append([f"{label}{issue}", name, f"failed: {r['error'][:80]}", _met(False)])
+    for name, r in _results(document, "rebalance"):
+        label = "rebalance: 3 -> 6 workers, even within 2 min, gap < 1 s, 0 lost, 0 moved twice"
+        if "error" in r and r.get("seconds_to_even") is None:
+            rows.append([label, name, f"failed: {str(r['error'])[:80]}", _met(False)])
+        else:
+            gap = (r.get("gap_seconds") or {}).get("max")
+            rows.append([label, name, f"even in {_s(r.get('seconds_to_even'))}, "
+                         f"{r.get('moves')} moves, max gap {_s(gap)}, "
+                         f"{(r.get('audit') or {}).get('lost')} lost, "
+                         f"{r.get('moved_twice')} moved twice", _met(r.get("target_met"))])
     for name, r in _results(document, "stop"):
         label = ("STOP p99 < 1 s (control channel)" if r.get("control_channel")
                  else "STOP without the control channel p99 <= sweep interval + 1 s")
@@ -700,6 +748,7 @@ def render(document: dict[str, Any]) -> str:
         _flood_section(document),
         _throughput_section(document),
         _shapes_section(document),
+        _rebalance_section(document),
         _reconcile_section(document),
         _compat_section(document),
         _scale_section(document),

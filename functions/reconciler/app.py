@@ -27,6 +27,11 @@ connections (owned by those X, or free for longer than the grace):
    queue; control queues nobody registered are deleted once older than the grace. ListQueues
    (one per 1,000 queues), tags and age looked up once per queue and cached.
 
+5. **Fleet view** (REBALANCE on): the previous ``FLEET#view`` item (one GetItem) and this
+   pass's (one PutItem): the live workers' total load, the best free capacity, and the
+   rebalancing plan (:func:`wsfleet.rebalance.make_view`; a new plan only once the previous
+   one has settled). Every worker reads this one item instead of every worker item.
+
 Requests per pass: ceil(W/1000) + ceil(W/100) + 16 reads, plus about X + O/1000 reads, one
 claim write per lapsed worker and per free orphan (once per expiry or free spell) and O/10
 sends, whatever the number of connections. A steady fleet (nothing lapsed, no lost hint, up
@@ -34,7 +39,8 @@ to 100 workers) makes 18 DynamoDB requests and one ListQueues per pass.
 
 Metrics per pass: WorkersExpired (workers without a live lease that still own connections),
 WorkersExpiring (lapsing before the next pass), OrphansFound, HintsSent, HintsFailed,
-HintsDeferred, OldestOrphanAgeMs, PassMs, ControlQueuesDeleted, WorkersDeleted.
+HintsDeferred, OldestOrphanAgeMs, PassMs, ControlQueuesDeleted, WorkersDeleted,
+RebalanceMoves.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from wsfleet.control import WORKER_ID_TAG
 from wsfleet.exceptions import StoreError
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
+from wsfleet.rebalance import FleetView, WorkerLoad, make_view
 from wsfleet.reconcile import (
     CleanupAction,
     ControlQueue,
@@ -85,11 +92,13 @@ __all__ = [
     "ControlQueueJanitor",
     "HintReport",
     "PassReport",
+    "RebalancePolicy",
     "Reconciler",
     "lambda_handler",
     "reconciler",
     "reset_dependencies",
     "run_passes",
+    "write_fleet_view",
 ]
 
 #: The HintQueue's VisibilityTimeout in template.yaml; sets how long a hint counts as pending.
@@ -160,9 +169,61 @@ class PassReport:
     pass_ms: int
     hints: HintReport
     cleanup: CleanupReport
+    #: Connections the fleet view written this pass asks to move (0: balanced, or off).
+    rebalance_moves: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# ============================================================================ rebalancing
+
+
+@dataclass(frozen=True)
+class RebalancePolicy:
+    """How the reconciler plans rebalancing (REBALANCE_* settings; None: off).
+
+    ``act_ms``: how long after a plan its moves are carried out at the latest (a worker acts
+    on a plan within REBALANCE_SECONDS of it, and a hand-off takes well under the margin).
+    """
+
+    max_moves: int
+    band_percent: float
+    act_ms: int
+
+    #: Added to REBALANCE_SECONDS for the hand-offs themselves (release, hint, acquire), done
+    #: a few at a time (wsfleet_worker.rebalancing.HANDOFF_WAVE).
+    HANDOFF_MARGIN_MS = 5_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RebalancePolicy | None:
+        if not settings.rebalance:
+            return None
+        return cls(
+            max_moves=settings.rebalance_max_moves,
+            band_percent=settings.rebalance_band_percent,
+            act_ms=int(settings.rebalance_seconds * 1000) + cls.HANDOFF_MARGIN_MS,
+        )
+
+
+def write_fleet_view(
+    store: LeaseStore, policy: RebalancePolicy, workers: Mapping[str, WorkerRecord], now: int
+) -> FleetView:
+    """One read (the previous view) and one write (this pass's): the live workers' loads and
+    the plan (:func:`wsfleet.rebalance.make_view`)."""
+    live = [w for w in workers.values() if not w.dead and w.expires_at_ms > now]
+    view = make_view(
+        [WorkerLoad(w.worker_id, w.connection_count, w.capacity, w.started_at_ms) for w in live],
+        now_ms=now,
+        queues={w.worker_id: w.control_queue_url for w in live},
+        heartbeats={w.worker_id: w.heartbeat_at_ms for w in live},
+        previous=store.get_fleet_view(consistent=True),
+        band_percent=policy.band_percent,
+        max_moves=policy.max_moves,
+        act_ms=policy.act_ms,
+    )
+    store.put_fleet_view(view)
+    return view
 
 
 # ============================================================================ dead workers
@@ -475,6 +536,7 @@ class Reconciler:
     :param ledger: claims this process already made (kept across passes and invocations).
     :param unowned_grace_ms: free connections younger than this are left to the hint whoever
         freed them sent (default :func:`wsfleet.reconcile.unowned_grace_ms`: one pass).
+    :param rebalance: write the fleet view each pass (:func:`write_fleet_view`); None: off.
     """
 
     def __init__(
@@ -490,8 +552,10 @@ class Reconciler:
         claim_threads: int = CLAIM_THREADS,
         max_hints_per_pass: int = MAX_HINTS_PER_PASS,
         unowned_grace_ms: int | None = None,
+        rebalance: RebalancePolicy | None = None,
     ) -> None:
         self.store = store
+        self.rebalance = rebalance
         self.sender = sender
         self.janitor = janitor
         self.pass_interval_ms = pass_interval_ms
@@ -527,6 +591,7 @@ class Reconciler:
             page_size=settings.reconcile_page_size,
             ledger=HintLedger(rehint_after_ms(HINT_VISIBILITY_TIMEOUT_SECONDS)),
             clock=clock,
+            rebalance=RebalancePolicy.from_settings(settings),
         )
 
     def close(self) -> None:
@@ -537,11 +602,31 @@ class Reconciler:
         started = self._clock()
         clock_start = time.perf_counter()
         hints, workers, owned = self._hint_pass(started)
+        moves = self._write_view(workers)
         cleanup = CleanupReport()
         if self.janitor is not None:
             cleanup = self.janitor.sweep(workers, owned)
         elapsed_ms = round((time.perf_counter() - clock_start) * 1000)
-        return PassReport(started, elapsed_ms, hints, cleanup)
+        return PassReport(started, elapsed_ms, hints, cleanup, moves)
+
+    def _write_view(self, workers: Mapping[str, WorkerRecord]) -> int:
+        """The fleet view for the workers' rebalancing; a failure costs this pass's view only
+        (workers act on a plan once, and a stale one not at all)."""
+        if self.rebalance is None:
+            return 0
+        try:
+            view = write_fleet_view(self.store, self.rebalance, workers, self._clock())
+        except StoreError as exc:
+            logger.warning("fleet view not written", extra={"error": str(exc)})
+            return 0
+        moves = sum(m.count for m in view.moves)
+        if moves and view.plan_at_ms == view.at_ms:
+            logger.info(
+                "rebalancing planned",
+                extra={"moves": [asdict(m) for m in view.moves[:20]], "connections": moves,
+                       "workers": view.workers, "held": view.held},
+            )
+        return moves
 
     def hint_pass(self, now: int) -> HintReport:
         """Read the workers, hint the connections of lapsed ones and lost free ones."""
@@ -830,6 +915,7 @@ def publish_pass_metrics(report: PassReport) -> None:
     metrics.add_metric(name="PassMs", unit=MetricUnit.Milliseconds, value=report.pass_ms)
     metrics.add_metric(name="ControlQueuesDeleted", unit=count, value=cleanup.queues_deleted)
     metrics.add_metric(name="WorkersDeleted", unit=count, value=cleanup.workers_deleted)
+    metrics.add_metric(name="RebalanceMoves", unit=count, value=report.rebalance_moves)
     metrics.flush_metrics()
     logger.info("reconcile pass", extra={"pass": report.as_dict()})
 

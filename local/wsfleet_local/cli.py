@@ -270,6 +270,8 @@ def _report_json(report: Any) -> dict[str, Any]:
         "crash_failover_seconds": report.crash.seconds,
         "handoff_seconds": report.handoff.seconds,
         "stop_seconds": report.stop.seconds,
+        "rebalance_gap_seconds": report.rebalance.seconds,
+        "rebalance": report.rebalance_line,
         "produced": audit.produced,
         "stored": audit.stored,
         "lost": audit.lost,

@@ -9,10 +9,12 @@ The scenario, on a :class:`~wsfleet_local.fleet.LocalFleet` with short timings:
    a lease (ECS would then replace the task: the slot is restarted with a new worker id);
 3. **deploy**: SIGTERM the busiest remaining worker; it drains (final checkpoints, released
    leases, immediate hints) and peers take over at once; the slot is restarted;
-4. **STOP** a few streams through the API (the notifier routes STOP to the owner's queue);
-5. end every other stream at the upstream (a normal close: the owner stores what is owed,
+4. **scale-out**: a worker joins; the reconciler's fleet view plans moves and the loaded
+   workers hand connections off gracefully until every worker holds its share;
+5. **STOP** a few streams through the API (the notifier routes STOP to the owner's queue);
+6. end every other stream at the upstream (a normal close: the owner stores what is owed,
    checkpoints it and marks the connection STOPPED);
-6. audit (:mod:`wsfleet_local.audit`) the simulator's session log, the messages table and the
+7. audit (:mod:`wsfleet_local.audit`) the simulator's session log, the messages table and the
    records: failover, hand-off and STOP times; produced / stored / lost / duplicated.
 
 A live table shows, per worker, its connections and, per connection, owner, epoch, lease
@@ -28,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
 import time
@@ -93,6 +96,9 @@ class DemoReport:
     crash: PhaseTiming
     handoff: PhaseTiming
     stop: PhaseTiming
+    #: A worker joins and the spread evens out (per moved stream: old close -> first frame).
+    rebalance: PhaseTiming = field(default_factory=lambda: PhaseTiming("rebalance"))
+    rebalance_line: str = ""
     audit: FleetAudit = field(default_factory=FleetAudit)
     failures: list[str] = field(default_factory=list)
     run_dir: Path | None = None
@@ -325,6 +331,76 @@ def _disrupt(
     return timing, index
 
 
+def _held(snap: Snapshot, workers: Sequence[str]) -> dict[str, int]:
+    held = dict.fromkeys(workers, 0)
+    for row in snap.rows.values():
+        if row.lease_state == "held" and row.owner in held:
+            held[row.owner] += 1
+    return held
+
+
+def _scale_out(
+    monitor: _Monitor, fleet: LocalFleet, ids: Sequence[str]
+) -> tuple[PhaseTiming, str]:
+    """A worker joins (autoscaling adds a task); time until every worker holds its share
+    within the band, and each move's gap (old upstream session closed -> new one's first
+    frame). Moves are graceful hand-offs planned by the reconciler's fleet view."""
+    from wsfleet.rebalance import WorkerLoad, in_band
+
+    band = 10.0  # REBALANCE_BAND_PERCENT's default (the template's)
+    capacity = fleet.timings.max_connections
+    timing = PhaseTiming(label="rebalance")
+
+    def even(workers: Sequence[str]) -> Callable[[Snapshot], bool]:
+        def check(snap: Snapshot) -> bool:
+            held = _held(snap, workers)
+            return sum(held.values()) == len(ids) and in_band(
+                [WorkerLoad(w, n, capacity) for w, n in held.items()], band
+            )
+
+        return check
+
+    monitor.phase = "rebalancing"
+    before_workers = list(fleet.worker_ids)
+    monitor.wait("the spread to settle", even(before_workers),
+                 timeout_seconds=CONVERGE_SLACK_SECONDS)
+    before = monitor.snapshot()
+    spread_before = "/".join(str(n) for n in _held(before, before_workers).values())
+    at = time.time()
+    slot = fleet.add_worker()
+    timing.victim = slot.worker_id
+    workers = list(fleet.worker_ids)
+    monitor.phase = f"scale-out: {slot.worker_id} joined"
+    monitor.event(f"scale-out: worker {slot.worker_id} joins; held per worker {spread_before}")
+    timing.converged = monitor.wait(
+        "the spread to even out", even(workers),
+        timeout_seconds=fleet.timings.rebalance_seconds * 6 + CONVERGE_SLACK_SECONDS,
+    )
+    after = monitor.snapshot(with_sessions=True)
+    took = time.time() - at
+    moved = [
+        i for i in ids
+        if (row := after.rows.get(i)) and (old := before.rows.get(i)) and row.epoch > old.epoch
+    ]
+    for stream_id in moved:
+        sessions = sorted(after.sessions.get(stream_id, []), key=lambda r: r.opened_at)
+        for old_session, new_session in itertools.pairwise(sessions):
+            if (
+                new_session.opened_at >= at
+                and old_session.closed_at is not None
+                and new_session.first_frame_at is not None
+            ):
+                timing.seconds[stream_id] = new_session.first_frame_at - old_session.closed_at
+                break
+    spread_after = "/".join(str(n) for n in _held(after, workers).values())
+    line = (
+        f"{slot.worker_id} joined: held {spread_before}/0 -> {spread_after} in {took:.1f} s, "
+        f"{len(moved)} move(s), each a graceful hand-off"
+    )
+    monitor.event(f"rebalance: {line}")
+    return timing, line
+
+
 def _restart(monitor: _Monitor, fleet: LocalFleet, index: int, why: str) -> None:
     old = fleet.workers[index]
     fleet.wait_worker_exit(index, fleet.timings.drain_timeout_seconds + 5)
@@ -472,6 +548,9 @@ def _scenario(
     ]
 
     fleet.wait_workers_ready()
+    report.rebalance, report.rebalance_line = _scale_out(monitor, fleet, ids)
+    if not report.rebalance.converged:
+        report.failures.append("the spread did not even out after a worker joined")
     report.stop, produced = _stop_some(monitor, api, rng, ids, options.stops)
     if not report.stop.converged:
         report.failures.append("STOP did not converge")
@@ -558,6 +637,13 @@ def render_summary(report: DemoReport) -> Table:
     ))
     table.add_row(
         *_timing_row("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere")
+    )
+    table.add_row(
+        *_timing_row(
+            "rebalance",
+            report.rebalance,
+            report.rebalance_line or "a worker joins -> the spread evens out",
+        )
     )
     table.add_row(*_timing_row("STOP", report.stop, "API call -> upstream socket closed"))
     table.add_section()

@@ -120,6 +120,12 @@ class FleetTimings:
     #: session (production: 30 s).
     sweep_seconds: float = 5.0
     max_connections: int = 100
+    #: REBALANCE_SECONDS (production: 10 s): a joining worker visibly evens the spread out
+    #: within a few seconds locally.
+    rebalance_seconds: float = 2.0
+    #: REBALANCE_MAX_MOVES; None keeps the template's default. Benches that measure a
+    #: disruption set 0, so no move changes what they measure.
+    rebalance_max_moves: int | None = None
 
     def __post_init__(self) -> None:
         from wsfleet.settings import Settings
@@ -402,6 +408,12 @@ class LocalFleet:
             "CheckpointSeconds": _number(t.checkpoint_seconds),
             "ReconcilePassSeconds": _number(t.pass_seconds),
             "MaxConnectionsPerTask": t.max_connections,
+            "RebalanceSeconds": _number(t.rebalance_seconds),
+            **(
+                {"RebalanceMaxMoves": t.rebalance_max_moves}
+                if t.rebalance_max_moves is not None
+                else {}
+            ),
             "AllowedUpstreamHosts": "127.0.0.1,localhost",
             "AllowInsecureWs": "true",
             "UpstreamSecretPrefix": ",".join(local_secret_prefixes(self.resources.region)),

@@ -26,6 +26,7 @@ from wsfleet.exceptions import (
 )
 from wsfleet.lease import Lease
 from wsfleet.memstore import InMemoryLeaseStore
+from wsfleet.rebalance import FLEET_VIEW_PK, FleetView, Move
 from wsfleet.record import INDEX_SHARDS, DesiredState, WorkerRecord, index_shard
 from wsfleet.store import DynamoDBLeaseStore, IndexEntry, LeaseStore
 from wsfleet.upstream_options import (
@@ -717,3 +718,48 @@ def test_restart_spelling_out_the_default_seq_pointer_keeps_the_checkpoint(
     assert restarted.restarted and restarted.record.last_seq == 41
     assert "seq_pointer" not in (raw_item(store, pk).get("upstream") or {})
     assert store.get(pk).upstream == options(then)
+
+
+# ------------------------------------------------------------------ rebalancing
+def test_a_moved_release_remembers_when_and_the_next_owner_reads_it(store, clock):
+    pk = started(store)
+    register(store, clock, "w1")
+    lease = Lease.of(store.acquire(pk, "w1"))
+    clock.advance(30)
+    released = store.release(lease, last_seq=4, moved=True)
+    assert released.rebalanced_at_ms == clock.now
+    assert released.unowned_since_ms == clock.now  # a hand-off like any other
+    register(store, clock, "w2")
+    taken = store.acquire(pk, "w2")
+    assert (taken.rebalanced_at_ms, taken.last_seq) == (clock.now, 4)
+    # an ordinary release leaves the mark as it was
+    again = store.release(Lease.of(taken))
+    assert again.rebalanced_at_ms == taken.rebalanced_at_ms
+
+
+def test_fleet_view_put_get_and_stays_out_of_every_index(store, clock):
+    assert store.get_fleet_view() is None
+    view = FleetView(
+        at_ms=clock.now, plan_at_ms=clock.now, workers=3, held=200, capacity=600,
+        best_free=200, moves=(Move("w1", "w3", 20), Move("w2", "w3", 20)),
+        targets={"w1": 67, "w2": 67, "w3": 66}, queues={"w3": "https://sqs/q-w3"},
+    )
+    store.put_fleet_view(view)
+    assert store.get_fleet_view(consistent=True) == view
+    store.put_fleet_view(FleetView(at_ms=clock.now + 1))  # the latest pass wins
+    assert store.get_fleet_view(consistent=True) == FleetView(at_ms=clock.now + 1)
+    assert indexes(store) == expected()
+    assert store.list_worker_ids() == []
+
+
+def test_a_malformed_fleet_view_reads_as_none(store, clock):
+    store.put_fleet_view(FleetView(at_ms=1, moves=(Move("a", "b", 1),)))
+    if isinstance(store, InMemoryLeaseStore):
+        store._items[FLEET_VIEW_PK]["moves"] = [["a", "b", -1]]
+    else:
+        store._call(
+            "update_item", Key={"pk": {"S": FLEET_VIEW_PK}},
+            UpdateExpression="SET moves = :m",
+            ExpressionAttributeValues={":m": {"S": "garbage"}},
+        )
+    assert store.get_fleet_view(consistent=True) is None

@@ -1,4 +1,5 @@
-"""`wsfleet demo` end to end, small: a crash, a deploy and STOPs with nothing lost."""
+"""`wsfleet demo` end to end, small: a crash, a deploy, a worker joining and STOPs with
+nothing lost."""
 
 from __future__ import annotations
 
@@ -34,4 +35,5 @@ def test_demo_runs_to_a_clean_summary(tmp_path):
     assert report["produced"] > 0 and report["stored"] > 0
     assert report["crash_failover_seconds"] and report["handoff_seconds"]
     assert len(report["stop_seconds"]) == 2
+    assert "joined" in report["rebalance"]  # a worker joined and the spread evened out
     assert "lost" in result.stdout and "duplicated" in result.stdout  # the summary table

@@ -636,3 +636,57 @@ def test_a_multi_pass_invocation_hints_each_orphan_once(env: Any) -> None:
     # THEN every pass saw the orphans but they were hinted once
     assert result["passes"] >= 2, time.monotonic() - started
     assert (result["orphans_found"], result["hints_sent"]) == (3, 3)
+
+
+# ---------------------------------------------------------------- the fleet view
+def test_each_pass_writes_the_fleet_view_and_a_new_plan_only_once_the_last_settled(
+    rig: Rig,
+) -> None:
+    # GIVEN a reconciler that rebalances, a worker holding 10 and a new, empty one
+    policy = reconciler_app.RebalancePolicy(max_moves=3, band_percent=10, act_ms=4_000)
+    reconciler = rig.new_reconciler()
+    reconciler.rebalance = policy
+    rig.register("old", expires_in_ms=10 * LEASE_MS)
+    new = rig.register("new", expires_in_ms=10 * LEASE_MS, queue=True)
+    rig.store.renew_worker("old", expires_at_ms=rig.clock() + 10 * LEASE_MS, connection_count=10)
+
+    # WHEN a pass runs
+    report = rig.run_pass(reconciler)
+    requests = dict(rig.calls.counts)
+
+    # THEN its view asks the loaded worker for its bound, addressed to the new one's queue,
+    # at the cost of one read and one write
+    view = rig.store.get_fleet_view(consistent=True)
+    assert view is not None and report.rebalance_moves == 3
+    assert [(m.giver, m.taker, m.count) for m in view.moves] == [("old", "new", 3)]
+    assert dict(view.queues) == {"new": new.control_queue_url}
+    assert dict(view.targets) == {"old": 5, "new": 5}
+    assert (view.workers, view.held, view.best_free) == (2, 10, 1_000)
+    assert (requests["PutItem"], requests["GetItem"]) == (1, 1)
+
+    # WHEN the next pass comes before the workers reported the hand-off
+    rig.clock.advance(PASS_MS)
+    kept = rig.run_pass(reconciler)
+    # THEN the plan stays as it was (the workers act on a plan once)
+    again = rig.store.get_fleet_view(consistent=True)
+    assert again is not None and kept.rebalance_moves == 3
+    assert (again.plan_at_ms, again.moves) == (view.plan_at_ms, view.moves)
+
+    # WHEN both have heartbeated after the plan was carried out
+    rig.clock.advance(policy.act_ms)
+    rig.store.renew_worker("old", expires_at_ms=rig.clock() + 10 * LEASE_MS, connection_count=7)
+    rig.store.renew_worker("new", expires_at_ms=rig.clock() + 10 * LEASE_MS, connection_count=3)
+    rig.clock.advance(1)
+    rig.run_pass(reconciler)
+    # THEN a new plan is made from the counts as they stand
+    fresh = rig.store.get_fleet_view(consistent=True)
+    assert fresh is not None and fresh.plan_at_ms > view.plan_at_ms
+    assert [(m.giver, m.taker, m.count) for m in fresh.moves] == [("old", "new", 1)]
+    reconciler.close()
+
+
+def test_without_rebalancing_no_view_is_written(rig: Rig) -> None:
+    rig.register("w", expires_in_ms=LEASE_MS)
+    rig.run_pass()
+    assert rig.store.get_fleet_view(consistent=True) is None
+    assert "PutItem" not in rig.calls.counts

@@ -125,6 +125,8 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     store.note_failure(lease, "crashed", count=1, at_seq=4)
     store.note_gap(lease, resumes=1, frames=30)
     store.release(lease, last_seq=5)  # hand-off: free and STARTED (gsi_unowned)
+    moved = Lease.of(store.acquire(connection_pk("a"), "w1"))
+    store.release(moved, last_seq=6, moved=True)  # a rebalancing move (rebalanced_at_ms)
     # ... the endings: STOPPED by the holder, FAILED by the breaker, released after a STOP
     store.mark_stopped(Lease.of(store.acquire(connection_pk("b"), "w1")), "done", last_seq=1)
     failed = Lease.of(store.acquire(connection_pk("c"), "w1"))

@@ -9,9 +9,11 @@ import pytest
 from wsfleet.bodies import excerpt
 from wsfleet.control import (
     QUEUE_NAME_LIMIT,
+    HandoffHint,
     StopCommand,
     control_queue_name,
     control_queue_policy,
+    parse_control_message,
     stop_confirmed,
 )
 from wsfleet.hints import Hint
@@ -43,6 +45,22 @@ def test_stop_command_round_trip():
 def test_bad_stop_commands(body):
     with pytest.raises(ValueError):
         StopCommand.parse(body)
+
+
+def test_control_messages_are_a_stop_or_a_handoff():
+    handoff = HandoffHint("CONN#a", 3)
+    assert parse_control_message(handoff.body()) == handoff
+    assert parse_control_message(StopCommand("CONN#a", 2).body()) == StopCommand("CONN#a", 2)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"type": "HANDOFF", "pk": "CONN#a"}', '{"type": "HANDOFF", "pk": "a", "epoch": 1}',
+     '{"type": "HANDOFF", "pk": "CONN#a", "epoch": -1}', '{"type": "TAKE", "pk": "CONN#a"}'],
+)
+def test_bad_handoffs(body):
+    with pytest.raises(ValueError):
+        parse_control_message(body)
 
 
 def test_control_queue_names_are_valid_and_distinct():
@@ -84,7 +102,9 @@ HOSTILE_BODIES = [
 
 
 @pytest.mark.parametrize("body", HOSTILE_BODIES, ids=range(len(HOSTILE_BODIES)))
-@pytest.mark.parametrize("parse", [Hint.parse, StopCommand.parse], ids=["hint", "stop"])
+@pytest.mark.parametrize(
+    "parse", [Hint.parse, StopCommand.parse, parse_control_message], ids=["hint", "stop", "control"]
+)
 def test_hostile_bodies_are_value_errors(parse, body):
     with pytest.raises(ValueError):
         parse(body)

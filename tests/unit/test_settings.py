@@ -32,6 +32,9 @@ def test_every_variable_is_read():
         "CHECKPOINT_SECONDS": "30",
         "UPSTREAM_SECRET_PREFIXES": "arn:aws:ssm:us-east-1:1:parameter/Wsfleet/, x",
         "WORKER_CONTAINER_NAME": "app",
+        "REBALANCE": "false", "REBALANCE_SECONDS": "2", "REBALANCE_MAX_MOVES": "3",
+        "REBALANCE_DWELL_SECONDS": "60", "REBALANCE_BAND_PERCENT": "5",
+        "REBALANCE_PLACEMENT_SECONDS": "0.5",
     }
     assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
@@ -46,6 +49,9 @@ def test_every_variable_is_read():
     assert s.upstream_secret_prefixes == ("arn:aws:ssm:us-east-1:1:parameter/Wsfleet/", "x")
     assert s.require_hint_queue_url() == "http://q"
     assert s.worker_container_name == "app"
+    assert (s.rebalance, s.rebalance_seconds, s.rebalance_max_moves) == (False, 2, 3)
+    assert (s.rebalance_dwell_seconds, s.rebalance_band_percent) == (60, 5)
+    assert s.rebalance_placement_seconds == 0.5
 
 
 def test_every_shared_variable_fills_its_own_settings_field():
@@ -81,6 +87,10 @@ def test_worker_id_defaults_to_unique_value():
         ({"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS"),
         ({"ALLOW_INSECURE_WS": "maybe"}, "true or false"),
         ({"RECONCILE_PAGE_SIZE": "0"}, "RECONCILE_PAGE_SIZE"),
+        ({"REBALANCE_SECONDS": "0"}, "REBALANCE_SECONDS"),
+        ({"REBALANCE_MAX_MOVES": "-1"}, "REBALANCE_MAX_MOVES"),
+        ({"REBALANCE_BAND_PERCENT": "101"}, "REBALANCE_BAND_PERCENT"),
+        ({"REBALANCE_PLACEMENT_SECONDS": "21"}, "REBALANCE_PLACEMENT_SECONDS"),
         ({"LEASE_SAFETY_MARGIN_SECONDS": "15"}, "LEASE_SAFETY_MARGIN_SECONDS"),
     ],
 )

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from wsfleet.rebalance import FLEET_VIEW_PK
 from wsfleet.record import INDEX_SHARDS, WORKER_INDEX_VALUE
-from wsfleet.settings import ENVIRONMENT
+from wsfleet.settings import ENVIRONMENT, Settings
 from wsfleet.store import OWNER_INDEX, STATE_INDEX, UNOWNED_INDEX, WORKERS_INDEX
 from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
 from wsfleet_local.backend import load_template
@@ -539,6 +540,7 @@ EXPECTED_GRANTS = {
         ("dynamodb:BatchGetItem", TABLE),
         ("dynamodb:UpdateItem", TABLE),
         ("dynamodb:DeleteItem", TABLE),
+        ("dynamodb:PutItem", TABLE),  # the fleet view only
         ("sqs:SendMessage", "HintQueue.Arn"),
         ("sqs:ListQueues", "*"),
         ("sqs:GetQueueAttributes", CTL_QUEUES),
@@ -579,7 +581,10 @@ EXPECTED_GRANTS = {
         },
         *{
             (f"sqs:{a}", CTL_QUEUES)
-            for a in ("CreateQueue", "TagQueue", "DeleteQueue", "ReceiveMessage", "DeleteMessage")
+            for a in (
+                "CreateQueue", "TagQueue", "DeleteQueue", "ReceiveMessage", "DeleteMessage",
+                "SendMessage",  # rebalancing hand-offs to a peer's control queue
+            )
         },
     },
 }
@@ -878,8 +883,8 @@ def test_deploy_doc_covers_every_parameter_alarm_and_output(template: dict[str, 
 WORKER_CONNECTION_ATTRIBUTES = {
     "pk", "desired_state", "expires_at", "failure_count", "failure_seq", "gap_frames",
     "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch", "lease_owner",
-    "resume_gaps", "state_shard", "stop_reason", "unowned_shard", "unowned_since_ms",
-    "updated_at_ms",
+    "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
+    "unowned_since_ms", "updated_at_ms",
 }
 WORKER_ITEM_ATTRIBUTES = {
     "pk", "capacity", "connection_count", "container_runtime_id", "control_queue_url",
@@ -926,16 +931,20 @@ def test_worker_writes_to_the_connections_table_are_limited_by_key_and_attribute
     )
 
 
-def test_control_queues_accept_only_the_notifier(resources: dict[str, Any]) -> None:
-    # The worker sets the queue policy from this variable at CreateQueue; the notifier is the
-    # only component that sends to control queues (the reconciler only lists and deletes them).
+def test_control_queues_accept_only_the_notifier_and_peers(resources: dict[str, Any]) -> None:
+    # The worker sets the queue policy from this variable at CreateQueue; the notifier sends
+    # STOP and peers (the worker role) send rebalancing hand-offs; the reconciler only lists
+    # and deletes control queues.
     assert task_env(resources)["CONTROL_QUEUE_SENDER_ARNS"] == {
-        "Fn::GetAtt": ["StreamNotifierRole", "Arn"]
+        "Fn::Join": [",", [
+            {"Fn::GetAtt": ["StreamNotifierRole", "Arn"]},
+            {"Fn::GetAtt": ["WorkerTaskRole", "Arn"]},
+        ]]
     }
     senders = {
         role for role in EXPECTED_GRANTS if ("sqs:SendMessage", CTL_QUEUES) in EXPECTED_GRANTS[role]
     }
-    assert senders == {"StreamNotifierRole"}
+    assert senders == {"StreamNotifierRole", "WorkerTaskRole"}
 
 
 # ================================================== credentials by reference (issue #13)
@@ -1071,3 +1080,29 @@ def test_the_router_accepts_a_reference_exactly_when_the_worker_role_may_read_it
         accepted = False
     # THEN what the router lets through is what IAM lets the worker read, and nothing more
     assert accepted is any(fnmatch.fnmatchcase(ref, p) for p in patterns)
+
+
+def test_the_reconciler_puts_only_the_fleet_view(resources: dict[str, Any]) -> None:
+    assert conditions(resources, "ReconcilerRole", "dynamodb:PutItem") == [
+        {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [FLEET_VIEW_PK]}}
+    ]
+
+
+def test_rebalancing_parameters_reach_the_reconciler_and_the_worker(
+    template: dict[str, Any], resources: dict[str, Any]
+) -> None:
+    reconciler, worker = function_env(template, "ReconcilerFunction"), task_env(resources)
+    for name, parameter in (("REBALANCE", "Rebalance"), ("REBALANCE_SECONDS", "RebalanceSeconds"),
+                            ("REBALANCE_BAND_PERCENT", "RebalanceBandPercent")):
+        assert reconciler[name] == worker[name] == {"Ref": parameter}
+    assert reconciler["REBALANCE_MAX_MOVES"] == {"Ref": "RebalanceMaxMoves"}
+    assert worker["REBALANCE_DWELL_SECONDS"] == {"Ref": "RebalanceDwellSeconds"}
+    assert worker["REBALANCE_PLACEMENT_SECONDS"] == {"Ref": "RebalancePlacementSeconds"}
+    defaults = {k: str(v.get("Default")) for k, v in template["Parameters"].items()}
+    settings = Settings()
+    assert defaults["Rebalance"] == str(settings.rebalance).lower()
+    assert float(defaults["RebalanceSeconds"]) == settings.rebalance_seconds
+    assert int(defaults["RebalanceMaxMoves"]) == settings.rebalance_max_moves
+    assert float(defaults["RebalanceDwellSeconds"]) == settings.rebalance_dwell_seconds
+    assert float(defaults["RebalanceBandPercent"]) == settings.rebalance_band_percent
+    assert float(defaults["RebalancePlacementSeconds"]) == settings.rebalance_placement_seconds

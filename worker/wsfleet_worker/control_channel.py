@@ -9,11 +9,16 @@ holds it under that epoch and a consistent read of the record confirms the STOP
 (:func:`~wsfleet.control.stop_confirmed`): milliseconds instead of up to one heartbeat, and a
 forged command cannot end a live stream.
 
+Rebalancing uses the same queue: a peer handing a connection over sends a
+:class:`~wsfleet.control.HandoffHint` here, which the worker acquires at once
+(:mod:`~wsfleet_worker.rebalancing`).
+
 Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
-role), the queue is created with a policy denying ``SendMessage`` to every other principal
-(:func:`~wsfleet.control.control_queue_policy`). Whatever still arrives is untrusted input: an
-unusable body is counted (``InvalidControlMessages``), logged by excerpt and deleted, and a
-failure while acting on one message (``ControlMessageFailures``) never ends the consumer.
+role and the worker role, for hand-offs), the queue is created with a policy denying
+``SendMessage`` to every other principal (:func:`~wsfleet.control.control_queue_policy`).
+Whatever still arrives is untrusted input: an unusable body is counted
+(``InvalidControlMessages``), logged by excerpt and deleted, and a failure while acting on one
+message (``ControlMessageFailures``) never ends the consumer.
 
 Receiving (with backoff on errors) and deleting are
 :class:`~wsfleet_worker.sqs_consumer.QueueConsumer`'s, the loop the hint poller uses too; this
@@ -35,9 +40,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from wsfleet.bodies import excerpt
 from wsfleet.control import (
     WORKER_ID_TAG,
+    HandoffHint,
     StopCommand,
     control_queue_name,
     control_queue_policy,
+    parse_control_message,
 )
 from wsfleet.record import connection_id_from_pk
 
@@ -74,6 +81,7 @@ class ControlChannel:
         self.queue_name = control_queue_name(prefix, worker_id)
         self._wait_seconds = wait_seconds
         self._sender_arns = sender_arns
+        self._takes: set[asyncio.Task[None]] = set()  # hand-offs being acquired
         self._queue = QueueConsumer(
             sqs,
             offloader,
@@ -108,32 +116,82 @@ class ControlChannel:
         self._queue.queue_url = response["QueueUrl"]
         return self.queue_url
 
-    async def run(self, on_stop: Callable[[StopCommand], Awaitable[bool]]) -> None:
-        """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied."""
+    async def run(
+        self,
+        on_stop: Callable[[StopCommand], Awaitable[bool]],
+        on_handoff: Callable[[HandoffHint], Awaitable[None]] | None = None,
+    ) -> None:
+        """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied;
+        ``on_handoff`` takes a rebalancing hand-off addressed here (None: ignored)."""
 
         async def handle(messages: list[Message]) -> None:
             for message in messages:
-                await self._handle(message, on_stop)
+                handoff = await self._handle(message, on_stop)
+                if handoff is not None and on_handoff is not None:
+                    # At once, and without holding up the next receive: each is a peer's
+                    # stream waiting for its taker.
+                    task = asyncio.create_task(self._take(on_handoff, handoff))
+                    self._takes.add(task)
+                    task.add_done_callback(self._takes.discard)
             # Every message is deleted, applied or not: a STOP is idempotent and an unusable
             # body would only come back.
             await self._queue.delete([m["ReceiptHandle"] for m in messages])
 
         await self._queue.run(handle)
 
+    async def _take(
+        self, on_handoff: Callable[[HandoffHint], Awaitable[None]], handoff: HandoffHint
+    ) -> None:
+        try:
+            await on_handoff(handoff)
+        except Exception as exc:  # a bug must cost this hand-off (its copy follows), no more
+            self._metrics.count("ControlMessageFailures")
+            self._logger.error(
+                "hand-off failed",
+                extra={"connection_id": connection_id_from_pk(handoff.pk),
+                       "error": describe_error(exc)},
+                exc_info=exc,
+            )
+
+    async def send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
+        """Send up to ten hand-offs to a peer's control queue in one SendMessageBatch; returns
+        the pks that went out (the others' delayed copies on the hint queue go out at once)."""
+        entries = [{"Id": str(i), "MessageBody": h.body()} for i, h in enumerate(handoffs[:10])]
+        try:
+            response = await self._offloader.sqs(
+                self._sqs.send_message_batch, QueueUrl=queue_url, Entries=entries
+            )
+        except (ClientError, BotoCoreError) as exc:
+            self._logger.warning(
+                "hand-off hints not sent to the peer",
+                extra={"count": len(entries), "error": str(exc)},
+            )
+            return set()
+        sent = {handoffs[int(entry["Id"])].pk for entry in response.get("Successful", [])}
+        if len(sent) < len(entries):
+            self._logger.warning(
+                "some hand-off hints not sent to the peer",
+                extra={"count": len(entries) - len(sent)},
+            )
+        return sent
+
     async def _handle(
         self, message: Message, on_stop: Callable[[StopCommand], Awaitable[bool]]
-    ) -> None:
-        """Act on one message; nothing it contains can end the consumer."""
+    ) -> HandoffHint | None:
+        """Act on one STOP, or return the hand-off; nothing a message holds ends the consumer."""
         body = message.get("Body", "")
         try:
-            command = StopCommand.parse(body)
+            command = parse_control_message(body)
         except ValueError as exc:
             self._metrics.count("InvalidControlMessages")
             self._logger.warning(
                 "deleting unusable control message",
                 extra={"error": str(exc), "body": excerpt(body)},
             )
-            return
+            return None
+        if isinstance(command, HandoffHint):
+            self._metrics.count("HandoffHints")
+            return command
         try:
             applied = await on_stop(command)
         except Exception as exc:  # a bug must cost this message, not the control channel
@@ -146,7 +204,7 @@ class ControlChannel:
                 },
                 exc_info=exc,
             )
-            return
+            return None
         self._metrics.count("StopCommands")
         self._logger.info(
             "STOP command received",
@@ -156,6 +214,7 @@ class ControlChannel:
                 "applied": applied,
             },
         )
+        return None
 
     async def close(self) -> None:
         """Delete the queue (graceful exit). The reconciler removes those of crashed workers."""

@@ -22,6 +22,12 @@ waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_h
 
 Handled messages are deleted with one DeleteMessageBatch per round.
 
+Placement (REBALANCE_PLACEMENT_SECONDS): before a receive, a worker holding more than its share
+of the fleet's load plus the band (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)
+waits, then receives without waiting, so new and orphaned connections go to less loaded
+peers first. Not while hints are queued (the last receive brought more than one: a drain or
+failover burst, where speed comes first and rebalancing evens the spread out afterwards).
+
 Rounds overlap: while one batch is being acted on (its acquires, or an early hint's wait for
 its lease to lapse), the next receive is already out, up to ``MAX_ROUNDS_IN_FLIGHT`` batches
 in hand. Taking over a hundred connections is then a pipeline, not ten rounds back to back.
@@ -31,19 +37,23 @@ Hints in hand count against the free slots, so overlapping never receives beyond
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
 from .protocol import triage_hints
-from .sqs_consumer import Message, QueueConsumer
+from .sqs_consumer import RECEIVE_LIMIT, Message, QueueConsumer
 from .taking import HintOutcome, LeaseTaker
 
 __all__ = ["HintPoller"]
 
 #: Received batches being acted on at once (see the module docstring).
 MAX_ROUNDS_IN_FLIGHT = 3
+#: The wait of a receive after a placement deferral: none, so the loaded worker takes only
+#: what its less loaded peers' long polls left queued meanwhile.
+_DEFERRED_WAIT_SECONDS = 0
 
 
 class HintPoller:
@@ -64,8 +74,19 @@ class HintPoller:
         taker: LeaseTaker,
         metrics: WorkerMetrics,
         logger: Any,
+        *,
+        placement: Callable[[], float] | None = None,
     ) -> None:
+        """``placement``: seconds to wait before the next receive, so less loaded peers take
+        new work first (:meth:`~wsfleet_worker.rebalancing.Rebalancer.placement_delay`)."""
         self._queue = queue
+        self._placement = placement
+        self._wait_seconds = queue.wait_seconds
+        self._requested = 0  # messages the last receive asked for
+        #: The last receive brought more than one hint (or all it asked for): hints are
+        #: queued (a drain or failover burst), so placement does not hold this worker back
+        #: (speed first; rebalancing evens out after). Placement is for a trickle.
+        self._backlog = False
         self._taker = taker
         self._metrics = metrics
         self._logger = logger
@@ -100,10 +121,30 @@ class HintPoller:
         """How many hints to receive next: the free slots less the hints in hand. Waits while
         that is none or ``MAX_ROUNDS_IN_FLIGHT`` rounds are in hand; 0 (receive no more) once
         stopped or a round failed."""
+        deferred = False
         while not self._queue.stopped and self._round_failed is None:
             free = self._taker.free_slots() - sum(self._rounds.values())
             if free > 0 and len(self._rounds) < MAX_ROUNDS_IN_FLIGHT:
-                return free
+                delay = 0.0
+                if not deferred and not self._backlog and self._placement is not None:
+                    delay = self._placement()
+                if delay <= 0:
+                    if not deferred:
+                        self._queue.wait_seconds = self._wait_seconds
+                    self._requested = min(free, RECEIVE_LIMIT)
+                    return free
+                # Placement: a more loaded worker lets its peers' long polls take what
+                # arrives meanwhile, then takes what they left without waiting (a long poll
+                # of its own would compete with theirs).
+                deferred = True
+                self._queue.wait_seconds = min(self._wait_seconds, _DEFERRED_WAIT_SECONDS)
+                self._metrics.count("PlacementDeferrals")
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._queue.wait_stopped()
+                except TimeoutError:
+                    pass
+                continue
             self._slot_freed.clear()
             try:
                 async with asyncio.timeout(1.0):
@@ -113,6 +154,7 @@ class HintPoller:
         return 0
 
     async def _start_round(self, messages: list[Message]) -> None:
+        self._backlog = len(messages) > 1 or len(messages) >= self._requested > 0
         task = asyncio.create_task(self._handle(messages), name="hint-round")
         self._rounds[task] = len(messages)
 

@@ -67,6 +67,7 @@ class ExitReason(StrEnum):
     INVALID_URL = "invalid_ws_url"  # the stored ws_url can never be connected to
     REFUSED = "upstream_refused"  # SSRF guard: a redirect hop or resolved address refused
     SHUTDOWN = "shutdown"  # the worker is draining (SIGTERM/SIGINT)
+    REBALANCED = "rebalanced"  # handed to a less loaded peer (the worker hints it)
     CRASHED = "crashed"  # a bug in the session: hand the connection to a peer
     FAILED = "failed"  # the crash-loop breaker tripped: FAILED until a new START
 
@@ -111,6 +112,9 @@ _PLANS: dict[ExitReason, ExitPlan] = {
         FinalWrite.MARK_STOPPED, close_code=None, stop_reason="upstream_refused"
     ),
     ExitReason.SHUTDOWN: ExitPlan(FinalWrite.RELEASE, close_code=1001, hint=True),
+    # A graceful hand-off like SHUTDOWN's; the worker sends the hint itself, addressed to the
+    # peer the plan chose (and a delayed copy for anyone), so no plain hint here.
+    ExitReason.REBALANCED: ExitPlan(FinalWrite.RELEASE, close_code=1001),
     ExitReason.CRASHED: ExitPlan(FinalWrite.RELEASE, close_code=1011, hint=True),
     # The socket is already closed (the worker's own protocol close) or about to be closed with
     # 1011; no hint: nobody should take it.

@@ -14,6 +14,8 @@ lease lost          :attr:`ExitReason.FENCED`                  abort socket, wri
 worker fenced       :attr:`ExitReason.FENCED`                  abort socket, write nothing
 upstream 1000/1001  :attr:`ExitReason.UPSTREAM_CLOSED`         flush, mark STOPPED
 worker draining     :attr:`ExitReason.SHUTDOWN`                flush, release, hint a peer
+rebalancing         :attr:`ExitReason.REBALANCED`              flush, release (moved), the
+                                                               worker hints the chosen peer
 bug                 :attr:`ExitReason.CRASHED`                 flush, release, hint a peer
 breaker tripped     :attr:`ExitReason.FAILED`                  flush, mark FAILED (no hint)
 ==================  =========================================  ================================
@@ -344,7 +346,11 @@ class Session:
                            "gap_frames": self.gap_frames},
                 )
             released = await self._final_write(
-                plan.final_write, plan.stop_reason, last_seq, stopped=reason is ExitReason.STOPPED
+                plan.final_write,
+                plan.stop_reason,
+                last_seq,
+                stopped=reason is ExitReason.STOPPED,
+                moved=reason is ExitReason.REBALANCED,
             )
         if self.fenced:
             reason = self.reason = ExitReason.FENCED
@@ -395,7 +401,13 @@ class Session:
         return False
 
     async def _final_write(
-        self, kind: FinalWrite, stop_reason: str | None, last_seq: int, *, stopped: bool
+        self,
+        kind: FinalWrite,
+        stop_reason: str | None,
+        last_seq: int,
+        *,
+        stopped: bool,
+        moved: bool = False,
     ) -> bool:
         """The final lease write, retried until it lands (see the module docstring)."""
         ctx = self._ctx
@@ -405,7 +417,9 @@ class Session:
                 self._info("worker lease over before the final write; nothing written")
                 return False
             try:
-                await self._final_write_once(kind, stop_reason, last_seq, stopped=stopped)
+                await self._final_write_once(
+                    kind, stop_reason, last_seq, stopped=stopped, moved=moved
+                )
             except LeaseLost:
                 self.fenced = True
                 self._info("lease already lost at the final write")
@@ -426,7 +440,13 @@ class Session:
             return True
 
     async def _final_write_once(
-        self, kind: FinalWrite, stop_reason: str | None, last_seq: int, *, stopped: bool
+        self,
+        kind: FinalWrite,
+        stop_reason: str | None,
+        last_seq: int,
+        *,
+        stopped: bool,
+        moved: bool = False,
     ) -> None:
         ctx = self._ctx
         if kind is FinalWrite.MARK_FAILED:
@@ -449,8 +469,9 @@ class Session:
             if verdict is not None:  # a crash below the threshold: count it, then release
                 await self._store_failure(verdict)
                 self._verdict = None
+            extra = {"moved": True} if moved else {}  # stamps rebalanced_at_ms
             await ctx.offloader.io(
-                ctx.leases.release, self.lease, last_seq=last_seq, stopped=stopped
+                ctx.leases.release, self.lease, last_seq=last_seq, stopped=stopped, **extra
             )
 
     async def _sleep_unless_fenced(self, seconds: float) -> None:

@@ -79,6 +79,10 @@ class QueueConsumer:
         """Receive no more; a batch already on its way is given back (see :meth:`run`)."""
         self._stopping.set()
 
+    async def wait_stopped(self) -> None:
+        """Return once :meth:`stop` was called."""
+        await self._stopping.wait()
+
     async def run(
         self,
         handle: Callable[[list[Message]], Awaitable[None]],

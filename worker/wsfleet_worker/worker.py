@@ -22,6 +22,10 @@ Run
       (CHECKPOINT_SECONDS, advanced only). Idle connections write nothing.
     * Sweep (every WORKER_SWEEP_SECONDS): ``owned_by(self)`` on gsi_owner, the fallback for
       a lost STOP and the repair of what no session holds; see :meth:`Worker.sweep`.
+    * Rebalancing (every REBALANCE_SECONDS, unless REBALANCE=false): the fleet view's plan,
+      hand-offs to less loaded peers, and placement of new work
+      (:mod:`~wsfleet_worker.rebalancing`); hand-offs addressed here arrive on the control
+      queue and are acquired at once.
 
 Lease lost: a new incarnation
     A worker whose lease renewals keep failing fences itself at ``expires_at - margin``; one
@@ -66,7 +70,7 @@ from typing import Any
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.backoff import backoff
 from wsfleet.clock import Clock, now_ms
-from wsfleet.control import StopCommand, stop_confirmed
+from wsfleet.control import HandoffHint, StopCommand, stop_confirmed
 from wsfleet.exceptions import (
     ConfigurationError,
     WsfleetError,
@@ -93,6 +97,7 @@ from .offload import Offloader
 from .outbox import HintOutbox
 from .poller import HintPoller
 from .protocol import ExitReason
+from .rebalancing import Rebalancer
 from .session import Session, SessionContext, SessionResult
 from .sqs_consumer import QueueConsumer
 from .sweep import OwnershipSweep
@@ -188,7 +193,35 @@ class Worker:
             start_session=self._start_session,
             clock=clock,
         )
-        self.poller = HintPoller(hint_queue, self.taker, metrics, logger)
+        self.rebalancer = (
+            Rebalancer(
+                leases,
+                self.worker_id,
+                offloader,
+                outbox,
+                metrics,
+                logger,
+                sessions=self.sessions,
+                session_tasks=self._session_tasks,
+                capacity=settings.max_connections,
+                interval_seconds=settings.rebalance_seconds,
+                dwell_seconds=settings.rebalance_dwell_seconds,
+                band_percent=settings.rebalance_band_percent,
+                placement_seconds=settings.rebalance_placement_seconds,
+                send_handoffs=self._send_handoffs,
+                stopping=lambda: self._stopping or self.liveness.fenced,
+                clock=clock,
+            )
+            if settings.rebalance
+            else None
+        )
+        self.poller = HintPoller(
+            hint_queue,
+            self.taker,
+            metrics,
+            logger,
+            placement=self.rebalancer.placement_delay if self.rebalancer else None,
+        )
         self.ownership = OwnershipSweep(
             leases,
             self.worker_id,
@@ -380,7 +413,9 @@ class Worker:
         self._spawn("sweep", self._sweep_loop())
         self._spawn("metrics", self._flush_metrics_periodically())
         if self.control is not None:
-            self._spawn("control", self.control.run(self._on_stop_command))
+            self._spawn("control", self.control.run(self._on_stop_command, self._on_handoff))
+        if self.rebalancer is not None:
+            self._spawn("rebalance", self.rebalancer.run())
         self._spawn("poller", self.poller.run())
         self.logger.info(
             "worker started",
@@ -443,6 +478,9 @@ class Worker:
             self._session_tasks.pop(session.pk, None)
         self.metrics.gauge("ActiveConnections", len(self.sessions))
         self.poller.slot_freed()
+        if self.rebalancer is not None:
+            done = None if task.cancelled() or task.exception() else task.result()
+            self.rebalancer.session_done(done, session.pk)
         if task.cancelled():
             return
         error = task.exception()
@@ -459,6 +497,20 @@ class Worker:
             # every session cannot spin the connection between workers in a tight loop.
             delay = _CRASH_HINT_DELAY_SECONDS if result.reason is ExitReason.CRASHED else 0
             self.outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
+
+    async def _on_handoff(self, handoff: HandoffHint) -> None:
+        """A peer handed us a connection (rebalancing): take it at once, no placement wait.
+        If we cannot (full, draining), its delayed copy on the hint queue finds another."""
+        outcome = await self.taker.acquire(Hint(handoff.pk, epoch=handoff.epoch))
+        self.logger.debug(
+            "hand-off received",
+            extra={"connection_id": connection_id_from_pk(handoff.pk), "outcome": outcome.value},
+        )
+
+    async def _send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
+        if self.control is None:
+            return set()
+        return await self.control.send_handoffs(queue_url, handoffs)
 
     async def _on_stop_command(self, command: StopCommand) -> bool:
         """Close the named session if the connection record confirms the STOP.
@@ -638,6 +690,8 @@ class Worker:
                 if tasks:
                     await asyncio.wait(tasks)  # (unlike gather, a timeout cancels nothing here)
                 self._drain_complete = not self.sessions
+                if self.rebalancer is not None:
+                    await self.rebalancer.close()
                 await self.outbox.flush()
                 poller = self._background.get("poller")
                 if poller is not None and (self.outbox.sent > hints_before or self.taker.acquiring):

@@ -20,9 +20,11 @@ from .record import ConnectionRecord, DesiredState
 __all__ = [
     "QUEUE_NAME_LIMIT",
     "WORKER_ID_TAG",
+    "HandoffHint",
     "StopCommand",
     "control_queue_name",
     "control_queue_policy",
+    "parse_control_message",
     "stop_confirmed",
 ]
 
@@ -114,6 +116,35 @@ class StopCommand:
         epoch = epoch_field(payload, what="STOP", required=True)
         assert epoch is not None
         return cls(pk, epoch)
+
+
+@dataclass(frozen=True)
+class HandoffHint:
+    """A rebalancing hand-off addressed to one worker: "connection ``pk``, released under
+    ``epoch``, is yours to take now". Like every hint it is only a reason to try: the
+    acquire decides."""
+
+    pk: str
+    epoch: int
+
+    def body(self) -> str:
+        command = {"type": "HANDOFF", "pk": self.pk, "epoch": self.epoch}
+        return json.dumps(command, separators=(",", ":"))
+
+
+def parse_control_message(body: str) -> StopCommand | HandoffHint:
+    """A control queue message: a STOP or a HANDOFF; ValueError for anything else.
+
+    >>> parse_control_message('{"type": "HANDOFF", "pk": "CONN#a", "epoch": 2}')
+    HandoffHint(pk='CONN#a', epoch=2)
+    """
+    payload = decode_object(body, what="control message")
+    if payload.get("type") == "HANDOFF":
+        pk = connection_pk_field(payload, what="HANDOFF")
+        epoch = epoch_field(payload, what="HANDOFF", required=True)
+        assert epoch is not None
+        return HandoffHint(pk, epoch)
+    return StopCommand.parse(body)
 
 
 def stop_confirmed(command: StopCommand, record: ConnectionRecord | None) -> bool:

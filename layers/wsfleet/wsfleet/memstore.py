@@ -31,6 +31,7 @@ from typing import Any
 from .clock import Clock, now_ms
 from .exceptions import ConnectionNotFound, StoreError, WorkerDead
 from .lease import Lease, is_stale_checkpoint
+from .rebalance import FLEET_VIEW_PK, FleetView
 from .record import (
     INDEX_SHARDS,
     WORKER_INDEX_VALUE,
@@ -368,6 +369,20 @@ class InMemoryLeaseStore(LeaseStore):
                 return False
             del self._items[worker_pk(worker_id)]
             return True
+
+    # ------------------------------------------------------------------ the fleet view
+    def put_fleet_view(self, view: FleetView) -> None:
+        with self._lock:
+            self._items[FLEET_VIEW_PK] = view.to_item()
+
+    def get_fleet_view(self, *, consistent: bool = False) -> FleetView | None:
+        item = self._read(FLEET_VIEW_PK)
+        if not item:
+            return None
+        try:
+            return FleetView.from_item(item)
+        except ValueError:
+            return None
 
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:

@@ -189,6 +189,9 @@ class ConnectionRecord:
     #: frames skipped in all (:func:`wsfleet.upstream_options.resume_gap`).
     resume_gaps: int = 0
     gap_frames: int = 0
+    #: When a rebalancing hand-off last moved it (the release sets it): not moved again
+    #: within REBALANCE_DWELL_SECONDS of that, whoever owns it now.
+    rebalanced_at_ms: int | None = None
 
     @property
     def connection_id(self) -> str:
@@ -229,6 +232,9 @@ class ConnectionRecord:
             upstream=UpstreamOptions.from_item(item.get("upstream")),
             resume_gaps=_int(item, "resume_gaps"),
             gap_frames=_int(item, "gap_frames"),
+            rebalanced_at_ms=(
+                None if item.get("rebalanced_at_ms") is None else int(item["rebalanced_at_ms"])
+            ),
         )
 
     def to_item(self) -> dict[str, Any]:

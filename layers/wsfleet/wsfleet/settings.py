@@ -118,6 +118,26 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("RECONCILE_PAGE_SIZE", "reconcile_page_size", "500",
            "Page size of the reconciler's index queries (a dead worker's connections, free "
            "connections).", "reconciler"),
+    EnvVar("REBALANCE", "rebalance", "true",
+           "Even the load out after a scale-out: the reconciler plans moves from workers above "
+           "their share to those below, workers hand them off gracefully; false turns moves "
+           "and placement off.", "reconciler, worker"),
+    EnvVar("REBALANCE_SECONDS", "rebalance_seconds", "10",
+           "A worker reads the fleet view (one item) this often and carries out its part of "
+           "the plan.", "reconciler, worker"),
+    EnvVar("REBALANCE_MAX_MOVES", "rebalance_max_moves", "20",
+           "Connections one worker hands off per plan at most (a plan at most every other "
+           "reconcile pass); 0 turns moves off.", "reconciler"),
+    EnvVar("REBALANCE_DWELL_SECONDS", "rebalance_dwell_seconds", "600",
+           "A connection moved by rebalancing is not moved again for this long.", "worker"),
+    EnvVar("REBALANCE_BAND_PERCENT", "rebalance_band_percent", "10",
+           "Tolerance band: a worker within this percent of its share (at least one "
+           "connection) is balanced; nothing moves while every worker is.",
+           "reconciler, worker"),
+    EnvVar("REBALANCE_PLACEMENT_SECONDS", "rebalance_placement_seconds", "1",
+           "A worker holding more than its share of the fleet's load plus the band waits "
+           "this long before each receive from the hint queue, so new and orphaned "
+           "connections go to less loaded peers first; 0 turns placement off.", "worker"),
     EnvVar("ALLOWED_UPSTREAM_HOSTS", "allowed_upstream_hosts", "",
            "Comma-separated host suffixes ws_url may use; empty allows any public host. "
            "Private/loopback IP literals are refused unless listed. The worker applies it "
@@ -212,6 +232,12 @@ class Settings:
     service_name: str = "wsfleet-worker"
     reconcile_pass_seconds: float = 10.0
     reconcile_page_size: int = 500
+    rebalance: bool = True
+    rebalance_seconds: float = 10.0
+    rebalance_max_moves: int = 20
+    rebalance_dwell_seconds: float = 600.0
+    rebalance_band_percent: float = 10.0
+    rebalance_placement_seconds: float = 1.0
     allowed_upstream_hosts: tuple[str, ...] = ()
     upstream_secret_prefixes: tuple[str, ...] = ()
     allow_insecure_ws: bool = False
@@ -235,6 +261,16 @@ class Settings:
             raise ConfigurationError("MAX_CONNECTIONS must be at least 1")
         if not 1 <= self.reconcile_page_size <= 10_000:
             raise ConfigurationError("RECONCILE_PAGE_SIZE must be between 1 and 10000")
+        if self.rebalance_seconds <= 0:
+            raise ConfigurationError("REBALANCE_SECONDS must be positive")
+        if self.rebalance_max_moves < 0:
+            raise ConfigurationError("REBALANCE_MAX_MOVES must be >= 0")
+        if self.rebalance_dwell_seconds < 0:
+            raise ConfigurationError("REBALANCE_DWELL_SECONDS must be >= 0")
+        if not 0 <= self.rebalance_band_percent <= 100:
+            raise ConfigurationError("REBALANCE_BAND_PERCENT must be between 0 and 100")
+        if not 0 <= self.rebalance_placement_seconds <= 20:
+            raise ConfigurationError("REBALANCE_PLACEMENT_SECONDS must be between 0 and 20")
     # -- derived values -------------------------------------------------------------------
     @property
     def lease_ms(self) -> int:

@@ -60,6 +60,7 @@ from .lease import (
     refusal_reason,
     takeover_verdict,
 )
+from .rebalance import FLEET_VIEW_PK, FleetView
 from .record import (
     INDEX_SHARDS,
     WORKER_INDEX_VALUE,
@@ -366,18 +367,26 @@ class LeaseStore(ABC):
         )
 
     def release(
-        self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
+        self,
+        lease: Lease,
+        *,
+        last_seq: int | None = None,
+        stopped: bool = False,
+        moved: bool = False,
     ) -> ConnectionRecord:
         """Give the connection up now (owner removed, epoch kept so it keeps counting), with
         the final checkpoint. ``stopped``: the holder knows it is no longer STARTED (so it does
-        not belong in gsi_unowned). Raises LeaseLost if it was not ours any more."""
+        not belong in gsi_unowned). ``moved``: a rebalancing hand-off, remembered on the item
+        (``rebalanced_at_ms``, in the same write) so no owner moves it again within the dwell
+        time. Raises LeaseLost if it was not ours any more."""
         now = self._clock()
         if not stopped:
             keys, _ = index_keys(lease.pk, DesiredState.STARTED, owned=False, since_ms=now)
+            moved_at = {"rebalanced_at_ms": now} if moved else {}
             try:
                 return self._holder_write(
                     lease,
-                    {"updated_at_ms": now, **keys},
+                    {"updated_at_ms": now, **keys, **moved_at},
                     remove=("lease_owner",),
                     last_seq=last_seq,
                     started_only=True,
@@ -519,6 +528,15 @@ class LeaseStore(ABC):
     @abstractmethod
     def delete_worker(self, worker_id: str, *, dead_before_ms: int) -> bool:
         """Delete a worker item whose lease ended before ``dead_before_ms``; False if not."""
+
+    # the fleet view (rebalancing)
+    @abstractmethod
+    def put_fleet_view(self, view: FleetView) -> None:
+        """Write the one ``FLEET#view`` item (unconditional: the latest pass wins)."""
+
+    @abstractmethod
+    def get_fleet_view(self, *, consistent: bool = False) -> FleetView | None:
+        """The fleet view, or None if there is none or it is not well formed."""
 
     # indexes
     @abstractmethod
@@ -1064,6 +1082,22 @@ class DynamoDBLeaseStore(LeaseStore):
         except ClientError:
             return False
         return True
+
+    # ------------------------------------------------------------------ the fleet view
+    def put_fleet_view(self, view: FleetView) -> None:
+        self._call("put_item", Item=_dump(view.to_item()))
+
+    def get_fleet_view(self, *, consistent: bool = False) -> FleetView | None:
+        response = self._call(
+            "get_item", Key=_dump({"pk": FLEET_VIEW_PK}), ConsistentRead=consistent
+        )
+        item = _load(response.get("Item"))
+        if not item:
+            return None
+        try:
+            return FleetView.from_item(item)
+        except ValueError:
+            return None
 
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:

@@ -1,0 +1,171 @@
+"""The worker's part of rebalancing over the in-memory lease store: which connections it
+gives, the hand-off hints, once per plan, the dwell time, placement.
+
+Built like ``test_worker_decisions``: a Worker on :class:`wsfleet.memstore.InMemoryLeaseStore`
+with no control channel, no poller and an upstream that never answers. The fleet view is
+put in the store as the reconciler would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from test_worker_decisions import Outbox, Store, connect, make_worker, sync
+
+from wsfleet.clock import now_ms
+from wsfleet.control import HandoffHint
+from wsfleet.lease import Lease
+from wsfleet.rebalance import FleetView, Move
+from wsfleet.record import ConnectionRecord
+from wsfleet_worker.protocol import ExitReason
+from wsfleet_worker.rebalancing import HANDOFF_COPY_DELAY_SECONDS, choose_to_give
+
+
+class MovingStore(Store):
+    """The decisions' store, passing ``moved`` on (the session sends it for a move)."""
+
+    def release(
+        self,
+        lease: Lease,
+        *,
+        last_seq: int | None = None,
+        stopped: bool = False,
+        moved: bool = False,
+    ) -> ConnectionRecord:
+        self.writes.append(("release", lease.pk))
+        return super(Store, self).release(lease, last_seq=last_seq, stopped=stopped, moved=moved)
+
+
+def plan(*moves: Move, at: int | None = None, targets: dict[str, int] | None = None) -> FleetView:
+    now = now_ms() if at is None else at
+    return FleetView(
+        at_ms=now, plan_at_ms=now, workers=2, held=0, capacity=20, best_free=10,
+        moves=moves, targets=targets or {}, queues={"w2": "https://sqs.invalid/ctl-w2"},
+    )
+
+
+async def _drain(worker: Any) -> None:
+    """Wait for the sessions that are ending, then for their hand-off hints."""
+    tasks = [t for pk, t in worker._session_tasks.items() if worker.sessions[pk].reason]
+    if tasks:
+        await asyncio.wait(tasks, timeout=10)
+    await worker.rebalancer.close()
+
+
+@sync
+async def test_a_giver_hands_off_its_part_with_an_addressed_hint_and_a_delayed_copy():
+    # GIVEN a worker holding 6 connections and a plan asking it for 2 (its target is 4)
+    store = MovingStore()
+    worker = make_worker(store)
+    sessions = [connect(worker, store, f"c{i}") for i in range(6)]
+    sent: list[tuple[str, HandoffHint]] = []
+
+    async def send(url: str, handoffs: list[HandoffHint]) -> set[str]:
+        sent.extend((url, h) for h in handoffs)
+        return {h.pk for h in handoffs if h.pk != "CONN#c0"}  # c0 did not go out
+
+    worker.rebalancer._send_handoffs = send
+    store.put_fleet_view(plan(Move("w1", "w2", 2), targets={"w1": 4, "w2": 4}))
+    # WHEN the worker reads the view
+    given = await worker.rebalancer.run_once()
+    await _drain(worker)
+    # THEN two connections, never moved, are released as moved with their hints
+    assert given == 2
+    moved = [s for s in sessions if s.reason is ExitReason.REBALANCED]
+    assert [s.pk for s in moved] == ["CONN#c0", "CONN#c1"]
+    for session in moved:
+        record = store.get(session.pk)
+        assert record.lease_owner == "" and record.rebalanced_at_ms is not None
+    assert [(url, h.pk) for url, h in sent] == [
+        ("https://sqs.invalid/ctl-w2", "CONN#c0"), ("https://sqs.invalid/ctl-w2", "CONN#c1")
+    ]
+    outbox = worker.outbox
+    assert isinstance(outbox, Outbox)
+    # the copy of the one that did not go out is not delayed
+    assert {(h.pk, h.delay_seconds) for h in outbox.hints} == {
+        ("CONN#c0", 0), ("CONN#c1", HANDOFF_COPY_DELAY_SECONDS)
+    }
+    # WHEN it reads the same plan again
+    # THEN it gives nothing more (a plan is carried out once)
+    assert await worker.rebalancer.run_once() == 0
+    assert len(worker.sessions) == 4
+
+
+@sync
+async def test_never_below_the_target_as_it_stands_now_and_not_from_a_stale_plan():
+    store = MovingStore()
+    worker = make_worker(store, rebalance_seconds=1.0)
+    for i in range(5):
+        connect(worker, store, f"c{i}")
+    # a plan asking for 3, though the worker now holds only one above its target
+    store.put_fleet_view(plan(Move("w1", "w2", 3), targets={"w1": 4}))
+    assert await worker.rebalancer.run_once() == 1
+    # a plan older than REBALANCE_SECONDS is not acted on
+    store.put_fleet_view(plan(Move("w1", "w2", 3), at=now_ms() - 5_000, targets={"w1": 0}))
+    assert await worker.rebalancer.run_once() == 0
+    await _drain(worker)
+
+
+@sync
+async def test_without_a_control_channel_the_copy_goes_out_at_once():
+    store = MovingStore()
+    worker = make_worker(store)
+    for i in range(3):
+        connect(worker, store, f"c{i}")
+    store.put_fleet_view(plan(Move("w1", "w2", 1), targets={"w1": 2}))
+    await worker.rebalancer.run_once()
+    await _drain(worker)
+    outbox = worker.outbox
+    assert isinstance(outbox, Outbox)
+    assert [(h.pk, h.delay_seconds) for h in outbox.hints] == [("CONN#c0", 0)]
+
+
+def test_connections_moved_within_the_dwell_time_are_not_chosen():
+    now = 1_000_000
+    candidates = {"CONN#new": now - 10, "CONN#old": now - 700_000, "CONN#never": None}
+    assert choose_to_give(candidates, 3, now_ms=now, dwell_ms=600_000) == [
+        "CONN#never", "CONN#old"
+    ]
+
+
+@sync
+async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwell():
+    # GIVEN a connection a peer moved here a moment ago (the item says so)
+    store = MovingStore()
+    store.start("m", "wss://up.example/m")
+    worker = make_worker(store)
+    session = connect(worker, store, "m")
+    session.finish(ExitReason.REBALANCED)
+    await asyncio.wait([worker._session_tasks[session.pk]], timeout=10)
+    record = store.acquire(session.pk, "w1")
+    worker._start_session(record)
+    connect(worker, store, "plain")
+    # WHEN a plan asks for both
+    store.put_fleet_view(plan(Move("w1", "w2", 2), targets={"w1": 0}))
+    given = await worker.rebalancer.run_once()
+    # THEN only the one that never moved goes
+    assert given == 1
+    assert worker.sessions[session.pk].reason is None
+    await _drain(worker)
+
+
+def test_placement_defers_a_worker_above_its_share_of_the_fleet():
+    store = MovingStore()
+    worker = make_worker(store, max_connections=10, rebalance_placement_seconds=0.5)
+    rebalancer = worker.rebalancer
+    assert rebalancer.placement_delay() == 0  # no view yet
+    # two workers of 10, 4 connections in the fleet: a share of 2, band one connection
+    rebalancer.view = FleetView(at_ms=now_ms(), workers=2, held=4, capacity=20)
+    for i in range(3):
+        worker.sessions[f"CONN#x{i}"] = object()  # type: ignore[assignment]
+    assert rebalancer.placement_delay() == 0  # 3: within the band
+    worker.sessions["CONN#x3"] = object()  # type: ignore[assignment]
+    assert rebalancer.placement_delay() == 0.5
+    rebalancer.view = FleetView(at_ms=now_ms() - 3_600_000, workers=2, held=4, capacity=20)
+    assert rebalancer.placement_delay() == 0  # a stale view says nothing
+
+
+def test_rebalance_off_builds_no_rebalancer():
+    worker = make_worker(MovingStore(), rebalance=False)
+    assert worker.rebalancer is None
