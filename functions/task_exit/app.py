@@ -16,7 +16,12 @@ stay dark until the lease expires (``LEASE_SECONDS``, 20 s). Per event (the rule
    of ``dead_at_ms``, fenced by the task ARN and the runtime id, refused on a dead item. From
    then on any peer takes its connections over at once (a dead owner needs no waiting).
 4. Hint all the connections each dead incarnation still owns (gsi_owner), without delay, so
-   the peers polling the hint queue take them now rather than at the reconciler's next pass.
+   the peers polling the hint queue take them now rather than at the reconciler's next pass,
+   and send each hint again ``COPY_DELAY_SECONDS`` later. The copy is for hints a dead worker
+   swallows: a long poll the killed process had open stays open at SQS (up to its 20 s wait),
+   takes the first hints that arrive and hides them for the queue's visibility timeout (30 s)
+   from everyone. The copy arrives after that poll has returned (a receive ends with its first
+   batch). A copy of a hint already acted on costs its taker one read, and nothing else.
 
 Duplicates and late events (EventBridge delivers at least once, ECS out of order) are
 harmless: a dead item refuses the kill, and a connection already taken over is no longer in
@@ -26,7 +31,7 @@ invocation and then sends it to the dead-letter queue, which raises an alarm.
 
 Requests per stopped task with W registered workers: ceil(W/1000) gsi_workers queries, one
 BatchGetItem (ids naming the task; ceil(W/100) if ids do not name tasks), one write and one
-gsi_owner query per incarnation, and one SendMessageBatch per 10 connections.
+gsi_owner query per incarnation, and two SendMessageBatch per 10 connections (hint and copy).
 
 Metrics per invocation: TaskExitsFailedOver (incarnations killed), TaskExitHints,
 TaskExitsIgnored (events that needed nothing).
@@ -72,6 +77,9 @@ _NEEDS_OWNER = (DesiredState.STARTED, None)
 #: not CPU, so in parallel the last peers hear of the crash sooner.
 HINT_CHUNK = 10
 SEND_THREADS = 8
+#: Delay of each hint's copy (SQS counts whole seconds): long enough that a dead worker's open
+#: long poll has taken its one batch of originals, short enough to keep failover near a second.
+COPY_DELAY_SECONDS = 1
 
 logger = Logger()
 metrics = Metrics()
@@ -95,6 +103,8 @@ class ExitReport:
     already_dead: list[str] = field(default_factory=list)
     spared: list[str] = field(default_factory=list)
     hints_sent: int = 0
+    #: Delayed copies of the hints sent (see COPY_DELAY_SECONDS).
+    copies_sent: int = 0
     error: str | None = None
     #: Where the time went: finding the incarnations, killing them, reading and hinting
     #: their connections (ms, monotonic).
@@ -152,8 +162,11 @@ class TaskExitHandler:
             if entry.desired_state in _NEEDS_OWNER
         ]
         phase("owned")
+        copies = [Hint(h.pk, h.epoch, delay_seconds=COPY_DELAY_SECONDS) for h in hints]
         failed = self._send(hints)
         report.hints_sent = len(hints) - len(failed)
+        # A copy that does not go out is not worth a retry of the whole event: its original did.
+        report.copies_sent = len(copies) - len(self._send(copies))
         phase("hint")
         if report.killed or report.hints_sent:
             report.outcome = "failed_over"

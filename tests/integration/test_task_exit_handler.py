@@ -28,8 +28,11 @@ SAMPLE = json.loads(
 
 
 @pytest.fixture
-def invoke(aws: Any) -> Any:
+def invoke(aws: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     module = load_function("task_exit")
+    # The delayed copies stay out of sight while a test reads the originals (on a slow machine
+    # a 1 s delay could end mid-read); test_each_hint_has_a_delayed_copy looks at them.
+    monkeypatch.setattr(module, "COPY_DELAY_SECONDS", 300)
 
     def run(event: Any) -> dict[str, Any]:
         module.reset_dependencies()
@@ -129,3 +132,24 @@ def test_many_connections_are_hinted_in_parallel_chunks(aws, invoke):
                                        VisibilityTimeout=60).get("Messages", []):  # fmt: skip
         seen += [json.loads(m["Body"])["pk"] for m in batch]
     assert sorted(seen) == [f"CONN#m{i:03d}" for i in range(count)]
+
+
+def test_each_hint_has_a_delayed_copy_for_the_ones_a_dead_poll_swallows(aws, invoke):
+    # GIVEN the stopped container's incarnation owning three connections
+    store = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table)
+    detail = SAMPLE["detail"]
+    register(store, "w1", task_arn=detail["taskArn"],
+             container_runtime_id=detail["containers"][0]["runtimeId"])  # fmt: skip
+    for cid in ("a", "b", "c"):
+        store.start(cid, "wss://up.example/s")
+        store.acquire(f"CONN#{cid}", "w1")
+    # WHEN the exit event arrives
+    report = invoke(SAMPLE)
+    # THEN three hints go out now and three copies wait on the queue, delayed
+    assert (report["hints_sent"], report["copies_sent"]) == (3, 3)
+    attributes = boto3.client("sqs").get_queue_attributes(
+        QueueUrl=aws.hint_queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"],
+    )["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "3"
+    assert attributes["ApproximateNumberOfMessagesDelayed"] == "3"
