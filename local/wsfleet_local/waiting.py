@@ -74,7 +74,7 @@ async def wait_until_async(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]  # not an awaitable any more
+            return value
         if time.monotonic() >= deadline:
             raise _timed_out(timeout, message)
         await asyncio.sleep(interval)
