@@ -40,10 +40,10 @@ def _timed_out(timeout: float, message: Message) -> WaitTimeout:
 
 def wait_until(
     condition: Callable[[], _T],
+    message: Message = "condition not met",
     *,
     timeout: float = 30.0,
     interval: float = 0.05,
-    message: Message = "condition not met",
 ) -> _T:
     """Return the first truthy value of ``condition()``, polled every ``interval`` seconds;
     raise :class:`WaitTimeout` once ``timeout`` seconds pass without one. The condition is
@@ -60,11 +60,11 @@ def wait_until(
 
 async def wait_until_async(
     condition: Callable[[], _T | Awaitable[_T]],
+    message: Message = "condition not met",
     *,
     # The same bound as the sync wait, so that its error names what was waited for.
     timeout: float = 30.0,  # noqa: ASYNC109
     interval: float = 0.01,
-    message: Message = "condition not met",
 ) -> _T:
     """:func:`wait_until` inside an event loop: the loop keeps running between polls, and the
     condition may be a coroutine function."""

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import signal
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -34,6 +33,7 @@ from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.messages import Message, MessageStore, PutResult
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_pk
 from wsfleet.settings import Settings
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
@@ -56,12 +56,8 @@ def sync(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
     return run
 
 
-async def until(condition: Callable[[], Any], limit: float = WAIT) -> Any:
-    deadline = time.monotonic() + limit
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not met"
-        await asyncio.sleep(0.005)
-    return value
+#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+until = functools.partial(wait_until_async, timeout=WAIT)
 
 
 class Store(InMemoryLeaseStore):
