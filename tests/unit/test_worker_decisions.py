@@ -322,7 +322,7 @@ async def test_a_release_waits_for_a_message_write_still_out_then_lands():
         # WHEN the session ends for a hand-off
         session.finish(ExitReason.SHUTDOWN, via="shutdown")
         await until(lambda: session._ending)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a release, were it wrongly allowed, gets its chance
         # THEN it does not release while the write is out (the batch could land after the
         # next owner's acquire) ...
         assert ("release", session.pk) not in store.writes
