@@ -325,7 +325,7 @@ def test_quiesce_waits_for_a_request_that_already_left():
         await until(store.sent.is_set)
         owner.writable = False  # the session is ending: no new request may carry its frames
         await asyncio.wait_for(flusher.quiesce(bystander), 0.01)  # nothing of b's is out
-        with pytest.raises(TimeoutError):  # a's batch is still out
+        with pytest.raises(TimeoutError):  # a's batch is still out: nothing may end the wait
             await asyncio.wait_for(flusher.quiesce(owner), 0.2)
         store.landed.set()
         await asyncio.wait_for(flusher.quiesce(owner), WAIT)
