@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from memory_sqs import MemorySqs
+from worker_doubles import Logger
 
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, StopCommand
@@ -38,20 +39,6 @@ PREFIX = "test-ctl-"
 
 #: The shared poll (wsfleet_local.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
-
-
-class Logger:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Callable[..., None]:
-        def log(message: str, *args: Any, extra: Any = None, **kwargs: Any) -> None:
-            self.lines.append((level, message, extra or {}))
-
-        return log
-
-    def extras(self, message: str) -> list[dict[str, Any]]:
-        return [extra for _, text, extra in self.lines if text == message]
 
 
 def channel_on(sqs: MemorySqs, logger: Logger, metrics: WorkerMetrics) -> ControlChannel:

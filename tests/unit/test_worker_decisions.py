@@ -21,8 +21,9 @@ import dataclasses
 import functools
 import signal
 import threading
-from collections.abc import Callable, Coroutine
 from typing import Any
+
+from worker_doubles import Logger, sync
 
 import wsfleet_worker.worker as worker_module
 from wsfleet.clock import now_ms
@@ -44,16 +45,6 @@ from wsfleet_worker.taking import HintOutcome
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 
 WAIT = 10.0
-
-
-def sync(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body in a fresh event loop (the suite has no asyncio plugin)."""
-
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(test())
-
-    return run
 
 
 #: The shared poll (wsfleet_local.waiting), bounded by WAIT.
@@ -115,20 +106,6 @@ class Outbox:
 
     async def flush(self) -> None:
         return None
-
-
-class Logger:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Callable[..., None]:
-        def log(message: str, *args: Any, extra: Any = None, **kwargs: Any) -> None:
-            self.lines.append((level, message, extra or {}))
-
-        return log
-
-    def messages(self) -> list[str]:
-        return [message for _, message, _ in self.lines]
 
 
 async def never_answers(url: str, **_options: Any) -> Any:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import pytest
+from worker_doubles import sync
 
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import StoreError
@@ -28,16 +28,6 @@ from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 
 WAIT = 10.0  # generous bound for every convergence below
-
-
-def sync(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body in a fresh event loop (the suite has no asyncio plugin)."""
-
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(test())
-
-    return run
 
 
 class ShiftedClock:

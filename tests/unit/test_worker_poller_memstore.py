@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from memory_sqs import MemorySqs
+from worker_doubles import Logger
 
 from wsfleet.exceptions import StoreError
 from wsfleet.hints import Hint
@@ -71,20 +72,6 @@ class Outbox:
 
     def add(self, hint: Hint) -> None:
         self.hints.append(hint)
-
-
-class Logger:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Callable[..., None]:
-        def log(message: str, *args: Any, extra: Any = None, **kwargs: Any) -> None:
-            self.lines.append((level, message, extra or {}))
-
-        return log
-
-    def count(self, message: str) -> int:
-        return sum(1 for _, text, _ in self.lines if text == message)
 
 
 class Rig:

@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import ConnectionClosedError
 from websockets.frames import Close
+from worker_doubles import Logger, sync
 
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.messages import Guard, Message, MessageStore, PutResult
@@ -42,16 +44,6 @@ WORKER = "w1"
 
 #: The shared poll (wsfleet_local.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
-
-
-def sync(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body in a fresh event loop (the suite has no asyncio plugin)."""
-
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(test())
-
-    return run
 
 
 # ---------------------------------------------------------------- doubles
@@ -160,17 +152,6 @@ class Alive:
         return True
 
 
-class Logger:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Callable[..., None]:
-        def log(message: str, *args: Any, extra: Any = None, **kwargs: Any) -> None:
-            self.lines.append((level, message, extra or {}))
-
-        return log
-
-
 class Rig:
     """One session's world: lease store, messages, upstream, flusher, and the session task."""
 
@@ -224,6 +205,28 @@ class Rig:
         session = Session(record, self.context())
         return session, asyncio.create_task(session.run())
 
+    async def streaming(self, *seqs: int) -> Streaming:
+        """A session on a fresh connection that has received and written ``seqs``."""
+        record = self.acquire()
+        session, task = self.run(record)
+        socket = await self.upstream.socket()
+        socket.feed(*seqs)
+        await until(lambda: session.tracker.durable == max(seqs), f"frames {seqs} written")
+        return Streaming(record, session, task, socket)
+
+    def stored(self, pk: str) -> ConnectionRecord:
+        record = self.store.get(pk)
+        assert record is not None
+        return record
+
+
+@dataclass
+class Streaming:
+    record: ConnectionRecord
+    session: Session
+    task: asyncio.Task[SessionResult]
+    socket: FakeSocket
+
 
 async def ended(task: asyncio.Task[SessionResult]) -> SessionResult:
     return await asyncio.wait_for(task, WAIT)
@@ -242,7 +245,7 @@ async def test_frames_are_stored_in_order_under_the_sessions_epoch_and_a_stop_re
         # WHEN the upstream sends three frames
         socket.feed(1, 2, 3)
         await until(lambda: rig.messages.seqs(record.pk) == [1, 2, 3], "three frames stored")
-        # THEN they are stored as received, stamped with this worker and epoch
+        # THEN they are stored as received (the frame's data), stamped with this worker and epoch
         stored = sorted(rig.messages.items.values(), key=lambda m: m.seq or 0)
         assert [m.message_data for m in stored] == ["frame 1", "frame 2", "frame 3"]
         assert {(m.worker_id, m.lease_epoch) for m in stored} == {(WORKER, record.lease_epoch)}
@@ -254,27 +257,22 @@ async def test_frames_are_stored_in_order_under_the_sessions_epoch_and_a_stop_re
         assert (result.reason, result.via, result.released) == (ExitReason.STOPPED, "control", True)
         assert result.last_seq == 3 and not socket.aborted
         assert socket.protocol.close_sent is not None
-        after = rig.store.get(record.pk)
-        assert after is not None and (after.lease_owner, after.last_seq) == ("", 3)
+        assert (rig.stored(record.pk).lease_owner, rig.stored(record.pk).last_seq) == ("", 3)
 
 
 @sync
 async def test_a_stop_for_another_epoch_is_ignored_and_repeated_frames_are_stored_once():
     async with Rig() as rig:
-        # GIVEN a streaming session
-        record = rig.acquire()
-        session, task = rig.run(record)
-        socket = await rig.upstream.socket()
-        socket.feed(1, 2, 2, 1, 3)
-        await until(lambda: session.tracker.durable == 3, "frames written")
+        # GIVEN a streaming session that received some frames twice
+        s = await rig.streaming(1, 2, 2, 1, 3)
         # WHEN a STOP names an older epoch
         # THEN it does not apply, and the session keeps streaming
-        assert not session.stop_command(record.lease_epoch - 1)
-        socket.feed(4)
-        await until(lambda: rig.messages.seqs(record.pk) == [1, 2, 3, 4], "the next frame")
+        assert not s.session.stop_command(s.record.lease_epoch - 1)
+        s.socket.feed(4)
+        await until(lambda: rig.messages.seqs(s.record.pk) == [1, 2, 3, 4], "the next frame")
         assert rig.metrics.totals["DuplicateFrames"] == 2
-        session.finish(ExitReason.SHUTDOWN, via="shutdown")
-        result = await ended(task)
+        s.session.finish(ExitReason.SHUTDOWN, via="shutdown")
+        result = await ended(s.task)
         assert result.released and result.hint  # a hand-off: a peer is hinted
 
 
@@ -285,39 +283,30 @@ async def test_a_stop_for_another_epoch_is_ignored_and_repeated_frames_are_store
 async def test_a_checkpoint_stores_the_highest_written_seq_and_only_when_advanced():
     async with Rig(checkpoint_seconds=1.0) as rig:
         # GIVEN a session that has stored frames 1..5
-        record = rig.acquire()
-        session, task = rig.run(record)
-        (await rig.upstream.socket()).feed(1, 2, 3, 4, 5)
-        await until(lambda: session.tracker.durable == 5, "five frames written")
+        s = await rig.streaming(1, 2, 3, 4, 5)
         # WHEN its checkpoint is due and written
-        later = session.checkpointed_at_ms + 1_000
-        assert session.checkpoint_due(later)
-        await session.checkpoint()
+        assert s.session.checkpoint_due(s.session.checkpointed_at_ms + 1_000)
+        await s.session.checkpoint()
         # THEN the record holds it, and nothing is due again until the stream advances
-        stored = rig.store.get(record.pk)
-        assert stored is not None and stored.last_seq == 5
-        assert not session.checkpoint_due(session.checkpointed_at_ms + 1_000)
+        assert rig.stored(s.record.pk).last_seq == 5
+        assert not s.session.checkpoint_due(s.session.checkpointed_at_ms + 1_000)
         assert rig.metrics.totals["CheckpointWrites"] == 1
-        session.finish(ExitReason.SHUTDOWN)
-        await ended(task)
+        s.session.finish(ExitReason.SHUTDOWN)
+        await ended(s.task)
 
 
 @sync
 async def test_a_checkpoint_that_finds_the_connection_stopped_ends_the_session_stopped():
     async with Rig() as rig:
         # GIVEN a streaming session whose connection was STOPPED by the API
-        record = rig.acquire()
-        session, task = rig.run(record)
-        (await rig.upstream.socket()).feed(1, 2)
-        await until(lambda: session.tracker.durable == 2, "frames written")
-        rig.store.stop(record.pk)
+        s = await rig.streaming(1, 2)
+        rig.store.stop(s.record.pk)
         # WHEN it writes its checkpoint
-        await session.checkpoint()
-        result = await ended(task)
+        await s.session.checkpoint()
+        result = await ended(s.task)
         # THEN the refused write told it: it ends STOPPED, releasing at what it stored
         assert (result.reason, result.via) == (ExitReason.STOPPED, "checkpoint")
-        after = rig.store.get(record.pk)
-        assert after is not None
+        after = rig.stored(s.record.pk)
         assert (after.desired_state, after.lease_owner, after.last_seq) == (
             DesiredState.STOPPED, "", 2)  # fmt: skip
 
@@ -326,21 +315,16 @@ async def test_a_checkpoint_that_finds_the_connection_stopped_ends_the_session_s
 async def test_a_checkpoint_that_finds_the_lease_taken_fences_and_writes_nothing_more():
     async with Rig() as rig:
         # GIVEN a session whose lease a peer took over (its worker item lapsed, say)
-        record = rig.acquire()
-        session, task = rig.run(record)
-        socket = await rig.upstream.socket()
-        socket.feed(1)
-        await until(lambda: session.tracker.durable == 1, "a frame written")
-        rig.store.release(session.lease, last_seq=1)
-        taken = rig.store.acquire(record.pk, "w2")
+        s = await rig.streaming(1)
+        rig.store.release(s.session.lease, last_seq=1)
+        taken = rig.store.acquire(s.record.pk, "w2")
         # WHEN it writes its checkpoint
-        await session.checkpoint()
-        result = await ended(task)
+        await s.session.checkpoint()
+        result = await ended(s.task)
         # THEN it is fenced: socket aborted, no release, and the peer's lease untouched
         assert (result.reason, result.released) == (ExitReason.FENCED, False)
-        assert socket.aborted
-        after = rig.store.get(record.pk)
-        assert after is not None
+        assert s.socket.aborted
+        after = rig.stored(s.record.pk)
         assert (after.lease_owner, after.lease_epoch) == ("w2", taken.lease_epoch)
 
 
@@ -366,26 +350,21 @@ async def test_the_first_connect_resumes_after_the_acquired_checkpoint():
 async def test_a_dropped_link_reconnects_from_the_highest_frame_received():
     async with Rig() as rig:
         # GIVEN a session that received frames 1..7 (checkpoint still 0)
-        record = rig.acquire()
-        session, task = rig.run(record)
-        first = await rig.upstream.socket()
-        first.feed(*range(1, 8))
-        await until(lambda: session.tracker.durable == 7, "seven frames written")
+        s = await rig.streaming(*range(1, 8))
         # WHEN the link dies without a close frame, and again with an abnormal close
-        first.drop()
+        s.socket.drop()
         second = await rig.upstream.socket(2)
         second.feed(8)
-        await until(lambda: session.tracker.durable == 8, "the eighth frame")
+        await until(lambda: s.session.tracker.durable == 8, "the eighth frame")
         second.close_from_upstream(1011)
         third = await rig.upstream.socket(3)
         # THEN every reconnect resumes right after what it has, and the trouble is recorded
-        assert (first.from_seq, second.from_seq, third.from_seq) == (1, 8, 9)
-        await until(lambda: (r := rig.store.get(record.pk)) is not None and r.last_error,
-                    "last_error recorded")  # fmt: skip
-        session.finish(ExitReason.SHUTDOWN)
-        result = await ended(task)
+        assert (s.socket.from_seq, second.from_seq, third.from_seq) == (1, 8, 9)
+        await until(lambda: rig.stored(s.record.pk).last_error, "last_error recorded")
+        s.session.finish(ExitReason.SHUTDOWN)
+        result = await ended(s.task)
         assert result.last_seq == 8
-        assert rig.messages.seqs(record.pk) == list(range(1, 9))
+        assert rig.messages.seqs(s.record.pk) == list(range(1, 9))
 
 
 # ---------------------------------------------------------------- endings
@@ -395,18 +374,14 @@ async def test_a_dropped_link_reconnects_from_the_highest_frame_received():
 async def test_a_clean_upstream_close_marks_the_connection_stopped():
     async with Rig() as rig:
         # GIVEN a streaming session
-        record = rig.acquire()
-        _session, task = rig.run(record)
-        socket = await rig.upstream.socket()
-        socket.feed(1, 2)
+        s = await rig.streaming(1, 2)
         # WHEN the upstream ends the stream with 1000
-        socket.close_from_upstream(1000)
-        result = await ended(task)
+        s.socket.close_from_upstream(1000)
+        result = await ended(s.task)
         # THEN the connection is STOPPED at its last frame, not handed to a peer
         assert (result.reason, result.released, result.hint) == (
             ExitReason.UPSTREAM_CLOSED, True, False)  # fmt: skip
-        after = rig.store.get(record.pk)
-        assert after is not None
+        after = rig.stored(s.record.pk)
         assert (after.desired_state, after.lease_owner, after.last_seq) == (
             DesiredState.STOPPED, "", 2)  # fmt: skip
 
@@ -415,17 +390,12 @@ async def test_a_clean_upstream_close_marks_the_connection_stopped():
 async def test_a_fenced_session_aborts_its_socket_and_writes_nothing():
     async with Rig() as rig:
         # GIVEN a streaming session with frames stored
-        record = rig.acquire()
-        session, task = rig.run(record)
-        socket = await rig.upstream.socket()
-        socket.feed(1)
-        await until(lambda: session.tracker.durable == 1, "a frame written")
+        s = await rig.streaming(1)
         # WHEN its lease is lost
-        session.fence("test")
-        result = await ended(task)
+        s.session.fence("test")
+        result = await ended(s.task)
         # THEN the socket is aborted (no closing handshake) and the item is left as it was
         assert (result.reason, result.released) == (ExitReason.FENCED, False)
-        assert socket.aborted and socket.protocol.close_sent is None
-        after = rig.store.get(record.pk)
-        assert after is not None
+        assert s.socket.aborted and s.socket.protocol.close_sent is None
+        after = rig.stored(s.record.pk)
         assert (after.lease_owner, after.last_seq) == (WORKER, 0)
