@@ -229,7 +229,7 @@ def stop_all(fleet: Any, ids: list[str], timeout: float = 120) -> None:
             for i in ids
         )
 
-    wait_until(settled, timeout=timeout, interval=0.5, what="every stream STOPPED and released")
+    wait_until(settled, timeout=timeout, interval=0.5, message="every stream STOPPED and released")
 
 
 def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
@@ -329,7 +329,7 @@ def run_disruption(
             lambda: _all_streaming(fleet, ids, {victim.worker_id}),
             timeout=60 + connections * 0.5,
             interval=0.5,
-            what=f"{connections} streams on the first worker",
+            message=f"{connections} streams on the first worker",
         )
         for _ in range(peers):
             fleet.add_worker()
@@ -352,7 +352,7 @@ def run_disruption(
             return found
 
         try:
-            gaps = wait_until(resumed, timeout=lease * 2 + 60, interval=0.25, what="takeover")
+            gaps = wait_until(resumed, timeout=lease * 2 + 60, interval=0.25, message="takeover")
         except BenchTimeout as exc:
             result["error"] = str(exc)
             return result
@@ -422,7 +422,7 @@ def run_stop_latency(
         fleet = faulty.fleet
         _start_streams(fleet, ids)
         wait_until(lambda: _all_streaming(fleet, ids), timeout=60 + streams, interval=0.5,
-                   what="all streams streaming")  # fmt: skip
+                   message="all streams streaming")  # fmt: skip
         time.sleep(timings.heartbeat_seconds)
         api = ApiClient(fleet.api_url)
         sent_at: dict[str, float] = {}
@@ -446,7 +446,7 @@ def run_stop_latency(
         try:
             latencies = wait_until(
                 closed, timeout=max(timings.lease_seconds * 2, timings.sweep_seconds * 2) + 30,
-                interval=0.25, what="sockets closed",
+                interval=0.25, message="sockets closed",
             )  # fmt: skip
         except BenchTimeout as exc:
             result["error"] = str(exc)

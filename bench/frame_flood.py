@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import create_connections, emf_documents, value, wait_for
+from worker_capacity import create_connections, emf_documents, value
+
+from wsfleet_local.waiting import wait_until
 
 #: The Fargate task's memory (template.yaml, WorkerTaskDefinition Memory).
 TASK_MEMORY_MIB = 1024
@@ -117,7 +119,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=worker_env,
                        log_path=log_path)  # fmt: skip
-        wait_for(lambda: len(emf_documents(log_path)) >= 2, 120, "the idle worker")
+        wait_until(lambda: len(emf_documents(log_path)) >= 2, timeout=120, interval=0.5,
+                   message="the idle worker")  # fmt: skip
         idle_rss = status_kb(worker.pid, "VmRSS")
         ids = [f"flood{i:04d}" for i in range(args.connections)]
         create_connections(dynamodb, resources.connections_table, ids, url)

@@ -15,11 +15,12 @@ import math
 import os
 import platform
 import subprocess
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from wsfleet_local.waiting import WaitTimeout as BenchTimeout, wait_until
 
 __all__ = [
     "ROOT",
@@ -32,24 +33,6 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-_T = TypeVar("_T")
-
-
-class BenchTimeout(RuntimeError):
-    """Something a benchmark waited for did not happen in time (the run is reported failed)."""
-
-
-def wait_until(
-    condition: Callable[[], _T], *, timeout: float, interval: float = 0.1, what: str = "condition"
-) -> _T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchTimeout(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def run_request_cost(
                 fleet.simulator.open_stream(stream_id, rate=rate)
             _start_streams(fleet, ids)
             wait_until(lambda ids=ids: _all_streaming(fleet, ids), timeout=120, interval=0.5,
-                       what=f"phase {number} streaming")  # fmt: skip
+                       message=f"phase {number} streaming")  # fmt: skip
             time.sleep(hb + 1)  # the start-up burst (acquire, first renewals, replay) is over
             faults.reset_stats()
             started = time.monotonic()
@@ -191,7 +191,7 @@ def run_request_cost(
                 grouped = by_stream(fleet.simulator.sessions())
                 return not any(s.is_open for i in ids for s in grouped.get(i, []))
 
-            wait_until(closed, timeout=60, interval=0.25, what="phase streams closed")
+            wait_until(closed, timeout=60, interval=0.25, message="phase streams closed")
     busy = [p for p in result["phases"] if p["messages_per_second"] >= 90]
     result["target_requests_per_message"] = "<= 0.05 (1 per 20 messages) at >= 100 msg/s"
     result["target_met"] = bool(busy) and all(

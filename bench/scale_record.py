@@ -356,7 +356,7 @@ def record(
                 for stream_id in ids:
                     api.start(stream_id, fleet.simulator.url_for(stream_id))
             wait_until(lambda: _all_streaming(fleet, ids), timeout=120 + connections,
-                       interval=0.5, what="every stream streaming")  # fmt: skip
+                       interval=0.5, message="every stream streaming")  # fmt: skip
             time.sleep(2 * compressed["heartbeat"] + 1)  # acquire writes and first renewals over
             emulated = (
                 _EmulatedReconciler(urls[EMULATED_LABEL], fleet.resources.connections_table,

@@ -124,7 +124,7 @@ def run_shapes(run_dir: Path) -> dict[str, Any]:
         ids = _start(fleet, run_id)
         began = time.time() - 1
         wait_until(lambda: _flowing_since(fleet, ids, began), timeout=60, interval=0.5,
-                   what="every shape streaming on worker 0")
+                   message="every shape streaming on worker 0")
         fleet.add_worker()
         fleet.add_worker()
         time.sleep(2 * timings.heartbeat_seconds + 2)
@@ -132,14 +132,14 @@ def run_shapes(run_dir: Path) -> dict[str, Any]:
             crashed_at = time.time()
             fleet.kill_worker(0, signal.SIGKILL)
             wait_until(lambda: _flowing_since(fleet, ids, crashed_at),
-                       timeout=timings.lease_seconds * 2 + 60, interval=0.25, what="takeover")
+                       timeout=timings.lease_seconds * 2 + 60, interval=0.25, message="takeover")
             time.sleep(2 * timings.heartbeat_seconds + 2)
             fleet.add_worker()
             handed_at = time.time()
             fleet.kill_worker(1, signal.SIGTERM)
             fleet.kill_worker(2, signal.SIGTERM)
             wait_until(lambda: _flowing_since(fleet, ids, handed_at), timeout=60,
-                       interval=0.25, what="hand-off")
+                       interval=0.25, message="hand-off")
             time.sleep(2 * timings.heartbeat_seconds + 2)
             stop_all(fleet, ids, timeout=120)
         except BenchTimeout as exc:

@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import cpu_seconds, create_connections, value, wait_for
+from worker_capacity import cpu_seconds, create_connections, value
 
 from wsfleet_local.procs import ChildProcess, spawn
+from wsfleet_local.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PER_VCPU = 10_000
@@ -247,10 +248,13 @@ def measure_pass(
 ) -> tuple[dict[str, Any], ChildProcess]:  # fmt: skip
     worker = start_worker(env, log_path)
     tail = EmfTail(log_path, worker.pid)
-    wait_for(lambda: (tail.poll(), len(tail.samples) >= 2)[1], 120, "the worker's first metrics")
+    wait_until(lambda: (tail.poll(), len(tail.samples) >= 2)[1], timeout=120, interval=0.5,
+               message="the worker's first metrics")  # fmt: skip
     hint()
-    wait_for(lambda: tail.poll() is not None and tail.last("ActiveConnections") >= args.connections,
-             120, "every connection streaming", 0.2)  # fmt: skip
+    wait_until(
+        lambda: tail.poll() is not None and tail.last("ActiveConnections") >= args.connections,
+        timeout=120, interval=0.2, message="every connection streaming",
+    )  # fmt: skip
     tail.follow(warmup)
     first = len(tail.samples) - 1
     spy: ChildProcess | None = None

@@ -40,6 +40,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from wsfleet_local.waiting import WaitTimeout, wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -72,19 +74,15 @@ def value(document: dict[str, Any], name: str) -> float:
     return sum(raw) if isinstance(raw, list) else float(raw)
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.5, *, soft: bool = False):
-    """Poll ``condition``; on timeout exit (or, with ``soft``, return False and go on)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            if soft:
-                print(f"warning: timed out waiting for {what}; measuring anyway", file=sys.stderr)
-                return False
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(interval)
+def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.5) -> bool:
+    """:func:`wait_until` that warns and goes on (returning False) when ``timeout`` runs out:
+    a ramp that falls short is measured anyway, at what it reached."""
+    try:
+        wait_until(condition, timeout=timeout, interval=interval, message=what)
+    except WaitTimeout:
+        print(f"warning: timed out waiting for {what}; measuring anyway", file=sys.stderr)
+        return False
+    return True
 
 
 def create_connections(dynamodb: Any, table: str, ids: list[str], sim_url: str) -> None:
@@ -161,7 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=worker_env,
                        log_path=log_path)  # fmt: skip
-        wait_for(lambda: len(emf_documents(log_path)) >= 2, 120, "the idle worker")
+        wait_until(lambda: len(emf_documents(log_path)) >= 2, timeout=120, interval=0.5,
+                   message="the idle worker")  # fmt: skip
         time.sleep(args.metrics_every)
         idle_rss = rss_kb(worker.pid)
 
@@ -185,9 +184,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             failed += sender.send_many(Hint(f"CONN#{i}") for i in wave)
             target = start + len(wave) - args.hint_wave // 2
             left = max(1.0, ramp_deadline - time.monotonic())
-            wait_for(lambda t=target: active() >= t, left, "the hints", 1.0, soft=True)
+            wait_for(lambda t=target: active() >= t, left, "the hints", 1.0)
         left = max(1.0, ramp_deadline - time.monotonic())
-        wait_for(lambda: active() >= args.connections, left, "all active", 1.0, soft=True)
+        wait_for(lambda: active() >= args.connections, left, "all active", 1.0)
         ramp_s = time.monotonic() - t0 - created_s
         held = int(active())
         time.sleep(2 * args.heartbeat)  # settle: the ramp's renewals spread out

@@ -27,6 +27,7 @@ Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -54,6 +55,8 @@ from chaos_history import (
     check_poison,
 )
 from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
+
+from wsfleet_local.waiting import WaitTimeout, wait_until
 
 __all__ = ["DEFAULT_SEED", "ChaosConfig", "ChaosReport", "run_chaos"]
 
@@ -654,12 +657,15 @@ def _wait_drained(chaos: _Chaos, timeout: float = 30.0) -> dict[str, int]:
     live = _live_worker_ids(chaos.fleet)
     queues = {"HintQueue": chaos.fleet.resources.queues["HintQueue"]}
     queues.update({f"control:{w}": url for url, w in chaos.poisoned_queues.items() if w in live})
-    deadline = time.monotonic() + timeout
-    while True:
-        depths = {name: _queue_depth(sqs, url) for name, url in queues.items()}
-        if not any(depths.values()) or time.monotonic() > deadline:
-            return depths
-        time.sleep(0.5)
+    depths: dict[str, int] = {}
+
+    def drained() -> bool:
+        depths.update({name: _queue_depth(sqs, url) for name, url in queues.items()})
+        return not any(depths.values())
+
+    with contextlib.suppress(WaitTimeout):  # the depths left over are the answer
+        wait_until(drained, timeout=timeout, interval=0.5, message="poisoned queues drained")
+    return depths
 
 
 def _dead_lettered_poison(chaos: _Chaos) -> int:
@@ -763,7 +769,8 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         chaos = _Chaos(faulty, config, report, client)
         for stream_id in chaos.ids:
             chaos.api.start(stream_id, fleet.simulator.url_for(stream_id))
-        _wait(lambda: _is_converged(chaos, client), 60 + config.streams, "initial streaming")
+        wait_until(lambda: _is_converged(chaos, client), timeout=60 + config.streams, interval=0.25,
+                   message="initial streaming")  # fmt: skip
         trap = _Trap()
         trap.start()
         chaos.start_hostile(trap.port)
@@ -777,8 +784,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         chaos._poison()
         healed = time.monotonic()
         try:
-            _wait(lambda: _is_converged(chaos, client), config.converge_timeout_seconds,
-                  "convergence", interval=0.5)  # fmt: skip
+            wait_until(lambda: _is_converged(chaos, client),
+                       timeout=config.converge_timeout_seconds, interval=0.5,
+                       message="convergence")  # fmt: skip
             report.converged_after_seconds = time.monotonic() - healed
         except TimeoutError:
             chaos.log("did not converge in time")
@@ -788,15 +796,16 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         # every one of them must be found stored (bounded wait, like convergence).
         chaos.arm_hostile(max_size_frames=3)
         try:
-            _wait(lambda: _hostile_stored(chaos, client), 30, "hostile frames stored", 0.5)
+            wait_until(lambda: _hostile_stored(chaos, client), timeout=30, interval=0.5,
+                       message="hostile frames stored")  # fmt: skip
         except TimeoutError:
             chaos.log("hostile frames not all stored in time")
         # Checkpoints catch up: every stream still STARTED writes one more, so the loss check
         # (every seq up to the checkpoint stored) covers what was stored until now.
         marks = _checkpoints(chaos, client)
         try:
-            _wait(lambda: _checkpoints_advanced(chaos, client, marks), 30,
-                  "checkpoints to catch up", 0.5)  # fmt: skip
+            wait_until(lambda: _checkpoints_advanced(chaos, client, marks), timeout=30,
+                       interval=0.5, message="checkpoints to catch up")  # fmt: skip
         except TimeoutError:
             chaos.log("checkpoints did not all advance in time (the loss check covers less)")
         depths = _wait_drained(chaos)
@@ -852,14 +861,6 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         faulty.stop()
         report.wall_seconds = time.monotonic() - began
     return report
-
-
-def _wait(condition: Any, timeout: float, what: str, interval: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def main() -> int:

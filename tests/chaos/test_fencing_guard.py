@@ -8,13 +8,16 @@ limiter past its lease (or be paused there with its process), and be written aft
 the old epoch, over the new owner's copy (chaos: "seq N stored under epoch 1 after a lower seq
 under epoch 2" after a throttling window with paused workers).
 
-This test makes the rate limiter's wait explicit (1 s) and gives the guard 0.5 s: the frame
-must not be stored. Fixed by registering the guard last on the generic ``before-send`` event,
-filtered on the BatchWriteItem event name.
+This test stands a handler of its own on the generic ``before-send`` event, registered through
+the public event system like the rate limiter is, in for the limiter's wait: while the send
+waits there, the frame's lease lapses. The frame must not be stored. Fixed by registering the
+guard last on the generic ``before-send`` event, filtered on the BatchWriteItem event name.
+(No clock: the lapse is an event set inside that handler, so the order alone decides.)
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -26,30 +29,26 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_frame_is_not_sent_once_its_guard_has_expired_behind_the_rate_limiter(aws):
-    # GIVEN a messages store on an adaptive-retry client whose rate limiter makes sends wait 1 s
+    # GIVEN a messages store whose client, like the adaptive rate limiter, holds every send in a
+    # generic before-send handler, and the frame's lease lapses while it is held there
     client = dynamodb_client()
     store = MessageStore(client, aws.messages_table)
-    emitter = client.meta.events
-    handlers = emitter._emitter._handlers
-    limiter = next(
-        handler
-        for handler in handlers.prefix_search("before-send.dynamodb.BatchWriteItem")
-        if getattr(handler, "__qualname__", "").startswith("ClientRateLimiter")
-    )
+    lapsed = threading.Event()
+    held: list[str] = []
 
-    def throttled_wait(request, **kwargs):
-        time.sleep(1.0)  # what a throttled token bucket does
-        return limiter(request=request, **kwargs)
+    def limiter_wait(request, event_name, **kwargs):
+        held.append(event_name)
+        lapsed.set()  # what a throttled token bucket's sleep lets happen
 
-    emitter.unregister("before-send", limiter)
-    emitter.register("before-send", throttled_wait)
+    client.meta.events.register("before-send", limiter_wait)
 
-    # WHEN a frame whose lease is safe for 0.5 s more is written
-    deadline = time.monotonic() + 0.5
+    # WHEN a frame whose lease is still safe is written
     message = Message("CONN#late", seq_sk(1), "late:1", int(time.time() * 1000), "w", 1, 1)
-    store.put_batch([message], guard=lambda m: time.monotonic() < deadline)
+    store.put_batch([message], guard=lambda m: not lapsed.is_set())
 
-    # THEN it was not stored: the last check before the bytes leave is after every wait
+    # THEN the send was held, and it was not stored: the last check before the bytes leave is
+    # after every wait
+    assert held == ["before-send.dynamodb.BatchWriteItem"]
     stored = client.query(
         TableName=aws.messages_table,
         KeyConditionExpression="pk = :pk",

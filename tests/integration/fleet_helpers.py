@@ -3,7 +3,7 @@
 Reusable by the worker integration tests, the chaos suite and local tooling:
 
 * :func:`wait_until` - poll a condition with a generous deadline (the only kind of timing a
-  test may rely on);
+  test may rely on; :mod:`wsfleet_local.waiting`'s, re-exported here);
 * :class:`WorkerProcess` - ``python -m wsfleet_worker`` as a child process with its own log
   file, signals (SIGTERM/SIGKILL/SIGSTOP/SIGCONT), and parsers for its JSON log and EMF lines;
 * :class:`Fleet` - boto3 clients bound to one set of resources (explicit endpoint, so it works
@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import boto3
 import pytest
@@ -47,6 +47,7 @@ from wsfleet.store import DynamoDBLeaseStore, IndexEntry
 from wsfleet.upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 from wsfleet_local.procs import spawn as spawn_child
 from wsfleet_local.simulator import SimulatorThread
+from wsfleet_local.waiting import wait_until
 
 __all__ = [
     "FAST_WORKER_ENV",
@@ -62,7 +63,6 @@ __all__ = [
     "wait_until",
 ]
 
-_T = TypeVar("_T")
 
 #: No path but the control channel notices a STOP within a test's time: the checkpoint write
 #: (ConnectionStopped) and the sweep are slow, so the outcome of a STOP test is explained by
@@ -101,25 +101,6 @@ FAST_WORKER_ENV: dict[str, str] = {
 SIMULATOR_RATE = 20.0
 
 _names = itertools.count(1)
-
-
-def wait_until(
-    condition: Callable[[], _T],
-    *,
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    message: str | Callable[[], str] = "condition not met",
-) -> _T:
-    """Return the first truthy value of ``condition()``; AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"timed out after {timeout} s: {text}")
-        time.sleep(interval)
 
 
 # ============================================================================ worker processes

@@ -6,6 +6,7 @@ the shared fixtures, and each test provisions resources under its own prefix.
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -20,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import boto3
 import pytest
@@ -41,6 +42,7 @@ from wsfleet_local.backend import (
     provision_resources,
 )
 from wsfleet_local.procs import pid_alive, spawn
+from wsfleet_local.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +51,10 @@ RACERS = 32
 ROUNDS = 100
 #: Long enough that a poll still pending after the checks proves it was not blocking them.
 LONG_POLL_SECONDS = 20
-#: Lets a poll submitted on another thread reach the server before the test acts. If it has
-#: not arrived yet the test is weaker, never wrong: the assertions do not depend on it.
-SETTLE_SECONDS = 0.2
+#: A poll submitted on another thread is waited for until its request leaves the client; the
+#: server (another process) cannot be asked whether it is parked in the wait yet. Had it not
+#: arrived when the test acts, the test would be weaker, never wrong: the assertions do not
+#: depend on it.
 
 SQS_XMLNS = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
 
@@ -97,8 +100,15 @@ def try_acquire(dynamodb: Any, table: str, pk: str, owner: str) -> str:
     return "won"
 
 
-def send_query(endpoint_url: str, params: dict[str, str], *, timeout: float = 60) -> bytes:
-    """POST an SQS query-protocol (form) request, SigV4-signed like an old SDK would."""
+def send_query(
+    endpoint_url: str,
+    params: dict[str, str],
+    *,
+    timeout: float = 60,
+    sent: threading.Event | None = None,
+) -> bytes:
+    """POST an SQS query-protocol (form) request, SigV4-signed like an old SDK would; set
+    ``sent`` once the request is written (the answer may take a long poll's wait)."""
     request = AWSRequest(
         method="POST",
         url=endpoint_url + "/",
@@ -107,11 +117,18 @@ def send_query(endpoint_url: str, params: dict[str, str], *, timeout: float = 60
     )
     SigV4Auth(Credentials("testing", "testing"), "sqs", REGION).add_auth(request)
     prepared = request.prepare()
-    raw = urllib.request.Request(
-        prepared.url, data=prepared.body, headers=dict(prepared.headers), method="POST"
-    )
-    with urllib.request.urlopen(raw, timeout=timeout) as response:
-        return response.read()
+    url = urlsplit(prepared.url)
+    connection = http.client.HTTPConnection(url.hostname or "", url.port, timeout=timeout)
+    try:
+        connection.request("POST", url.path or "/", body=prepared.body, headers=prepared.headers)
+        if sent is not None:
+            sent.set()
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 200, body
+        return body
+    finally:
+        connection.close()
 
 
 def query_bodies(response: bytes) -> list[str]:
@@ -193,11 +210,13 @@ def test_long_poll_does_not_block_other_calls_and_gets_a_message_sent_meanwhile(
     # GIVEN a long poll waiting on the empty hint queue (whose attribute says 20 s)
     poller = make_client(embedded.endpoint_url, "sqs")
     wait = {} if wait_seconds is None else {"WaitTimeSeconds": wait_seconds}
+    sending = threading.Event()
+    poller.meta.events.register("before-send.sqs.ReceiveMessage", lambda **_: sending.set())
     with ThreadPoolExecutor(max_workers=1) as pool:
         poll: Future[dict[str, Any]] = pool.submit(
             poller.receive_message, QueueUrl=resources.hint_queue_url, **wait
         )
-        time.sleep(SETTLE_SECONDS)
+        wait_until(sending.is_set, timeout=30, message="the poll's request")
 
         # WHEN another thread uses DynamoDB meanwhile, then sends a hint
         dynamodb = make_client(embedded.endpoint_url, "dynamodb")
@@ -256,8 +275,9 @@ def test_query_protocol_long_poll_gets_a_message_sent_meanwhile(
     # GIVEN a query-protocol long poll waiting on the empty hint queue
     params = {"Action": "ReceiveMessage", "QueueUrl": resources.hint_queue_url, **wait}
     with ThreadPoolExecutor(max_workers=1) as pool:
-        poll = pool.submit(send_query, embedded.endpoint_url, params)
-        time.sleep(SETTLE_SECONDS)
+        sent = threading.Event()
+        poll = pool.submit(send_query, embedded.endpoint_url, params, sent=sent)
+        wait_until(sent.is_set, timeout=30, message="the poll's request")
 
         # WHEN a hint is sent (over the query protocol too) while it waits
         still_waiting = not poll.done()

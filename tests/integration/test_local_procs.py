@@ -30,7 +30,7 @@ DRAINER = textwrap.dedent(
     deadline = time.time() + 30
     while time.time() < deadline and count == 0:
         time.sleep(0.01)
-    time.sleep(0.3)  # the drain
+    time.sleep(0.3)  # the drain: stop() below finds it still running, a 2nd signal would count
     sys.exit(0)
     """
 )

@@ -587,7 +587,9 @@ def test_the_handler_runs_a_pass_and_publishes_its_metrics(
     past.acquire("CONN#g2", "gone")
 
     # WHEN the scheduler invokes the reconciler (sample event) for one pass
+    began = time.perf_counter()
     result = invoke_one_pass()
+    invocation_ms = (time.perf_counter() - began) * 1000
 
     # THEN all three were hinted
     assert (result["passes"], result["workers_expired"]) == (1, 1)
@@ -599,7 +601,8 @@ def test_the_handler_runs_a_pass_and_publishes_its_metrics(
     assert pass_metrics["OrphansFound"] == 3
     assert pass_metrics["HintsSent"] == 3
     assert pass_metrics["OldestOrphanAgeMs"] >= 60_000
-    assert pass_metrics["PassMs"] >= 0
+    # a consistency bound, not a speed target: the pass took no longer than the call that ran it
+    assert 0 <= pass_metrics["PassMs"] <= round(invocation_ms) + 1
     assert pass_metrics["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "wsfleet"
 
 

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -38,6 +38,10 @@ from wsfleet_local.simulator import (
     frame_data,
     hostile_frame_data,
 )
+
+# The shared waits under this file's names: ``wait_until`` is awaited (the tests run inside the
+# simulator's event loop), ``wait_until_sync`` polls from a plain thread.
+from wsfleet_local.waiting import wait_until as wait_until_sync, wait_until_async as wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -78,24 +82,6 @@ async def recv_until_closed(ws: ClientConnection) -> tuple[list[str], Connection
     except ConnectionClosed as exc:
         return messages, exc
     raise AssertionError("unreachable")
-
-
-async def wait_until(predicate: Callable[[], bool | Awaitable[bool]]) -> None:
-    async with asyncio.timeout(WAIT):
-        while True:
-            result = predicate()
-            if not isinstance(result, bool):
-                result = await result
-            if result:
-                return
-            await asyncio.sleep(0.01)
-
-
-def wait_until_sync(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 def assert_frame(message: dict[str, Any], stream_id: str, seq: int) -> None:

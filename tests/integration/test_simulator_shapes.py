@@ -14,6 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from wsfleet_local.simulator import SimulatorClient, SimulatorThread, UpstreamSimulator
+from wsfleet_local.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -28,11 +29,7 @@ async def recv_seq(ws: ClientConnection) -> int:
 
 async def wait_for_seq(sim: UpstreamSimulator, stream: str, seq: int) -> None:
     sim.open_stream(stream)  # a no-op for a stream already running
-    async with asyncio.timeout(WAIT):
-        while True:
-            if sim.current_seq(stream) >= seq:
-                return
-            await asyncio.sleep(0.01)
+    await wait_until_async(lambda: sim.current_seq(stream) >= seq, timeout=WAIT)
 
 
 def test_header_auth_rejects_a_handshake_without_the_header_and_logs_what_it_got() -> None:

@@ -15,6 +15,7 @@ short timings. Every DynamoDB request of its client is recorded with a botocore 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -33,6 +34,7 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.record import connection_pk
 from wsfleet_local.simulator import SimulatorThread
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 
@@ -122,13 +124,8 @@ class Logger:
         return [extra for _, text, extra in self.lines if text == message]
 
 
-async def until(condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + LIMIT
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-    return value
+#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+until = functools.partial(wait_until_async, timeout=LIMIT)
 
 
 def run_worker(

@@ -8,6 +8,7 @@ what is observed, through the queue itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -15,6 +16,7 @@ import boto3
 import pytest
 
 from wsfleet.hints import Hint
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 from wsfleet_worker.poller import HintPoller
@@ -46,14 +48,8 @@ def queue_depth(sqs, url: str) -> tuple[int, int]:
     )
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` (queue state has no event to wait on) for at most LIMIT seconds."""
-    try:
-        async with asyncio.timeout(LIMIT):
-            while not condition():  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+until = functools.partial(wait_until_async, timeout=LIMIT)
 
 
 class Taker:

@@ -8,6 +8,7 @@ what each does with a batch (test_worker_poller.py, test_worker_hostile_queues.p
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from typing import Any
 import boto3
 import pytest
 
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.offload import Offloader
 from wsfleet_worker.sqs_consumer import Message, QueueConsumer
 
@@ -47,13 +49,8 @@ class Receives:
         return getattr(self._client, name)
 
 
-async def until(condition: Callable[[], Any], what: str) -> None:
-    try:
-        async with asyncio.timeout(LIMIT):
-            while not condition():  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
+#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+until = functools.partial(wait_until_async, timeout=LIMIT)
 
 
 def consume(

@@ -34,7 +34,10 @@ def test_stream_source_settings_come_from_the_template(stack):
     (source,) = stack.function("stream_notifier").streams
     assert source.table_logical_id == "ConnectionsTable"
     assert source.report_batch_item_failures
-    assert source.maximum_retry_attempts >= 0
+    template = load_template(find_template())
+    (event,) = template["Resources"]["StreamNotifierFunction"]["Properties"]["Events"].values()
+    # the template's bound, not the loader's default (-1: retry until the record expires)
+    assert source.maximum_retry_attempts == event["Properties"]["MaximumRetryAttempts"] > 0
     assert source.filter_criteria["Filters"]
 
 

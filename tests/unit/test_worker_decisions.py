@@ -21,9 +21,9 @@ import dataclasses
 import functools
 import signal
 import threading
-import time
-from collections.abc import Callable, Coroutine
 from typing import Any
+
+from worker_doubles import Logger, sync
 
 import wsfleet_worker.worker as worker_module
 from wsfleet.clock import now_ms
@@ -34,6 +34,7 @@ from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.messages import Message, MessageStore, PutResult
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_pk
 from wsfleet.settings import Settings
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
@@ -46,22 +47,8 @@ from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 WAIT = 10.0
 
 
-def sync(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body in a fresh event loop (the suite has no asyncio plugin)."""
-
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(test())
-
-    return run
-
-
-async def until(condition: Callable[[], Any], limit: float = WAIT) -> Any:
-    deadline = time.monotonic() + limit
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not met"
-        await asyncio.sleep(0.005)
-    return value
+#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+until = functools.partial(wait_until_async, timeout=WAIT)
 
 
 class Store(InMemoryLeaseStore):
@@ -119,20 +106,6 @@ class Outbox:
 
     async def flush(self) -> None:
         return None
-
-
-class Logger:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Callable[..., None]:
-        def log(message: str, *args: Any, extra: Any = None, **kwargs: Any) -> None:
-            self.lines.append((level, message, extra or {}))
-
-        return log
-
-    def messages(self) -> list[str]:
-        return [message for _, message, _ in self.lines]
 
 
 async def never_answers(url: str, **_options: Any) -> Any:
@@ -326,7 +299,7 @@ async def test_a_release_waits_for_a_message_write_still_out_then_lands():
         # WHEN the session ends for a hand-off
         session.finish(ExitReason.SHUTDOWN, via="shutdown")
         await until(lambda: session._ending)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a release, were it wrongly allowed, gets its chance
         # THEN it does not release while the write is out (the batch could land after the
         # next owner's acquire) ...
         assert ("release", session.pk) not in store.writes

@@ -7,13 +7,14 @@ MessageStore tests); everything else is the real flusher on a real event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import threading
-import time
 
 import pytest
 
 from wsfleet.messages import Message, PutResult, seq_sk
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.flusher import MAX_BATCH_BYTES, MessageFlusher, QueuedFrame
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
@@ -87,11 +88,8 @@ def frame(owner: Owner, seq: int) -> QueuedFrame:
     return QueuedFrame(message, owner)
 
 
-async def until(condition, limit: float = WAIT) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
+#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+until = functools.partial(wait_until_async, timeout=WAIT)
 
 
 def run_with_flusher(
@@ -327,7 +325,7 @@ def test_quiesce_waits_for_a_request_that_already_left():
         await until(store.sent.is_set)
         owner.writable = False  # the session is ending: no new request may carry its frames
         await asyncio.wait_for(flusher.quiesce(bystander), 0.01)  # nothing of b's is out
-        with pytest.raises(TimeoutError):  # a's batch is still out
+        with pytest.raises(TimeoutError):  # a's batch is still out: nothing may end the wait
             await asyncio.wait_for(flusher.quiesce(owner), 0.2)
         store.landed.set()
         await asyncio.wait_for(flusher.quiesce(owner), WAIT)

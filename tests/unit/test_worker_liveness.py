@@ -12,32 +12,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import pytest
+from worker_doubles import sync
 
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import StoreError
 from wsfleet.lease import TimerAction, WorkerLeaseTimer
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import WorkerRecord
+from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.liveness import FenceCause, WorkerLiveness
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 
 WAIT = 10.0  # generous bound for every convergence below
-
-
-def sync(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    """Run an async test body in a fresh event loop (the suite has no asyncio plugin)."""
-
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(test())
-
-    return run
 
 
 class ShiftedClock:
@@ -81,11 +71,8 @@ class Logger:
         return lambda message, *a, **k: self.lines.append((level, message))
 
 
-async def until(condition: Callable[[], Any], limit: float = WAIT) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met"
-        await asyncio.sleep(0.005)
+#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+until = functools.partial(wait_until_async, timeout=WAIT)
 
 
 def make(
