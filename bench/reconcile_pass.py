@@ -175,7 +175,7 @@ def run_one(backend: Any, scenario: str, items: int) -> Run:
     from wsfleet.hint_sender import HintSender
     from wsfleet.reconcile import HintLedger
     from wsfleet.store import DynamoDBLeaseStore
-    from wsfleet_local.functions import load_function
+    from wsfleet_local.handler_loader import load_function
 
     app = load_function("reconciler")
     resources = backend.create_resources(f"b{uuid.uuid4().hex[:8]}")

@@ -151,7 +151,7 @@ def _fleet_class() -> Any:
                 super()._start_functions()
                 return
             from wsfleet_local.fleet import ROUTER
-            from wsfleet_local.runtime import FunctionProcess
+            from wsfleet_local.lambda_process import FunctionProcess
 
             self._functions = {}
             for name in dict.fromkeys((ROUTER, *self.only_lambdas)):

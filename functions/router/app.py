@@ -40,7 +40,7 @@ Decisions worth knowing:
   ``state``/``limit``), 503 the store is unavailable (retry), 500 only for a misconfigured or
   broken router.
 * **Upstream URLs are secrets-bearing.** They often carry a token in the query string, so
-  responses and logs only ever show :func:`wsfleet.upstream.redact_url` (query values masked).
+  responses and logs only ever show :func:`wsfleet.upstream_url.redact_url` (query values masked).
 """
 
 # No ``from __future__ import annotations``: Powertools reads the route signatures at runtime
@@ -90,8 +90,8 @@ from wsfleet.record import (
 )
 from wsfleet.settings import Settings
 from wsfleet.store import LeaseStore
-from wsfleet.upstream import InvalidUpstreamUrl, redact_url, validate_ws_url
 from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
+from wsfleet.upstream_url import InvalidUpstreamUrl, redact_url, validate_ws_url
 
 __all__ = [
     "MAX_BODY_BYTES",

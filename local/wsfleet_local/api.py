@@ -5,7 +5,7 @@ event and relays the function's ``{statusCode, headers, body}`` back. :class:`Lo
 the same on 127.0.0.1 with a threaded stdlib HTTP server: routes come from the template
 (:class:`wsfleet_local.stack.Route`), events from :func:`wsfleet_local.events.api_gateway_event`,
 and the handler is reached through ``invoke`` (normally a
-:class:`wsfleet_local.runtime.FunctionProcess` running ``functions/router``), so the router
+:class:`wsfleet_local.lambda_process.FunctionProcess` running ``functions/router``), so the router
 cannot tell it from AWS.
 
 Differences from AWS, on purpose: no IAM signature check (loopback only), and requests are
@@ -37,8 +37,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .events import api_gateway_event
+from .lambda_process import FunctionError, FunctionTimeout
 from .procs import Service
-from .runtime import FunctionError, FunctionTimeout
 from .stack import Route
 
 __all__ = ["DEFAULT_STAGE", "LocalApi", "gateway_response"]

@@ -63,8 +63,8 @@ import yaml
 from wsfleet.exceptions import WsfleetError
 
 from .procs import (
+    ChildFailed,
     ChildProcess,
-    ChildProcessError_,
     Service,
     StopSignals,
     serve_until_stopped,
@@ -928,7 +928,7 @@ class EmbeddedBackend(Service):
             self._endpoint_url = str(ready["endpoint_url"])
         except BaseException as exc:
             self.stop()
-            if isinstance(exc, (ChildProcessError_, KeyError)):
+            if isinstance(exc, (ChildFailed, KeyError)):
                 raise BackendError(f"backend did not start: {exc}") from exc
             raise
         self.port = urlsplit(self._endpoint_url).port or self.port

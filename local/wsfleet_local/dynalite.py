@@ -38,7 +38,7 @@ from typing import Any, Self
 
 from wsfleet.exceptions import WsfleetError
 
-from .procs import ChildProcess, ChildProcessError_, Service, spawn
+from .procs import ChildFailed, ChildProcess, Service, spawn
 
 __all__ = ["DYNALITE_VERSION", "Dynalite", "DynaliteError", "dynalite_home", "install", "main"]
 
@@ -131,7 +131,7 @@ class Dynalite(Service):
                    "--updateTableMs", "0"]  # fmt: skip
         try:
             self._child = spawn("dynalite", command, log_path=self.log_path)
-        except ChildProcessError_ as exc:
+        except ChildFailed as exc:
             raise DynaliteError(str(exc)) from exc
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while not self._answers():

@@ -19,7 +19,7 @@ ECS task state change  :class:`~wsfleet_local.tasks.TaskExitWatcher`: a worker p
 =====================  ==================================================================
 
 Every Lambda runs in its own execution-environment process
-(:class:`~wsfleet_local.runtime.FunctionProcess`) with the environment template.yaml gives
+(:class:`~wsfleet_local.lambda_process.FunctionProcess`) with the environment template.yaml gives
 it, resolved against the local resources; the workers get the ECS task definition's
 environment the same way. Template *parameters* are overridden with short local timings
 (lease 4 s, heartbeat 1 s, a reconcile pass every second) and with what a loopback upstream
@@ -67,8 +67,8 @@ from wsfleet.exceptions import WsfleetError
 from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template, local_client
 from .dynalite import Dynalite
+from .lambda_process import FunctionProcess
 from .procs import ChildProcess, spawn
-from .runtime import FunctionProcess
 from .scheduler import ReconcileScheduler
 from .simulator import SimulatorClient
 from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, read_stack

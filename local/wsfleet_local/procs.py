@@ -50,8 +50,8 @@ from typing import IO, Any, Self
 from wsfleet.exceptions import WsfleetError
 
 __all__ = [
+    "ChildFailed",
     "ChildProcess",
-    "ChildProcessError_",
     "ChildTimeout",
     "LineReader",
     "Service",
@@ -69,11 +69,11 @@ if sys.platform.startswith("linux"):
         _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class ChildProcessError_(WsfleetError):
+class ChildFailed(WsfleetError):
     """A child process failed to start, died early, or said something unexpected."""
 
 
-class ChildTimeout(ChildProcessError_):
+class ChildTimeout(ChildFailed):
     """A child said nothing within the time it was given."""
 
 
@@ -174,21 +174,21 @@ class ChildProcess:
     def read_json_line(self, timeout_seconds: float) -> dict[str, Any]:
         """The child's next stdout line as JSON: how children announce they are ready."""
         if self._stdout is None:
-            raise ChildProcessError_(f"{self.name}: stdout is not captured")
+            raise ChildFailed(f"{self.name}: stdout is not captured")
         line = self._stdout.readline(timeout_seconds)
         if line is None:
             raise ChildTimeout(f"{self.name}: no output within {timeout_seconds:.1f} s")
         if not line:
             code = self.popen.wait()
-            raise ChildProcessError_(
+            raise ChildFailed(
                 f"{self.name} exited with {code} before it was ready" + self._log_hint()
             )
         try:
             value = json.loads(line)
         except ValueError as exc:
-            raise ChildProcessError_(f"{self.name}: unexpected output {line!r}") from exc
+            raise ChildFailed(f"{self.name}: unexpected output {line!r}") from exc
         if not isinstance(value, dict):
-            raise ChildProcessError_(f"{self.name}: unexpected output {line!r}")
+            raise ChildFailed(f"{self.name}: unexpected output {line!r}")
         return value
 
     def _log_hint(self) -> str:
@@ -267,7 +267,7 @@ def spawn(
     try:
         popen = _spawner.submit(start).result()
     except OSError as exc:
-        raise ChildProcessError_(f"cannot start {name}: {exc}") from exc
+        raise ChildFailed(f"cannot start {name}: {exc}") from exc
     finally:
         if log is not None:
             log.close()  # the child holds its own descriptor

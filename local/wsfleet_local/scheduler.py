@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .events import scheduler_event
-from .runtime import FunctionError
+from .lambda_process import FunctionError
 
 __all__ = ["ONE_PASS_TIMEOUT_SECONDS", "ReconcileScheduler"]
 

@@ -36,7 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .eventfilter import RecordFilter
 from .events import lambda_stream_record, stream_batch_event
-from .runtime import FunctionError
+from .lambda_process import FunctionError
 from .stack import StreamSource
 
 __all__ = ["BatchOutcome", "PollerStats", "StreamPoller", "failed_from", "on_failure_message"]

@@ -6,9 +6,10 @@ Reusable by the worker integration tests, the chaos suite and local tooling:
   test may rely on; :mod:`wsfleet_local.waiting`'s, re-exported here);
 * :class:`WorkerProcess` - ``python -m wsfleet_worker`` as a child process with its own log
   file, signals (SIGTERM/SIGKILL/SIGSTOP/SIGCONT), and parsers for its JSON log and EMF lines;
-* :class:`Fleet` - boto3 clients bound to one set of resources (explicit endpoint, so it works
-  in module-scoped fixtures without monkeypatching), with the operations tests need: start a
-  connection and hint it, act as the reconciler, read records and stored messages;
+* :class:`StoreDriver` - drives the store a fleet of workers shares, not the workers: boto3
+  clients bound to one set of resources (explicit endpoint, so it works in module-scoped
+  fixtures without monkeypatching), with the operations tests need: start a connection and
+  hint it, act as the reconciler, read records and stored messages;
 * :func:`check_stream` - the loss/duplicate check: every seq ``1..upto`` stored exactly once
   with the simulator's content for it;
 * pytest fixtures for tests that each want a fleet of their own (``sim``, ``fleet``,
@@ -52,7 +53,7 @@ from wsfleet_local.waiting import wait_until
 __all__ = [
     "FAST_WORKER_ENV",
     "SIMULATOR_RATE",
-    "Fleet",
+    "StoreDriver",
     "StreamCheck",
     "WorkerProcess",
     "check_stream",
@@ -193,8 +194,9 @@ class WorkerProcess:
 # ============================================================================ the fleet's data
 
 
-class Fleet:
-    """Clients and operations over one set of wsfleet resources (tables + hint queue)."""
+class StoreDriver:
+    """Drives one set of wsfleet resources (tables + hint queue) as the router and the
+    reconciler would, and reads what the workers wrote; it starts no worker itself."""
 
     def __init__(self, env: Mapping[str, str], *, lease_ms: int = 2000) -> None:
         self.env = dict(env)
@@ -339,9 +341,9 @@ def sim() -> Iterator[SimulatorThread]:
 
 
 @pytest.fixture
-def fleet(aws: Any) -> Fleet:
+def fleet(aws: Any) -> StoreDriver:
     """Clients and operations over the test's own tables and hint queue."""
-    return Fleet(aws.env())
+    return StoreDriver(aws.env())
 
 
 @pytest.fixture

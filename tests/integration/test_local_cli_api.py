@@ -21,7 +21,7 @@ from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.api import LocalApi
 from wsfleet_local.backend import find_template, load_template
 from wsfleet_local.cli import app
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 from wsfleet_local.stack import read_stack
 
 pytestmark = [

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from fleet_helpers import wait_until
 
-from wsfleet_local.procs import ChildProcessError_, StopSignals, pid_alive, spawn
+from wsfleet_local.procs import ChildFailed, StopSignals, pid_alive, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_ready_line_and_a_single_sigterm(tmp_path):
 def test_a_child_that_dies_before_its_ready_line_is_reported(tmp_path):
     child = spawn("quitter", [sys.executable, "-c", "import sys; sys.exit(3)"],
                   log_path=tmp_path / "q.log", capture_stdout=True)  # fmt: skip
-    with pytest.raises(ChildProcessError_, match="exited with 3"):
+    with pytest.raises(ChildFailed, match="exited with 3"):
         child.read_json_line(10)
 
 

@@ -31,7 +31,7 @@ from wsfleet.lease import Lease
 from wsfleet.reconcile import HintLedger, dead_worker_grace_ms, rehint_after_ms
 from wsfleet.record import WorkerRecord
 from wsfleet.store import DynamoDBLeaseStore
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 
 pytestmark = pytest.mark.integration
 

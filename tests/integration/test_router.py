@@ -22,7 +22,7 @@ from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 
 pytestmark = [
     pytest.mark.integration,

@@ -27,7 +27,7 @@ from wsfleet.hints import Hint
 from wsfleet.record import ConnectionRecord, WorkerRecord, index_keys
 from wsfleet.store import DynamoDBLeaseStore
 from wsfleet_local.backend import find_template, load_template, provision_resources
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 from wsfleet_local.stack import read_stack
 
 pytestmark = [

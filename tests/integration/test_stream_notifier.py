@@ -23,7 +23,7 @@ from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
 from wsfleet.record import WorkerRecord
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet_local.events import lambda_stream_record, stream_batch_event
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.record import WorkerRecord
 from wsfleet.store import DynamoDBLeaseStore
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from wsfleet.exceptions import UpstreamRefused
-from wsfleet_worker.upstream import make_connector
+from wsfleet_worker.connector import make_connector
 
 pytestmark = pytest.mark.integration
 

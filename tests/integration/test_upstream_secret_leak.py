@@ -22,7 +22,7 @@ from fleet_helpers import wait_until
 from test_router import api_event, invoke
 
 from wsfleet.record import DesiredState
-from wsfleet_local.functions import load_function
+from wsfleet_local.handler_loader import load_function
 
 pytestmark = [
     pytest.mark.integration,
@@ -104,7 +104,7 @@ def test_a_planted_secret_is_found_only_in_the_upstream_handshake(
 
     worker = spawn()
     wait_until(
-        lambda: len(fleet_helpers.Fleet(aws.env()).stored_seqs("leak")) >= 20,
+        lambda: len(fleet_helpers.StoreDriver(aws.env()).stored_seqs("leak")) >= 20,
         timeout=60,
         message=lambda: worker.tail(30),
     )
@@ -115,9 +115,9 @@ def test_a_planted_secret_is_found_only_in_the_upstream_handshake(
     api("DELETE", "/connections/leak")
     seen_messages += visible_messages(aws_clients["sqs"])  # the STOP on the control queue
     wait_until(
-        lambda: fleet_helpers.Fleet(aws.env()).record("leak").desired_state
+        lambda: fleet_helpers.StoreDriver(aws.env()).record("leak").desired_state
         is DesiredState.STOPPED
-        and not fleet_helpers.Fleet(aws.env()).record("leak").lease_owner,
+        and not fleet_helpers.StoreDriver(aws.env()).record("leak").lease_owner,
         timeout=60,
         message=worker.tail,
     )

@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fleet_helpers import FAST_WORKER_ENV, Fleet, WorkerProcess, wait_until
+from fleet_helpers import FAST_WORKER_ENV, StoreDriver, WorkerProcess, wait_until
 from websockets.asyncio.server import ServerConnection, serve
 
 from wsfleet.record import ConnectionRecord, DesiredState
-from wsfleet_local.functions import load_function
+from wsfleet_local.handler_loader import load_function
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.session import Session
 from wsfleet_worker.worker import Worker
@@ -88,7 +88,7 @@ def upstream() -> Iterator[PoisonUpstream]:
 def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_path):
     # GIVEN two workers with a small frame limit and a breaker of 3
     env = backend.create_resources(f"wsb-{uuid.uuid4().hex[:6]}").env()
-    fleet = Fleet(env)
+    fleet = StoreDriver(env)
     overrides = {
         "WORKER_MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
         "WORKER_BREAKER_MAX_FAILURES": str(MAX_FAILURES),
@@ -148,7 +148,7 @@ def test_a_session_crashing_at_one_checkpoint_ends_failed(aws, upstream, monkeyp
         raise RuntimeError("bug triggered by this frame")
 
     monkeypatch.setattr(Session, "_on_frame", crash)
-    fleet = Fleet(aws.env())
+    fleet = StoreDriver(aws.env())
     worker = Worker.from_config(WorkerConfig.from_env())
 
     async def scenario() -> ConnectionRecord:

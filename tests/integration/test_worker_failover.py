@@ -2,7 +2,7 @@
 
 Each test runs real worker processes against fresh tables and its own simulator. The
 reconciler is another component: where a test needs one, it plays its part itself
-(:meth:`Fleet.hint_orphans`: query the orphan GSI, send hints).
+(:meth:`StoreDriver.hint_orphans`: query the orphan GSI, send hints).
 
 The invariants checked are the ones wsfleet promises:
 
@@ -22,7 +22,7 @@ import time
 
 import fleet_helpers
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, check_stream, resume_problems, wait_until
 
 from wsfleet.hints import Hint
 from wsfleet.record import WorkerRecord, connection_pk
@@ -40,12 +40,12 @@ def logs(*workers: WorkerProcess) -> str:
     return "\n---\n".join(w.tail(25) for w in workers)
 
 
-def registered(fleet: Fleet, worker: WorkerProcess) -> None:
+def registered(fleet: StoreDriver, worker: WorkerProcess) -> None:
     """Wait until the worker has started (its worker item exists): it is polling for hints."""
     wait_until(lambda: fleet.worker_item(worker.worker_id), timeout=60, message=worker.tail)
 
 
-def owned_by(fleet: Fleet, ids: list[str], worker: WorkerProcess, min_seq: int = 1):
+def owned_by(fleet: StoreDriver, ids: list[str], worker: WorkerProcess, min_seq: int = 1):
     """Wait until ``worker`` holds every stream and has checkpointed at least ``min_seq``."""
 
     def done():
@@ -56,7 +56,7 @@ def owned_by(fleet: Fleet, ids: list[str], worker: WorkerProcess, min_seq: int =
     return {i: fleet.record(i) for i in ids}
 
 
-def assert_complete(fleet: Fleet, sim: SimulatorThread, stream_id: str) -> None:
+def assert_complete(fleet: StoreDriver, sim: SimulatorThread, stream_id: str) -> None:
     checkpoint = fleet.record(stream_id).last_seq
     check = check_stream(fleet.stored(stream_id), stream_id, checkpoint)
     assert check.ok, (stream_id, check)

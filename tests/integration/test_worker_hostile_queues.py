@@ -15,7 +15,7 @@ import json
 
 import fleet_helpers
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, wait_until
 
 from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
@@ -36,7 +36,7 @@ POISON = [
 ]
 
 
-def queue_empty(fleet: Fleet, queue_url: str) -> bool:
+def queue_empty(fleet: StoreDriver, queue_url: str) -> bool:
     attributes = fleet.sqs.get_queue_attributes(
         QueueUrl=queue_url,
         AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
@@ -44,7 +44,7 @@ def queue_empty(fleet: Fleet, queue_url: str) -> bool:
     return all(int(v) == 0 for v in attributes.values())
 
 
-def streaming(fleet: Fleet, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
+def streaming(fleet: StoreDriver, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
     wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
     record = fleet.record(stream_id)
     assert record.lease_owner == worker.worker_id

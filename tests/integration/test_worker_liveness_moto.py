@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import FAST_WORKER_ENV, Fleet
+from fleet_helpers import FAST_WORKER_ENV, StoreDriver
 from websockets.asyncio.server import ServerConnection, serve
 
 from wsfleet.aws import dynamodb_client, sqs_client
@@ -131,7 +131,7 @@ until = functools.partial(wait_until_async, timeout=LIMIT)
 def run_worker(
     aws: Any,
     tmp_path: Path,
-    scenario: Callable[[Worker, RequestLog, Fleet], Awaitable[None]],
+    scenario: Callable[[Worker, RequestLog, StoreDriver], Awaitable[None]],
     **overrides: str,
 ) -> int:
     """Run a worker in this process around ``scenario``; returns its exit status."""
@@ -151,7 +151,7 @@ def run_worker(
         worker = Worker.from_config(
             config, dynamodb=dynamodb, sqs=sqs_client(max_pool_connections=16), logger=Logger()
         )
-        fleet = Fleet(aws.env())
+        fleet = StoreDriver(aws.env())
         running = asyncio.create_task(worker.run())
         try:
             await until(lambda: fleet.worker_item(worker.worker_id), "the worker item")
@@ -180,7 +180,7 @@ def url_of(server: Any, name: str) -> str:
 def test_idle_connections_cost_one_worker_write_per_heartbeat_and_no_connection_write(
     aws, tmp_path
 ):
-    async def scenario(worker: Worker, log: RequestLog, fleet: Fleet) -> None:
+    async def scenario(worker: Worker, log: RequestLog, fleet: StoreDriver) -> None:
         # GIVEN a worker holding five idle connections
         server = await idle_upstream()
         try:
@@ -213,7 +213,7 @@ def test_idle_connections_cost_one_worker_write_per_heartbeat_and_no_connection_
 def test_a_busy_connection_checkpoints_at_most_once_per_checkpoint_interval(aws, tmp_path):
     with SimulatorThread(rate=20.0) as sim:
 
-        async def scenario(worker: Worker, log: RequestLog, fleet: Fleet) -> None:
+        async def scenario(worker: Worker, log: RequestLog, fleet: StoreDriver) -> None:
             # GIVEN a connection streaming 20 frames/s with CHECKPOINT_SECONDS=1
             fleet.start("busy", sim.url_for("busy"))
             await until(lambda: fleet.record("busy").last_seq > 0, "a first checkpoint")
@@ -236,7 +236,7 @@ def test_failing_renewals_fence_every_session_before_the_expiry_and_exit_3(aws, 
     fenced_at: list[int] = []
     with SimulatorThread(rate=20.0) as sim:
 
-        async def scenario(worker: Worker, log: RequestLog, fleet: Fleet) -> None:
+        async def scenario(worker: Worker, log: RequestLog, fleet: StoreDriver) -> None:
             # GIVEN a worker streaming two connections
             for name in ("f0", "f1"):
                 fleet.start(name, sim.url_for(name))
@@ -269,7 +269,7 @@ def test_failing_renewals_fence_every_session_before_the_expiry_and_exit_3(aws, 
 def test_a_connection_owned_without_a_session_is_released_by_the_sweep_and_taken_again(
     aws, tmp_path
 ):
-    async def scenario(worker: Worker, log: RequestLog, fleet: Fleet) -> None:
+    async def scenario(worker: Worker, log: RequestLog, fleet: StoreDriver) -> None:
         server = await idle_upstream()
         try:
             # GIVEN a connection that names the worker, with no session (no hint was sent)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, wait_until
 
 from wsfleet.record import DesiredState
 from wsfleet_local.simulator import SimulatorThread
@@ -56,7 +56,7 @@ def worker(env, allowed_sim, refused_sim, tmp_path_factory):
 def test_a_redirect_to_a_refused_host_stores_nothing_and_stops_visibly(
     env, allowed_sim, refused_sim, worker
 ):
-    fleet = Fleet(env)
+    fleet = StoreDriver(env)
     refused_sim.open_stream("evil")  # the refused host has frames ready to serve
     allowed_sim.redirect_stream("evil", refused_sim.url_for("evil") + "?from_seq=1&token=s3cret")
 
@@ -70,7 +70,8 @@ def test_a_redirect_to_a_refused_host_stores_nothing_and_stops_visibly(
     assert record.stop_reason == "upstream_refused"
     assert record.last_error is not None
     assert "127.0.0.2 is not in ALLOWED_UPSTREAM_HOSTS" in record.last_error
-    # query values never reach the record; their names stay visible (wsfleet.upstream.redact_url)
+    # query values never reach the record; their names stay visible
+    # (wsfleet.upstream_url.redact_url)
     assert "s3cret" not in record.last_error
     assert "?from_seq=***&token=***" in record.last_error
     assert record.lease_owner == ""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fleet_helpers
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, check_stream, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, check_stream, wait_until
 
 from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
@@ -32,7 +32,7 @@ sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
 SLOW_HEARTBEAT = fleet_helpers.SLOW_HEARTBEAT_ENV
 
 
-def streaming(fleet: Fleet, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
+def streaming(fleet: StoreDriver, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
     """Wait until frames of ``stream_id`` are stored (no renewal needed for that)."""
     wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
     record = fleet.record(stream_id)
@@ -51,7 +51,7 @@ def session_finished(worker: WorkerProcess, stream_id: str) -> dict:
     )
 
 
-def assert_stopped_and_released(fleet: Fleet, stream_id: str) -> None:
+def assert_stopped_and_released(fleet: StoreDriver, stream_id: str) -> None:
     record = fleet.record(stream_id)
     assert record.desired_state is DesiredState.STOPPED
     assert record.lease_owner == ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, check_stream, resume_problems, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, check_stream, resume_problems, wait_until
 
 from wsfleet.record import DesiredState
 from wsfleet_local.simulator import SimulatorThread
@@ -34,8 +34,8 @@ def env(backend):
 
 
 @pytest.fixture(scope="module")
-def fleet(env) -> Fleet:
-    return Fleet(env)
+def fleet(env) -> StoreDriver:
+    return StoreDriver(env)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,9 @@ def logs_of(workers) -> str:
     return "\n---\n".join(w.tail(30) for w in workers)
 
 
-def streamed_past(fleet: Fleet, stream_id: str, seq: int, workers, timeout: float = 30.0) -> int:
+def streamed_past(
+    fleet: StoreDriver, stream_id: str, seq: int, workers, timeout: float = 30.0
+) -> int:
     """Wait until the stored checkpoint of ``stream_id`` reaches ``seq``; return it."""
     return wait_until(
         lambda: (last := fleet.record(stream_id).last_seq) >= seq and last,
@@ -145,7 +147,7 @@ def test_abnormal_closes_reconnect_and_resume_without_gap(fleet, sim, workers):
     # Upstream trouble (1011, a refused handshake, a dropped link) never counts as poison.
     assert (record.desired_state, record.failure_count) == (DesiredState.STARTED, 0)
     assert record.last_error is not None
-    # A coarse category (wsfleet_worker.protocol.ErrorCategory), never socket or HTTP detail.
+    # A coarse category (wsfleet_worker.session_rules.ErrorCategory), never socket or HTTP detail.
     assert record.last_error in {
         "handshake_rejected", "connection_lost", "upstream_closed (code 1011)", "connect_failed",
     }, record.last_error

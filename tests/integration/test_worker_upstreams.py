@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 import fleet_helpers
 import pytest
-from fleet_helpers import Fleet, WorkerProcess, check_stream, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, check_stream, wait_until
 
 from wsfleet.record import DesiredState
 from wsfleet.upstream_options import UpstreamOptions, parse_upstream_options
@@ -36,25 +36,25 @@ def options(**raw: Any) -> UpstreamOptions:
     return parse_upstream_options(raw, secret_prefixes=ACCOUNT_PREFIXES)
 
 
-def client(fleet: Fleet, service: str) -> Any:
+def client(fleet: StoreDriver, service: str) -> Any:
     return boto3.session.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
     ).client(service, endpoint_url=fleet.env["AWS_ENDPOINT_URL"])
 
 
-def make_secret(fleet: Fleet, value: str) -> str:
+def make_secret(fleet: StoreDriver, value: str) -> str:
     name = f"wsfleet/feed-{uuid.uuid4().hex[:8]}"
     return str(client(fleet, "secretsmanager").create_secret(Name=name, SecretString=value)["ARN"])
 
 
-def make_parameter(fleet: Fleet, value: str) -> str:
+def make_parameter(fleet: StoreDriver, value: str) -> str:
     name = f"/wsfleet/token-{uuid.uuid4().hex[:8]}"
     ssm = client(fleet, "ssm")
     ssm.put_parameter(Name=name, Value=value, Type="SecureString")
     return f"arn:aws:ssm:us-east-1:123456789012:parameter{name}"
 
 
-def streaming(fleet: Fleet, stream_id: str, worker: WorkerProcess, *, frames: int) -> None:
+def streaming(fleet: StoreDriver, stream_id: str, worker: WorkerProcess, *, frames: int) -> None:
     wait_until(
         lambda: len(fleet.stored_seqs(stream_id)) >= frames,
         timeout=60,

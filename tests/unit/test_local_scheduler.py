@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from wsfleet_local.backend import find_template
-from wsfleet_local.runtime import FunctionError
+from wsfleet_local.lambda_process import FunctionError
 from wsfleet_local.scheduler import ONE_PASS_TIMEOUT_SECONDS, ReconcileScheduler
 
 SAMPLE = json.loads(

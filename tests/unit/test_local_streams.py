@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from wsfleet_local.runtime import FunctionError
+from wsfleet_local.lambda_process import FunctionError
 from wsfleet_local.stack import StreamSource
 from wsfleet_local.streams import StreamPoller, failed_from
 

@@ -20,7 +20,7 @@ from wsfleet.control import StopCommand
 from wsfleet.record import WorkerRecord
 from wsfleet_local import eventfilter
 from wsfleet_local.backend import load_template
-from wsfleet_local.functions import load_function
+from wsfleet_local.handler_loader import load_function
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 #: The sample events are written at 2026-01-01T00:00:00Z. A connection item carries no expiry

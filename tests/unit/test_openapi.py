@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from wsfleet_local.functions import load_function
+from wsfleet_local.handler_loader import load_function
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "docs" / "openapi.json"

@@ -44,7 +44,7 @@ def loaded_after_import(module: str) -> list[str]:
         "wsfleet.hints",
         "wsfleet.upstream_options",
         "wsfleet.backoff",
-        "wsfleet_worker.protocol",
+        "wsfleet_worker.session_rules",
         "wsfleet_worker.checkpoint",
     ],
 )

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from wsfleet.upstream import validate_ws_url
 from wsfleet.upstream_options import (
     MAX_HEADER_VALUE_LENGTH,
     MAX_HEADERS,
@@ -28,6 +27,7 @@ from wsfleet.upstream_options import (
     UpstreamOptions,
     parse_upstream_options,
 )
+from wsfleet.upstream_url import validate_ws_url
 from wsfleet_local.cli import app
 from wsfleet_local.client import build_upstream
 from wsfleet_local.fleet import local_secret_prefixes

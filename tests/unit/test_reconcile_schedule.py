@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from wsfleet.reconcile import next_pass_at_ms, should_run_another_pass
-from wsfleet_local.functions import load_function
+from wsfleet_local.handler_loader import load_function
 
 
 def test_next_pass_is_the_next_grid_slot() -> None:

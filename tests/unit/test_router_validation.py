@@ -21,7 +21,7 @@ from wsfleet.exceptions import ConnectionNotFound, StoreError
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord
 from wsfleet.settings import Settings
 from wsfleet.store import StartResult
-from wsfleet_local.functions import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context, load_function
 
 pytestmark = pytest.mark.filterwarnings("ignore:No application metrics to publish:UserWarning")
 

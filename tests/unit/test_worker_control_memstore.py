@@ -30,7 +30,7 @@ from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.control_channel import ControlChannel
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
-from wsfleet_worker.protocol import ExitReason
+from wsfleet_worker.session_rules import ExitReason
 from wsfleet_worker.worker import Worker
 
 WAIT = 10.0

@@ -39,8 +39,8 @@ from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
 from wsfleet_worker.observability import WorkerMetrics
-from wsfleet_worker.protocol import ExitReason
 from wsfleet_worker.session import Session
+from wsfleet_worker.session_rules import ExitReason
 from wsfleet_worker.taking import HintOutcome
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 

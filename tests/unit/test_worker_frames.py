@@ -116,7 +116,7 @@ def test_empty_param_name_disables_resume():
 
 # ---------------------------------------------------------------- describe_error
 def test_error_descriptions_redact_urls():
-    from wsfleet_worker.upstream import describe_error
+    from wsfleet_worker.connector import describe_error
 
     text = describe_error(ValueError("wss://user:pw@feed.example/s?token=abc is not a valid URI"))
     assert text == "ValueError: wss://feed.example/s?token=*** is not a valid URI"

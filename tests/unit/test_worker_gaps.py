@@ -15,7 +15,7 @@ from test_worker_decisions import Store, connect, ended, make_worker, receive, s
 from wsfleet.exceptions import StoreError
 from wsfleet.lease import Lease
 from wsfleet.record import connection_pk
-from wsfleet_worker.protocol import ExitReason
+from wsfleet_worker.session_rules import ExitReason
 
 
 class GapStore(Store):

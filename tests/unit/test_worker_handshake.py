@@ -161,7 +161,7 @@ def test_websockets_never_logs_handshake_headers(monkeypatch: pytest.MonkeyPatch
     # client logger still does not log requests (headers and query may carry a credential)
     import logging
 
-    from wsfleet_worker.upstream import make_connector
+    from wsfleet_worker.connector import make_connector
 
     client_log = logging.getLogger("websockets.client")
     monkeypatch.setattr(client_log, "level", logging.DEBUG)

@@ -18,8 +18,8 @@ from wsfleet.control import HandoffHint
 from wsfleet.lease import Lease
 from wsfleet.rebalance import FleetView, Move
 from wsfleet.record import ConnectionRecord
-from wsfleet_worker.protocol import ExitReason
 from wsfleet_worker.rebalancing import HANDOFF_COPY_DELAY_SECONDS, choose_to_give
+from wsfleet_worker.session_rules import ExitReason
 
 
 class MovingStore(Store):

@@ -36,8 +36,8 @@ from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
-from wsfleet_worker.protocol import ExitReason
 from wsfleet_worker.session import Session, SessionContext, SessionResult
+from wsfleet_worker.session_rules import ExitReason
 
 WAIT = 10.0
 WORKER = "w1"

@@ -6,7 +6,7 @@ Run it with ``python -m wsfleet_worker`` (configuration only from the environmen
 
 Layout, sans-I/O core first:
 
-* :mod:`.frames`, :mod:`.checkpoint`, :mod:`.protocol` - pure decisions (frame parsing,
+* :mod:`.frames`, :mod:`.checkpoint`, :mod:`.session_rules` - pure decisions (frame parsing,
   resume URLs, checkpoint rule, exit plans, backoff, hint triage); the lease rules and the
   worker lease's timing are :mod:`wsfleet.lease`;
 * :mod:`.session` - one connection as one task group;
@@ -30,7 +30,7 @@ from typing import Any
 
 _EXPORTS = {
     "CheckpointTracker": "checkpoint",
-    "ExitReason": "protocol",
+    "ExitReason": "session_rules",
     "Frame": "frames",
     "FrameKind": "frames",
     "Session": "session",

@@ -48,10 +48,10 @@ from wsfleet.control import (
 )
 from wsfleet.record import connection_id_from_pk
 
+from .connector import describe_error
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .sqs_consumer import Message, QueueConsumer
-from .upstream import describe_error
 
 __all__ = ["ControlChannel"]
 

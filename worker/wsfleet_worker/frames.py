@@ -8,7 +8,7 @@
 * :func:`resume_url` adds ``<param>=<from_seq>`` to the upstream URL so a new session picks up
   exactly after the last durable checkpoint.
 
-URLs that may appear in logs go through :func:`wsfleet.upstream.redact_url`.
+URLs that may appear in logs go through :func:`wsfleet.upstream_url.redact_url`.
 """
 
 from __future__ import annotations

@@ -37,13 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
 
-from wsfleet.upstream import redact_url
 from wsfleet.upstream_options import (
     CredentialPlacement,
     ResumeMode,
     UpstreamOptions,
     render_subscribe,
 )
+from wsfleet.upstream_url import redact_url
 
 from .frames import resume_url
 

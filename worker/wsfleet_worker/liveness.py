@@ -39,9 +39,9 @@ from wsfleet.exceptions import WorkerDead
 from wsfleet.lease import TimerAction, WorkerLeaseTimer
 from wsfleet.store import LeaseStore
 
+from .connector import describe_error
 from .observability import WorkerMetrics
 from .offload import Offloader
-from .upstream import describe_error
 
 __all__ = ["FenceCause", "WorkerLiveness"]
 

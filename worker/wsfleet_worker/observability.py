@@ -74,7 +74,7 @@ def make_logger(service_name: str, worker_id: str) -> Logger:
     """A JSON logger on stdout that stamps every line with ``worker_id``.
 
     Callers add ``connection_id`` and ``epoch`` per line (``extra=``). Never pass an upstream
-    URL unredacted (see :func:`wsfleet.upstream.redact_url`).
+    URL unredacted (see :func:`wsfleet.upstream_url.redact_url`).
     """
     logger = Logger(
         service=service_name,

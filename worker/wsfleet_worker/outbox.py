@@ -18,8 +18,8 @@ from typing import Any
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import SQS_BATCH_LIMIT, Hint
 
+from .connector import describe_error
 from .offload import Offloader
-from .upstream import describe_error
 
 __all__ = ["HintOutbox"]
 

@@ -3,7 +3,7 @@
 Each round receives (through :class:`~wsfleet_worker.sqs_consumer.QueueConsumer`, the receive
 loop it shares with the control channel) at most as many messages as the worker has free
 slots (never more than 10, the SQS maximum); at MAX_CONNECTIONS it does not receive at all and
-waits for a slot. The batch is triaged (:func:`~wsfleet_worker.protocol.triage_hints`):
+waits for a slot. The batch is triaged (:func:`~wsfleet_worker.session_rules.triage_hints`):
 
 * unusable hints (any body :meth:`~wsfleet.hints.Hint.parse` refuses: not JSON, nested,
   over-long, a bad pk or epoch) are counted (``InvalidHints``), logged by excerpt and deleted;
@@ -43,7 +43,7 @@ from typing import Any
 from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
-from .protocol import triage_hints
+from .session_rules import triage_hints
 from .sqs_consumer import RECEIVE_LIMIT, Message, QueueConsumer
 from .taking import HintOutcome, LeaseTaker
 

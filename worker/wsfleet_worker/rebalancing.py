@@ -45,12 +45,12 @@ from wsfleet.hints import Hint
 from wsfleet.rebalance import FleetView, defer_placement
 from wsfleet.store import LeaseStore
 
+from .connector import describe_error
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .outbox import HintOutbox
-from .protocol import ExitReason
 from .session import Session, SessionResult
-from .upstream import describe_error
+from .session_rules import ExitReason
 
 __all__ = ["HANDOFF_COPY_DELAY_SECONDS", "HANDOFF_WAVE", "Rebalancer", "choose_to_give"]
 

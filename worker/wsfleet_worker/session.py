@@ -22,7 +22,7 @@ breaker tripped     :attr:`ExitReason.FAILED`                  flush, mark FAILE
 
 Crash-loop breaker: a crash, or a close the worker itself sent for a protocol reason (1002,
 1007, 1009), is counted on the connection item at the position it happened
-(:func:`wsfleet.lease.breaker_verdict`, :func:`~wsfleet_worker.protocol.is_poison`). The count
+(:func:`wsfleet.lease.breaker_verdict`, :func:`~wsfleet_worker.session_rules.is_poison`). The count
 survives hand-overs; ``WORKER_BREAKER_MAX_FAILURES`` of them at one position end the connection
 FAILED. A crash that trips it turns into :attr:`ExitReason.FAILED`.
 
@@ -31,7 +31,7 @@ reconnect with backoff) and waits for the *done* signal that :meth:`Session.fini
 anywhere (the worker's liveness task, checkpoint loop or sweep, the control channel, the
 worker's shutdown, or the streaming task itself). Whatever comes first, the streaming task is
 cancelled, the socket is closed at once, and the ending in
-:func:`~wsfleet_worker.protocol.exit_plan` runs. There is no path where a STOP or a lost lease
+:func:`~wsfleet_worker.session_rules.exit_plan` runs. There is no path where a STOP or a lost lease
 leaves the socket open (the seed worker's ``asyncio.gather`` did).
 
 Liveness (lease model v2): a session renews nothing. Its connection is alive while the worker
@@ -101,13 +101,14 @@ from wsfleet.upstream_options import ResumeMode, resume_gap
 
 from .checkpoint import CheckpointTracker
 from .config import WorkerConfig
+from .connector import Connector, describe_error, is_permanent
 from .credentials import CredentialUnavailable, SecretResolver
 from .flusher import MessageFlusher, QueuedFrame
 from .frames import FrameKind, parse_frame
 from .handshake import Handshake, plan_handshake
 from .observability import WorkerMetrics
 from .offload import Offloader
-from .protocol import (
+from .session_rules import (
     CloseAction,
     ErrorCategory,
     ExitReason,
@@ -120,7 +121,6 @@ from .protocol import (
     last_error_text,
     supersedes,
 )
-from .upstream import Connector, describe_error, is_permanent
 
 __all__ = ["Liveness", "Session", "SessionContext", "SessionResult"]
 
@@ -250,7 +250,8 @@ class Session:
 
     # ------------------------------------------------------------------ the way out
     def finish(self, reason: ExitReason, *, via: str = "") -> None:
-        """Ask the session to end (idempotent; see :func:`~wsfleet_worker.protocol.supersedes`).
+        """Ask the session to end (idempotent; see
+        :func:`~wsfleet_worker.session_rules.supersedes`).
 
         Fencing takes effect synchronously: the socket is aborted and the session's queued
         frames will be dropped by the flusher before this returns.

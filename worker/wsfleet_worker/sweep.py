@@ -24,8 +24,8 @@ from .liveness import WorkerLiveness
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .outbox import HintOutbox
-from .protocol import ExitReason
 from .session import Session
+from .session_rules import ExitReason
 from .taking import LeaseTaker
 
 __all__ = ["OwnershipSweep"]

@@ -42,12 +42,12 @@ from wsfleet.lease import Lease
 from wsfleet.record import ConnectionRecord, connection_id_from_pk
 from wsfleet.store import LeaseStore
 
+from .connector import describe_error
 from .liveness import WorkerLiveness
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .outbox import HintOutbox
 from .session import Session, SessionResult
-from .upstream import describe_error
 
 __all__ = ["HintOutcome", "LeaseTaker"]
 

@@ -88,6 +88,7 @@ from wsfleet.store import LeaseStore
 
 from . import health, task_identity
 from .config import WorkerConfig
+from .connector import Connector, describe_error, make_connector
 from .control_channel import ControlChannel
 from .credentials import SecretResolver
 from .flusher import MessageFlusher
@@ -96,13 +97,12 @@ from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
 from .outbox import HintOutbox
 from .poller import HintPoller
-from .protocol import ExitReason
 from .rebalancing import Rebalancer
 from .session import Session, SessionContext, SessionResult
+from .session_rules import ExitReason
 from .sqs_consumer import QueueConsumer
 from .sweep import OwnershipSweep
 from .taking import LeaseTaker
-from .upstream import Connector, describe_error, make_connector
 
 __all__ = ["EXIT_LEASE_LOST", "Worker", "main", "serve"]
 

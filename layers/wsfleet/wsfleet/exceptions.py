@@ -88,8 +88,8 @@ class InvalidUpstreamOptions(WsfleetError, ValueError):
 
 class UpstreamRefused(WsfleetError):
     """The worker refused to connect: a redirect hop or a resolved address failed the SSRF
-    policy (:func:`wsfleet.upstream.validate_redirect`,
-    :func:`wsfleet.upstream.refused_resolution_reason`).
+    policy (:func:`wsfleet.upstream_url.validate_redirect`,
+    :func:`wsfleet.upstream_url.refused_resolution_reason`).
 
     Not a ValueError on purpose: the URL the router accepted was fine as text; what it led to
     was not. The message names the host and the rule, never a query string.

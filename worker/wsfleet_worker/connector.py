@@ -12,11 +12,11 @@ A worker holds thousands of connections, so per-connection costs matter more tha
 SSRF guard (issue #11). The router judged the URL text; the worker judges what it leads to:
 
 * every 3xx hop, through websockets' own ``process_redirect`` hook: a hop must pass
-  :func:`wsfleet.upstream.validate_redirect` (the router's rules with the worker's
+  :func:`wsfleet.upstream_url.validate_redirect` (the router's rules with the worker's
   ``ALLOWED_UPSTREAM_HOSTS`` / ``ALLOW_INSECURE_WS``, at most ``MAX_REDIRECTS`` hops). websockets
   itself also refuses ``wss`` to ``ws`` even when insecure URLs are allowed, which is stricter;
 * every address the host resolves to, through the ``open_tcp_connection`` hook: the resolver
-  (injectable, for tests) answers once, :func:`wsfleet.upstream.refused_resolution_reason`
+  (injectable, for tests) answers once, :func:`wsfleet.upstream_url.refused_resolution_reason`
   checks all answers, and the socket is opened to a checked *address*, so there is no second
   lookup a rebinding DNS server could answer differently. TLS still verifies the certificate
   against the original name (``server_hostname``, which also sets SNI) and the ``Host`` header
@@ -51,7 +51,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidURI
 
 from wsfleet.exceptions import InvalidUpstreamUrl, UpstreamRefused
-from wsfleet.upstream import (
+from wsfleet.upstream_url import (
     redact_url,
     refused_resolution_reason,
     validate_redirect,

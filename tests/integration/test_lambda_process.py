@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from wsfleet_local.api import LocalApi
-from wsfleet_local.runtime import FunctionError, FunctionProcess, FunctionTimeout
+from wsfleet_local.lambda_process import FunctionError, FunctionProcess, FunctionTimeout
 from wsfleet_local.stack import Route
 
 pytestmark = pytest.mark.integration

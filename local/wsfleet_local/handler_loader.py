@@ -11,7 +11,7 @@ Locally there is no Lambda service (moto's needs Docker), so the handler gets a
 :func:`lambda_context` instead of the real context object: just the attributes Powertools
 reads. Example::
 
-    from wsfleet_local.functions import lambda_context, load_function
+    from wsfleet_local.handler_loader import lambda_context, load_function
 
     router = load_function("router")
     response = router.lambda_handler(api_event, lambda_context("router"))

@@ -1,4 +1,5 @@
-"""wsfleet_local.functions: handlers loaded by path under unique names, and a stand-in context."""
+"""wsfleet_local.handler_loader: handlers loaded by path under unique names, and a stand-in
+context."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet_local import functions
-from wsfleet_local.functions import (
+from wsfleet_local import handler_loader
+from wsfleet_local.handler_loader import (
     FUNCTION_NAMES,
     FunctionNotFound,
     functions_dir,
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_default_directory_is_the_repositorys_functions_folder(monkeypatch):
-    monkeypatch.delenv(functions.FUNCTIONS_DIR_ENV, raising=False)
+    monkeypatch.delenv(handler_loader.FUNCTIONS_DIR_ENV, raising=False)
     assert functions_dir() == REPO / "functions"
 
 
@@ -42,7 +43,7 @@ def test_router_loads_once_under_its_unique_name():
 @pytest.fixture
 def scratch_functions(tmp_path, monkeypatch):
     """A functions directory of our own, and no trace of its modules afterwards."""
-    monkeypatch.setenv(functions.FUNCTIONS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(handler_loader.FUNCTIONS_DIR_ENV, str(tmp_path))
     yield tmp_path
     for name in ("probe", "broken"):
         sys.modules.pop(module_name(name), None)
@@ -74,10 +75,11 @@ def test_a_module_that_fails_to_import_is_not_cached(scratch_functions):
 
 
 def test_no_repository_above_means_the_variable_is_needed(monkeypatch, tmp_path):
-    monkeypatch.delenv(functions.FUNCTIONS_DIR_ENV, raising=False)
-    monkeypatch.setattr(functions, "__file__", str(tmp_path / "site-packages" / "functions.py"))
+    monkeypatch.delenv(handler_loader.FUNCTIONS_DIR_ENV, raising=False)
+    installed = tmp_path / "site-packages" / "handler_loader.py"
+    monkeypatch.setattr(handler_loader, "__file__", str(installed))
 
-    with pytest.raises(FunctionNotFound, match=functions.FUNCTIONS_DIR_ENV):
+    with pytest.raises(FunctionNotFound, match=handler_loader.FUNCTIONS_DIR_ENV):
         functions_dir()
 
 

@@ -7,9 +7,9 @@ import ipaddress
 
 import pytest
 
-from wsfleet import upstream
+from wsfleet import upstream_url
 from wsfleet.exceptions import WsfleetError
-from wsfleet.upstream import (
+from wsfleet.upstream_url import (
     MAX_URL_LENGTH,
     InvalidUpstreamUrl,
     normalize_allowed_hosts,
@@ -30,7 +30,7 @@ def refusal(url: object, *allowed: str, insecure: bool = False) -> str:
 
 
 def test_module_examples_hold():
-    assert doctest.testmod(upstream).failed == 0
+    assert doctest.testmod(upstream_url).failed == 0
 
 
 def test_invalid_url_is_a_wsfleet_error_and_a_value_error():

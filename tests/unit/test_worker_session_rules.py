@@ -8,7 +8,7 @@ import random
 import pytest
 
 from wsfleet.hints import Hint
-from wsfleet_worker.protocol import (
+from wsfleet_worker.session_rules import (
     CloseAction,
     ErrorCategory,
     ExitReason,

@@ -11,8 +11,8 @@ Why a process per function rather than calling the handlers on threads of the su
 * **Output.** Handlers log JSON and print EMF metrics to stdout. In a child, stdout is the
   function's log file (its "CloudWatch log group") and the console stays readable.
 
-The child (``python -m wsfleet_local.runtime NAME``) imports the handler through
-:func:`wsfleet_local.functions.load_function`, announces ``{"ready": true}``, then serves one
+The child (``python -m wsfleet_local.lambda_process NAME``) imports the handler through
+:func:`wsfleet_local.handler_loader.load_function`, announces ``{"ready": true}``, then serves one
 invocation at a time: a JSON line ``{"event": ..., "timeout_ms": ...}`` on stdin, a JSON line
 ``{"result": ...}`` or ``{"error": {"errorType", "errorMessage"}}`` back on a private copy of
 its stdout. An invocation that outlives its timeout gets the environment killed and replaced,
@@ -40,7 +40,7 @@ from typing import Any
 
 from wsfleet.exceptions import WsfleetError
 
-from .procs import ChildProcess, ChildProcessError_, ChildTimeout, spawn
+from .procs import ChildFailed, ChildProcess, ChildTimeout, spawn
 
 __all__ = ["FunctionError", "FunctionProcess", "FunctionTimeout", "main"]
 
@@ -112,7 +112,7 @@ class FunctionProcess:
         command = [
             sys.executable,
             "-m",
-            "wsfleet_local.runtime",
+            "wsfleet_local.lambda_process",
             self.name,
             self._handler,
             str(self._memory_mb),
@@ -127,7 +127,7 @@ class FunctionProcess:
         )
         try:
             ready = child.read_json_line(START_TIMEOUT_SECONDS)
-        except ChildProcessError_:
+        except ChildFailed:
             child.stop(timeout_seconds=1)
             raise
         if not ready.get("ready"):
@@ -160,7 +160,7 @@ class FunctionProcess:
                 self._discard_locked()
                 self.errors += 1
                 raise FunctionTimeout(self.name, timeout) from exc
-            except ChildProcessError_ as exc:
+            except ChildFailed as exc:
                 self._discard_locked()
                 self.errors += 1
                 raise FunctionError(self.name, "Runtime.ExitError", str(exc)) from exc
@@ -212,7 +212,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 def _serve(name: str, handler_path: str, memory_mb: int, replies: Any) -> int:
-    from .functions import lambda_context, load_function
+    from .handler_loader import lambda_context, load_function
 
     module_file, _, attribute = handler_path.rpartition(".")
     try:
@@ -247,10 +247,14 @@ def _serve(name: str, handler_path: str, memory_mb: int, replies: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m wsfleet_local.runtime NAME [HANDLER [MEMORY_MB]]`` (FunctionProcess runs it)."""
+    """``python -m wsfleet_local.lambda_process NAME [HANDLER [MEMORY_MB]]`` (FunctionProcess runs
+    it)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: python -m wsfleet_local.runtime NAME [HANDLER [MEMORY_MB]]", file=sys.stderr)
+        print(
+            "usage: python -m wsfleet_local.lambda_process NAME [HANDLER [MEMORY_MB]]",
+            file=sys.stderr,
+        )
         return 2
     name = args[0]
     handler = args[1] if len(args) > 1 else "app.lambda_handler"

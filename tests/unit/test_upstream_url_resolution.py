@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from wsfleet.exceptions import InvalidUpstreamUrl
-from wsfleet.upstream import MAX_REDIRECTS, refused_resolution_reason, validate_redirect
+from wsfleet.upstream_url import MAX_REDIRECTS, refused_resolution_reason, validate_redirect
 
 
 def ips(*texts: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
