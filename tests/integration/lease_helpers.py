@@ -19,11 +19,19 @@ class FakeClock:
         self.now += ms
 
 
-def register(store: LeaseStore, clock: FakeClock, worker_id: str, *, lease_ms: int) -> WorkerRecord:
-    """Register ``worker_id`` with a lease of ``lease_ms`` from the clock's now."""
+def register(
+    store: LeaseStore,
+    clock: FakeClock,
+    worker_id: str,
+    *,
+    lease_ms: int,
+    control_queue_url: str | None = None,
+) -> WorkerRecord:
+    """Register ``worker_id`` with a lease of ``lease_ms`` from the clock's now (and a made-up
+    control queue URL unless one is given)."""
     worker = WorkerRecord(
         worker_id=worker_id,
-        control_queue_url=f"http://q/{worker_id}",
+        control_queue_url=control_queue_url or f"http://q/{worker_id}",
         started_at_ms=clock.now,
         heartbeat_at_ms=clock.now,
         expires_at_ms=clock.now + lease_ms,

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, control_queue_name
+from wsfleet.control_janitor import ControlQueueJanitor
 from wsfleet.exceptions import ConfigurationError, StoreError
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
@@ -104,7 +104,7 @@ class Rig:
 
     def new_reconciler(self, *, sender: HintSender | None = None) -> Any:
         """A reconciler as a fresh container builds it (empty ledger and caches)."""
-        janitor = reconciler_app.ControlQueueJanitor(
+        janitor = ControlQueueJanitor(
             self.sqs, self.store, prefix=self.prefix, grace_ms=GRACE_MS, clock=self.clock
         )
         return reconciler_app.Reconciler(
@@ -493,46 +493,6 @@ def test_a_retired_worker_costs_no_claim_and_goes_after_the_grace(rig: Rig) -> N
     cleanup = rig.run_pass().cleanup
     assert (cleanup.workers_deleted, cleanup.queues_deleted) == (1, 1)
     assert rig.store.get_worker("retired") is None
-
-
-def test_leftover_queues_without_a_worker_item_go_once_past_the_grace(rig: Rig) -> None:
-    # GIVEN a queue nobody registered (tagged) and an untagged one, both created just now
-    sqs = boto3.client("sqs")
-    sqs.create_queue(QueueName=control_queue_name(rig.prefix, "never-registered"),
-                     tags={WORKER_ID_TAG: "never-registered"})
-    sqs.create_queue(QueueName=control_queue_name(rig.prefix, "untagged"))
-    live = rig.register("live", expires_in_ms=3_600_000, queue=True)
-
-    def janitor(clock_ms: int) -> Any:
-        return reconciler_app.ControlQueueJanitor(
-            sqs, rig.store, prefix=rig.prefix, grace_ms=GRACE_MS, clock=lambda: clock_ms
-        )
-
-    # WHEN a janitor looks now, nothing is old enough to be a leftover
-    assert janitor(now_ms()).sweep().queues_deleted == 0
-
-    # WHEN one looks after the grace period (a clock set ahead stands in for waiting)
-    report = janitor(now_ms() + GRACE_MS + 1_000).sweep()
-
-    # THEN both leftovers are deleted; the live worker (whose item is valid for an hour) is not
-    assert (report.queues_seen, report.queues_deleted, report.workers_deleted) == (3, 2, 0)
-    remaining = sqs.list_queues(QueueNamePrefix=rig.prefix).get("QueueUrls", [])
-    assert [u.rsplit("/", 1)[-1] for u in remaining] == [live.control_queue_url.rsplit("/", 1)[-1]]
-
-
-def test_cleanup_work_per_pass_is_capped(rig: Rig) -> None:
-    # GIVEN five dead workers that own nothing and a janitor allowed two deletions per pass
-    for i in range(5):
-        rig.register(f"dead-{i}", expires_in_ms=LEASE_MS, queue=True)
-    rig.clock.advance(LEASE_MS + GRACE_MS + 1)
-    janitor = reconciler_app.ControlQueueJanitor(
-        rig.sqs, rig.store, prefix=rig.prefix, grace_ms=GRACE_MS, clock=rig.clock,
-        max_lookups=4, max_deletions=2,
-    )
-    # WHEN passes run, THEN each removes at most two and together they remove all five
-    deleted = [janitor.sweep().workers_deleted for _ in range(4)]
-    assert deleted == [2, 2, 1, 0]
-    assert rig.sqs.list_queues(QueueNamePrefix=rig.prefix).get("QueueUrls", []) == []
 
 
 # ---------------------------------------------------------------- the Lambda handler

@@ -1,6 +1,6 @@
 """The pure cores stay pure: importing them loads no AWS SDK and no event loop.
 
-Lease rules, records, the reconciler's plan and the worker's protocol and checkpoint rules
+Lease rules, records, the reconciler's plan and the worker's session and checkpoint rules
 are decisions over values (STYLE.md: like websockets' ``protocol.py``). If one of them pulls in
 boto3, botocore or asyncio, even indirectly, it is no longer testable or reusable without
 them, and its cold start in a Lambda pays for them. Each module is imported in a fresh

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from wsfleet.control import queue_name_of, worker_id_from_queue_name
 from wsfleet.reconcile import (
     CleanupAction,
     ControlQueue,
@@ -18,8 +19,6 @@ from wsfleet.reconcile import (
     judge_worker_item,
     plan_cleanup,
     plan_worker_cleanup,
-    queue_name_of,
-    worker_id_from_queue_name,
 )
 from wsfleet.record import WorkerRecord
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from wsfleet.control_janitor import CleanupReport
 from wsfleet.reconcile import next_pass_at_ms, should_run_another_pass
 from wsfleet_local.handler_loader import load_function
 
@@ -62,7 +63,7 @@ class FakeReconciler:
             self.clock.now_ms,
             self.pass_ms,
             reconciler_app.HintReport(),
-            reconciler_app.CleanupReport(),
+            CleanupReport(),
         )
 
 

@@ -4,6 +4,10 @@ Each worker creates its own SQS queue named ``<prefix><worker-id>`` at start (ta
 worker id), registers it in its worker item, and deletes it on a graceful exit. The stream
 notifier looks up the owner's worker item and sends a :class:`StopCommand` there, so STOP takes
 effect in milliseconds instead of at the next heartbeat.
+
+The queue's name says whose it is (:func:`control_queue_name`, read back by
+:func:`worker_id_from_queue_name`); :mod:`wsfleet.control_janitor` deletes the queues of
+workers gone for good.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ __all__ = [
     "control_queue_name",
     "control_queue_policy",
     "parse_control_message",
+    "queue_name_of",
     "stop_confirmed",
+    "worker_id_from_queue_name",
 ]
 
 #: SQS queue names: 1-80 characters of [A-Za-z0-9_-].
@@ -49,6 +55,26 @@ def control_queue_name(prefix: str, worker_id: str) -> str:
         return name
     digest = hashlib.sha256(worker_id.encode()).hexdigest()[:10]
     return f"{name[:QUEUE_NAME_LIMIT - 11]}-{digest}"
+
+
+def queue_name_of(queue_url: str) -> str:
+    """The queue name, i.e. the last path segment of its URL (hosts differ across endpoints).
+
+    >>> queue_name_of("https://sqs.eu-west-1.amazonaws.com/123456789012/app-ctl-w1")
+    'app-ctl-w1'
+    """
+    return queue_url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def worker_id_from_queue_name(prefix: str, queue_name: str) -> str | None:
+    """Best-effort worker id for a control queue without the worker-id tag.
+
+    Exact for ids made only of ``[A-Za-z0-9_-]`` (``control_queue_name`` rewrites other
+    characters), which is why the tag is the primary source.
+    """
+    if not queue_name.startswith(prefix) or len(queue_name) == len(prefix):
+        return None
+    return queue_name[len(prefix) :]
 
 
 def control_queue_policy(queue_name: str, region: str, sender_arns: Sequence[str]) -> str:

@@ -58,11 +58,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, Protocol, TypeVar
 
+from .control import queue_name_of
 from .lease import hint_delay_seconds
-from .record import WorkerRecord
+from .record import DesiredState, WorkerRecord
 
 __all__ = [
     "DEFAULT_REHINT_FLOOR_MS",
+    "NEEDS_OWNER",
     "CleanupAction",
     "CleanupPlan",
     "ControlQueue",
@@ -82,16 +84,17 @@ __all__ = [
     "plan_unowned",
     "plan_worker_cleanup",
     "plan_worker_hints",
-    "queue_name_of",
     "rehint_after_ms",
     "should_run_another_pass",
     "unowned_grace_ms",
     "worker_ended_at_ms",
-    "worker_id_from_queue_name",
 ]
 
 #: A hint that found nobody is re-sent after at least this long.
 DEFAULT_REHINT_FLOOR_MS = 60_000
+#: Desired states that still need an owner. A STOPPED or FAILED connection a dead worker still
+#: names cannot be acquired by anyone, so it is neither hinted nor keeps its owner's item.
+NEEDS_OWNER = (DesiredState.STARTED, None)
 
 
 # ============================================================================ timing rules
@@ -477,32 +480,12 @@ def plan_worker_cleanup(
     return tuple(gone[:max_deletions]), max(0, len(gone) - max_deletions)
 
 
-def queue_name_of(queue_url: str) -> str:
-    """The queue name, i.e. the last path segment of its URL (hosts differ across endpoints).
-
-    >>> queue_name_of("https://sqs.eu-west-1.amazonaws.com/123456789012/app-ctl-w1")
-    'app-ctl-w1'
-    """
-    return queue_url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def worker_id_from_queue_name(prefix: str, queue_name: str) -> str | None:
-    """Best-effort worker id for a control queue without the worker-id tag.
-
-    Exact for ids made only of ``[A-Za-z0-9_-]`` (``control_queue_name`` rewrites other
-    characters), which is why the tag is the primary source.
-    """
-    if not queue_name.startswith(prefix) or len(queue_name) == len(prefix):
-        return None
-    return queue_name[len(prefix) :]
-
-
 @dataclass(frozen=True)
 class ControlQueue:
     """A control queue as the reconciler sees it.
 
     :param worker_id: from the queue's worker-id tag (or the name, see
-        :func:`worker_id_from_queue_name`); None when it cannot be told.
+        :func:`wsfleet.control.worker_id_from_queue_name`); None when it cannot be told.
     :param created_at_ms: the queue's CreatedTimestamp, None when not (yet) known.
     """
 
