@@ -220,19 +220,24 @@ class ControlQueueJanitor:
         url = worker.control_queue_url
         if not url or not queue_name_of(url).startswith(self.prefix):
             return 0, False
+        outcome = self._delete_queue(url)
+        return int(bool(outcome)), outcome is None
+
+    def _delete_queue(self, url: str) -> bool | None:
+        """DeleteQueue. True: deleted; False: it was gone already; None: failed (logged)."""
         try:
             self._sqs.delete_queue(QueueUrl=url)
         except ClientError as exc:
             if _is_missing_queue(exc):
-                return 0, False
+                return False
             logger.warning(
                 "deleting control queue failed", extra={"queue_url": url, "error": str(exc)}
             )
-            return 0, True
+            return None
         except BotoCoreError as exc:
             logger.warning("deleting control queue failed", extra={"error": str(exc)})
-            return 0, True
-        return 1, False
+            return None
+        return True
 
     def _sweep_queues(self, workers: Mapping[str, WorkerRecord], now: int) -> CleanupReport:
         """Delete control queues no worker item names, once older than the grace."""
@@ -307,18 +312,9 @@ class ControlQueueJanitor:
         return CleanupReport(len(urls), queues_deleted, 0, deferred, errors)
 
     def _carry_out(self, action: CleanupAction) -> tuple[int, int]:
-        """Delete a leftover queue. Returns (queues deleted, errors)."""
-        try:
-            self._sqs.delete_queue(QueueUrl=action.queue_url)
-        except ClientError as exc:
-            if not _is_missing_queue(exc):
-                logger.warning(
-                    "deleting control queue failed",
-                    extra={"queue_url": action.queue_url, "error": str(exc)},
-                )
-                return 0, 1
-        except BotoCoreError as exc:
-            logger.warning("deleting control queue failed", extra={"error": str(exc)})
+        """Delete a leftover queue (one already gone counts as deleted, as it always has).
+        Returns (queues deleted, errors)."""
+        if self._delete_queue(action.queue_url) is None:
             return 0, 1
         self._worker_ids.pop(action.queue_url, None)
         self._created_at_ms.pop(action.queue_url, None)
