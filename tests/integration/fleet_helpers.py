@@ -191,7 +191,7 @@ class WorkerProcess:
         return "\n".join(self.output().splitlines()[-lines:])
 
 
-# ============================================================================ the fleet's data
+# ============================================================================ driving the store
 
 
 class StoreDriver:

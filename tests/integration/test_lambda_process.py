@@ -1,8 +1,8 @@
 """Lambda execution environments (child processes) and the local API in front of them.
 
 The handlers here are tiny stand-ins written to a temporary functions/ directory
-(``WSFLEET_FUNCTIONS_DIR``), so the runtime's own rules are tested in isolation: results and
-errors cross the process boundary, a timeout replaces the environment, handler prints go to
+(``WSFLEET_FUNCTIONS_DIR``), so the Lambda process's own rules are tested in isolation: results
+and errors cross the process boundary, a timeout replaces the environment, handler prints go to
 the log file and never corrupt the replies, and API Gateway semantics hold over real HTTP.
 """
 
