@@ -640,10 +640,15 @@ def _checkpoints_advanced(chaos: _Chaos, client: Any, marks: dict[str, int]) -> 
 
 
 def _queue_depth(sqs: Any, url: str) -> int:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
+    try:
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+    except sqs.exceptions.QueueDoesNotExist:
+        # The janitor deleted it: its worker's lease lapsed (a zombie that came back is fenced
+        # and never renews again), and its messages went with it.
+        return 0
     return sum(int(v) for v in attributes.values())
 
 
