@@ -105,13 +105,13 @@ def run_rebalance(
             lambda: _all_streaming(fleet, ids),
             timeout=120 + connections * 0.5,
             interval=1.0,
-            what=f"{connections} streams on {workers} workers",
+            message=f"{connections} streams on {workers} workers",
         )
         first = list(fleet.worker_ids)
         with contextlib.suppress(BenchTimeout):  # measured from here anyway ("before" says how)
             wait_until(
                 lambda: _even(_spread(records_by_id(fleet), ids, first), connections),
-                timeout=180, interval=1.0, what="the first workers to hold even shares",
+                timeout=180, interval=1.0, message="the first workers to hold even shares",
             )
         before = records_by_id(fleet)
         result["spread_before"] = _spread(before, ids, first)
@@ -123,7 +123,7 @@ def run_rebalance(
         try:
             wait_until(
                 lambda: _even(_spread(records_by_id(fleet), ids, everyone), connections),
-                timeout=300, interval=0.5, what="every worker to hold its share +/- 10 %",
+                timeout=300, interval=0.5, message="every worker to hold its share +/- 10 %",
             )
             result["seconds_to_even"] = round(time.time() - t0, 1)
         except BenchTimeout as exc:
