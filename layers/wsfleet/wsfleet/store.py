@@ -998,11 +998,7 @@ class DynamoDBLeaseStore(LeaseStore):
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
-            old = exc.response.get("Item")
-            item = _load(old) if isinstance(old, Mapping) else None
-            worker = WorkerRecord.from_item(item) if item else self.get_worker(
-                worker_id, consistent=True
-            )
+            worker = self._worker_refusing(exc, worker_id)
             return worker is None or worker.dead
         return True
 
@@ -1037,13 +1033,18 @@ class DynamoDBLeaseStore(LeaseStore):
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
-            old = exc.response.get("Item")
-            item = _load(old) if isinstance(old, Mapping) else None
-            worker = WorkerRecord.from_item(item) if item else self.get_worker(
-                worker_id, consistent=True
-            )
-            return exit_kill_outcome(worker, stop)
+            return exit_kill_outcome(self._worker_refusing(exc, worker_id), stop)
         return ExitKill.KILLED
+
+    def _worker_refusing(self, exc: ClientError, worker_id: str) -> WorkerRecord | None:
+        """The worker item that refused a conditional write: the ALL_OLD copy the refusal
+        carries, or a strongly consistent read when it carried none (the item is gone, or an
+        emulator that does not return it)."""
+        old = exc.response.get("Item")
+        item = _load(old) if isinstance(old, Mapping) else None
+        if item:
+            return WorkerRecord.from_item(item)
+        return self.get_worker(worker_id, consistent=True)
 
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
         response = self._call(
