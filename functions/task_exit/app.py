@@ -55,7 +55,7 @@ from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.exceptions import ConfigurationError
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
-from wsfleet.record import DesiredState
+from wsfleet.reconcile import NEEDS_OWNER
 from wsfleet.settings import Settings
 from wsfleet.store import LeaseStore
 from wsfleet.task_exit import (
@@ -70,8 +70,6 @@ from wsfleet.task_exit import (
 __all__ = ["ExitReport", "HintsNotSent", "TaskExitHandler", "handler", "lambda_handler",
            "reset_dependencies"]  # fmt: skip
 
-#: Desired states that still need an owner (a STOPPED connection needs nobody).
-_NEEDS_OWNER = (DesiredState.STARTED, None)
 #: Hints are sent one SendMessageBatch (10) per task, SEND_THREADS at a time: sending is the
 #: longest phase (a worker with a thousand connections is 100 batches), bound by SQS latency,
 #: not CPU, so in parallel the last peers hear of the crash sooner.
@@ -159,7 +157,7 @@ class TaskExitHandler:
             Hint(entry.pk, entry.epoch)
             for worker_id in (*report.killed, *report.already_dead)
             for entry in self.store.owned_by(worker_id)
-            if entry.desired_state in _NEEDS_OWNER
+            if entry.desired_state in NEEDS_OWNER
         ]
         phase("owned")
         copies = [Hint(h.pk, h.epoch, delay_seconds=COPY_DELAY_SECONDS) for h in hints]

@@ -376,13 +376,7 @@ class InMemoryLeaseStore(LeaseStore):
             self._items[FLEET_VIEW_PK] = view.to_item()
 
     def get_fleet_view(self, *, consistent: bool = False) -> FleetView | None:
-        item = self._read(FLEET_VIEW_PK)
-        if not item:
-            return None
-        try:
-            return FleetView.from_item(item)
-        except ValueError:
-            return None
+        return FleetView.parse(self._read(FLEET_VIEW_PK))
 
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:

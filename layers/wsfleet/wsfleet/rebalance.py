@@ -32,10 +32,13 @@ Example::
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "FLEET_VIEW_PK",
@@ -312,6 +315,18 @@ class FleetView:
         if any(m.count <= 0 for m in view.moves):
             raise ValueError("not a fleet view: a move of no connections")
         return view
+
+    @classmethod
+    def parse(cls, item: Mapping[str, Any] | None) -> FleetView | None:
+        """The view in a stored item; None for no item, and for a malformed one, which is
+        logged (a bad view must not stop rebalancing for good, nor pass without a trace)."""
+        if not item:
+            return None
+        try:
+            return cls.from_item(item)
+        except ValueError as exc:
+            _log.warning("fleet view ignored: %s", exc)
+            return None
 
 
 def make_view(

@@ -1092,13 +1092,7 @@ class DynamoDBLeaseStore(LeaseStore):
         response = self._call(
             "get_item", Key=_dump({"pk": FLEET_VIEW_PK}), ConsistentRead=consistent
         )
-        item = _load(response.get("Item"))
-        if not item:
-            return None
-        try:
-            return FleetView.from_item(item)
-        except ValueError:
-            return None
+        return FleetView.parse(_load(response.get("Item")))
 
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
