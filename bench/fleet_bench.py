@@ -1,6 +1,6 @@
 """Benchmarks on a running local fleet: crash failover, graceful hand-off, STOP latency, loss.
 
-Each run starts its own :class:`~wsfleet_local.faults.FaultyFleet` (no faults injected), so
+Each run starts its own :class:`~bench.faults.FaultyFleet` (no faults injected), so
 runs do not disturb each other:
 
 Runs use the embedded moto server for DynamoDB and SQS, or (``dynamodb="dynalite"``) dynalite
@@ -173,7 +173,7 @@ def fleet_for_bench(
     level = os.environ.get("WSFLEET_BENCH_WORKER_LOG_LEVEL", "WARNING")
     env = {"POWERTOOLS_LOG_LEVEL": level, **worker_env}
     if proxied:
-        from wsfleet_local.faults import FaultyFleet
+        from bench.faults import FaultyFleet
 
         return FaultyFleet(
             workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env

@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: the machine, percentiles, a fleet with a request meter.
 
-Every fleet benchmark runs on :class:`wsfleet_local.faults.FaultyFleet`: the real local
+Every fleet benchmark runs on :class:`bench.faults.FaultyFleet`: the real local
 system (moto, simulator, router/reconciler/notifier Lambdas, Streams poller, worker
 processes) with the workers' AWS traffic going through the fault proxy, which here injects
 nothing and only counts requests.

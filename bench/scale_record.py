@@ -3,7 +3,7 @@
 A :class:`~wsfleet_local.fleet.LocalFleet` runs with every cadence divided by ``factor``
 (lease, heartbeat, safety margin, reconcile pass, CHECKPOINT_SECONDS, WORKER_SWEEP_SECONDS).
 Every process that talks to DynamoDB goes through one counting proxy
-(:mod:`wsfleet_local.faults`), one listener per label: ``worker`` for the workers and one per
+(:mod:`bench.faults`), one listener per label: ``worker`` for the workers and one per
 Lambda (router, reconciler, stream_notifier). The proxy journals every request to the
 connections table with its answer. Once every stream is streaming (and two heartbeats more),
 a window of ``window`` seconds is recorded:
@@ -89,14 +89,12 @@ def _git_commit(root: Path) -> str:
 def _journal_proxy(journal: Path, table_part: str, log: Path) -> Iterator[dict[str, str]]:
     """The counting proxy with a journal, as a child; yields its URL per label.
 
-    This worktree's ``local/`` goes first on the child's path: the journal is an addition of
-    this branch, and an older checkout's proxy has none.
+    This repository's root goes first on the child's path, so ``bench.faults`` is this
+    checkout's proxy (an older one has no journal).
     """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "local"), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    argv = [sys.executable, "-m", "wsfleet_local.faults", "--labels",
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    argv = [sys.executable, "-m", "bench.faults", "--labels",
             ",".join((WORKER_LABEL, *LAMBDA_LABELS, EMULATED_LABEL)), "--journal", str(journal),
             "--journal-table", table_part, "--exit-on-stdin-eof"]  # fmt: skip
     with log.open("ab") as stderr:
@@ -122,7 +120,7 @@ def _journal_proxy(journal: Path, table_part: str, log: Path) -> Iterator[dict[s
 
 def _fleet_class() -> Any:
     """LocalFleet with the Lambdas' endpoint on the proxy too (the fleet has no hook for it)."""
-    from wsfleet_local.faults import FaultClient
+    from bench.faults import FaultClient
     from wsfleet_local.fleet import LocalFleet
 
     class JournalledFleet(LocalFleet):  # type: ignore[misc]

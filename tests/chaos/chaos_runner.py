@@ -2,7 +2,7 @@
 
 One run:
 
-1. start a :class:`~wsfleet_local.faults.FaultyFleet` (moto, simulator, the three Lambdas,
+1. start a :class:`~bench.faults.FaultyFleet` (moto, simulator, the three Lambdas,
    the Streams poller, N workers whose AWS traffic crosses the fault proxy) with short
    timings, and START the streams through the API;
 2. START the hostile-upstream streams beside them: ``hostile-frames`` (armed with bad-seq and
@@ -337,7 +337,7 @@ class _Chaos:
                     self.desired[victim] = "STOPPED"
                     self.log(f"STOP {victim}")
             case "faults":
-                from wsfleet_local.faults import FaultRule
+                from bench.faults import FaultRule
 
                 name, rules = FAULT_MENUS[action.menu or 0]
                 self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in rules])
@@ -729,9 +729,9 @@ def _log_time(stamp: Any) -> float | None:
 
 def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One full scenario; never raises for a violated invariant (see the report)."""
+    from bench.faults import FaultyFleet
     from wsfleet.messages import MessageStore
     from wsfleet.record import connection_pk
-    from wsfleet_local.faults import FaultyFleet
     from wsfleet_local.fleet import FleetTimings
 
     began = time.monotonic()

@@ -1,4 +1,4 @@
-"""The fault-injecting proxy (wsfleet_local.faults) in front of the embedded moto server.
+"""The fault-injecting proxy (bench.faults) in front of the embedded moto server.
 
 What must hold for the chaos suite and the benchmarks to mean anything:
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import boto3
 import pytest
@@ -23,11 +24,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from fleet_helpers import wait_until
 
-from wsfleet.aws import is_ambiguous, is_throttling
-from wsfleet.exceptions import StoreError
-from wsfleet.record import connection_pk
-from wsfleet.store import DynamoDBLeaseStore
-from wsfleet_local.faults import (
+from bench.faults import (
     FaultClient,
     FaultError,
     FaultKind,
@@ -38,6 +35,10 @@ from wsfleet_local.faults import (
     classify,
     error_response,
 )
+from wsfleet.aws import is_ambiguous, is_throttling
+from wsfleet.exceptions import StoreError
+from wsfleet.record import connection_pk
+from wsfleet.store import DynamoDBLeaseStore
 
 pytestmark = pytest.mark.integration
 
@@ -267,10 +268,12 @@ def test_upstream_can_be_set_after_start_and_requests_before_fail_retryably(aws,
 
 def test_command_line_proxy_prints_its_urls_and_exits_on_stdin_eof(aws, backend):
     command = [
-        sys.executable, "-m", "wsfleet_local.faults", "--upstream", backend.endpoint_url,
+        sys.executable, "-m", "bench.faults", "--upstream", backend.endpoint_url,
         "--labels", "worker,lambda", "--exit-on-stdin-eof",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+    )
     try:
         ready = json.loads(process.stdout.readline())
         assert set(ready["urls"]) == {"worker", "lambda"}

@@ -241,7 +241,7 @@ def test_render_has_a_table_per_version_and_says_what_is_missing() -> None:
 
 
 def test_the_proxy_journals_requests_to_the_named_table_with_their_answers(aws, tmp_path) -> None:
-    from wsfleet_local.faults import FaultProxy
+    from bench.faults import FaultProxy
 
     journal = tmp_path / "journal.jsonl"
     with FaultProxy(aws.endpoint_url, labels=("worker",), journal=journal,

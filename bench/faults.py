@@ -58,7 +58,7 @@ Example::
         ...
         print(proxy.stats().total(service="dynamodb"))
 
-``python -m wsfleet_local.faults --upstream URL --labels worker,lambda`` runs it in the
+``python -m bench.faults --upstream URL --labels worker,lambda`` runs it in the
 foreground and prints ``{"url": ..., "urls": {label: url}}`` once it listens.
 """
 
@@ -88,8 +88,7 @@ from typing import Any, Self
 from urllib.parse import parse_qsl, urlsplit
 
 from wsfleet.exceptions import WsfleetError
-
-from .procs import Service, StopSignals, serve_until_stopped, spawn
+from wsfleet_local.procs import Service, StopSignals, serve_until_stopped, spawn
 
 __all__ = [
     "CONTROL_PREFIX",
@@ -108,6 +107,8 @@ __all__ = [
     "main",
 ]
 
+#: Where ``python -m bench.faults`` must run from: ``bench`` is a package of the repository.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 CONTROL_PREFIX = "/_faults"
 DEFAULT_LABEL = "default"
 #: How often a rules file is checked for changes (on the request path, at most this often).
@@ -354,8 +355,8 @@ _MESSAGES = {
     FaultKind.THROTTLE: "The level of configured provisioned throughput for the table was "
     "exceeded. Consider increasing your provisioning level with the UpdateTable API.",
     FaultKind.THROTTLING: "Rate of requests exceeds the allowed throughput.",
-    FaultKind.ERROR_500: "Internal server error (injected by wsfleet_local.faults)",
-    FaultKind.ERROR_503: "Service unavailable (injected by wsfleet_local.faults)",
+    FaultKind.ERROR_500: "Internal server error (injected by bench.faults)",
+    FaultKind.ERROR_503: "Service unavailable (injected by bench.faults)",
 }
 
 
@@ -925,7 +926,7 @@ class FaultClient:
 
 
 class ProxyProcess(Service):
-    """``python -m wsfleet_local.faults`` as a child of this process (dies with it).
+    """``python -m bench.faults`` as a child of this process (dies with it).
 
     A child keeps the proxy's threads off the caller's GIL, so a benchmark driver polling
     the simulator does not slow the workers' DynamoDB calls down.
@@ -941,7 +942,7 @@ class ProxyProcess(Service):
         journal: Path | None = None,
         journal_table: str | None = None,
     ) -> None:
-        self._argv = [sys.executable, "-m", "wsfleet_local.faults", "--labels", ",".join(labels),
+        self._argv = [sys.executable, "-m", "bench.faults", "--labels", ",".join(labels),
                       "--seed", str(seed), "--exit-on-stdin-eof"]  # fmt: skip
         if upstream:
             self._argv += ["--upstream", upstream]
@@ -954,8 +955,14 @@ class ProxyProcess(Service):
         self.urls: dict[str, str] = {}
 
     def start(self) -> Self:
+        # ``-m bench.faults`` resolves from the repository root, where ``bench`` is a package.
         self._child = spawn(
-            "fault proxy", self._argv, log_path=self._log_path, stdin_pipe=True, capture_stdout=True
+            "fault proxy",
+            self._argv,
+            log_path=self._log_path,
+            stdin_pipe=True,
+            capture_stdout=True,
+            cwd=REPO_ROOT,
         )
         ready = self._child.read_json_line(30.0)
         self.urls = dict(ready["urls"])
@@ -1022,7 +1029,7 @@ class FaultyFleet(Service):
         return self.proxy.client()
 
     def start(self) -> Self:
-        from .fleet import LocalFleet
+        from wsfleet_local.fleet import LocalFleet
 
         options = dict(self._fleet_options)
         run_dir = options.pop("run_dir", None)
@@ -1059,7 +1066,7 @@ class FaultyFleet(Service):
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m wsfleet_local.faults", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.faults", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--upstream", help="http://host:port of the AWS endpoint (or set later)")
     parser.add_argument("--host", default="127.0.0.1")
