@@ -35,19 +35,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .faults import ProxyProcess
 from .harness import ROOT, aws_client, machine, wait_until
 from .scale_model import (
     KeyLoad,
@@ -83,39 +82,6 @@ def _git_commit(root: Path) -> str:
     out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True, check=False)  # fmt: skip
     return out.stdout.strip() or "unknown"
-
-
-@contextmanager
-def _journal_proxy(journal: Path, table_part: str, log: Path) -> Iterator[dict[str, str]]:
-    """The counting proxy with a journal, as a child; yields its URL per label.
-
-    This repository's root goes first on the child's path, so ``bench.faults`` is this
-    checkout's proxy (an older one has no journal).
-    """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    argv = [sys.executable, "-m", "bench.faults", "--labels",
-            ",".join((WORKER_LABEL, *LAMBDA_LABELS, EMULATED_LABEL)), "--journal", str(journal),
-            "--journal-table", table_part, "--exit-on-stdin-eof"]  # fmt: skip
-    with log.open("ab") as stderr:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=stderr, text=True)  # fmt: skip
-    try:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        if not line:
-            raise RuntimeError("the journal proxy did not start")
-        yield dict(json.loads(line)["urls"])
-    finally:
-        with suppress(OSError):
-            if child.stdin is not None:
-                child.stdin.close()
-        child.terminate()
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 def _fleet_class() -> Any:
@@ -337,7 +303,14 @@ def record(
         worker_env["WORKER_SWEEP_SECONDS"] = f"{compressed['worker_sweep']:g}"
     journal = run_dir / "journal.jsonl"
     ids = [f"scale-{i:04d}" for i in range(connections)]
-    with _journal_proxy(journal, "ConnectionsTable", run_dir / "proxy.log") as urls:
+    proxy = ProxyProcess(
+        labels=(WORKER_LABEL, *LAMBDA_LABELS, EMULATED_LABEL),
+        log_path=run_dir / "proxy.log",
+        journal=journal,
+        journal_table="ConnectionsTable",
+    )
+    with proxy:
+        urls = dict(proxy.urls)
         fleet_class = _fleet_class()
         worker_env["AWS_ENDPOINT_URL"] = urls[WORKER_LABEL]
         fleet = fleet_class(workers=workers, timings=timings, rate=rate, run_dir=run_dir,
