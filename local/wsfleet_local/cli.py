@@ -42,6 +42,16 @@ from rich.table import Table
 
 from wsfleet.exceptions import WsfleetError
 
+from .client import (
+    ApiClient,
+    ApiError,
+    ConnectionRow,
+    UpstreamUsageError,
+    build_upstream,
+    read_table,
+    read_upstream_json,
+)
+
 __all__ = ["app", "main"]
 
 API_ENV = "WSFLEET_API_URL"
@@ -72,9 +82,7 @@ RegionOption = Annotated[
 ]
 
 
-def _api_client(api: str | None, region: str | None = None) -> Any:
-    from .client import ApiClient
-
+def _api_client(api: str | None, region: str | None = None) -> ApiClient:
     url = api or os.environ.get(API_ENV)
     if not url:
         err_console.print(f"no API URL: pass --api or set {API_ENV} (see `wsfleet local up`)")
@@ -98,8 +106,6 @@ def _usage_error(exc: Exception, code: int = 2) -> typer.Exit:
 
 def _ask_api(api: str | None, region: str | None, call: Callable[[Any], Any]) -> Any:
     """``call(ApiClient)``; an API error prints and exits (see :func:`_fail`)."""
-    from .client import ApiError
-
     try:
         return call(_api_client(api, region))
     except ApiError as exc:
@@ -188,12 +194,12 @@ def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
         _print_usage(fleet)
         sys.stdout.flush()
         while not stop.wait(0.5):
-            dead = [slot.worker_id for slot in fleet.workers if not slot.alive()]
+            dead = [slot for slot in fleet.workers if not slot.alive()]
             if dead:
-                console.print(f"[yellow]worker(s) exited: {', '.join(dead)}; restarting[/yellow]")
-                for slot in list(fleet.workers):
-                    if not slot.alive():
-                        fleet.restart_worker(slot.index)
+                names = ", ".join(slot.worker_id for slot in dead)
+                console.print(f"[yellow]worker(s) exited: {names}; restarting[/yellow]")
+                for slot in dead:
+                    fleet.restart_worker(slot.index)
     except KeyboardInterrupt:
         pass
     except WsfleetError as exc:
@@ -307,11 +313,13 @@ def _summary(view: dict[str, Any]) -> str:
     return "  ".join(part for part in parts if part)
 
 
-def _print_view(view: dict[str, Any], output: str) -> None:
+def _print_view(view: dict[str, Any], output: str, *, details: bool = False) -> None:
+    """The whole document (json) or the one-line summary (text), ``details`` under it."""
     if output == "json":
         console.print_json(data=view)
     elif output == "text":
-        console.print(_summary(view), soft_wrap=True, highlight=False, markup=False)
+        for line in [_summary(view), *(_details(view) if details else ())]:
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
     else:
         err_console.print(f"--output must be text or json, not {output!r}")
         raise typer.Exit(2)
@@ -381,8 +389,6 @@ def start(
     output: OutputOption = "text",
 ) -> None:
     """START a connection: a worker acquires its lease and streams it."""
-    from .client import UpstreamUsageError, build_upstream, read_upstream_json
-
     try:
         upstream = build_upstream(
             read_upstream_json(upstream_json, upstream_file),
@@ -436,11 +442,7 @@ def get(
 ) -> None:
     """Show a connection: state, checkpoint, lease, upstream options, resume gaps."""
     view = _ask_api(api, region, lambda client: client.get(connection_id))
-    output = "json" if json_flag else output
-    _print_view(view, output)
-    if output == "text":
-        for line in _details(view):
-            console.print(line, soft_wrap=True, highlight=False, markup=False)
+    _print_view(view, "json" if json_flag else output, details=True)
 
 
 @app.command()
@@ -456,7 +458,7 @@ def stop(
     _print_view(view, "json" if json_flag else output)
 
 
-def _status_table(rows: list[Any], source: str) -> Table:
+def _status_table(rows: list[ConnectionRow], source: str) -> Table:
     table = Table(title=f"connections ({source})", title_justify="left")
     for column in (
         "connection",
@@ -471,7 +473,6 @@ def _status_table(rows: list[Any], source: str) -> Table:
         table.add_column(column, justify="right" if column in ("epoch", "last_seq") else "left")
     for row in sorted(rows, key=lambda r: r.connection_id):
         left = "-" if row.lease_left_ms is None else f"{row.lease_left_ms / 1000:.1f}s"
-        note = row.note
         style = {"STOPPED": "dim", "FAILED": "red"}.get(
             row.desired_state, "green" if row.streaming else "yellow"
         )
@@ -483,7 +484,7 @@ def _status_table(rows: list[Any], source: str) -> Table:
             row.lease_state,
             left,
             str(row.last_seq),
-            note,
+            row.note,
             style=style,
         )
     if not rows:
@@ -491,9 +492,9 @@ def _status_table(rows: list[Any], source: str) -> Table:
     return table
 
 
-def _read_rows(api: str | None, table_name: str | None, region: str | None, states: list[str]):
-    from .client import ConnectionRow, read_table
-
+def _read_rows(
+    api: str | None, table_name: str | None, region: str | None, states: list[str]
+) -> tuple[list[ConnectionRow], str]:
     if table_name:
         import boto3
 
@@ -519,8 +520,6 @@ def status(
     all_states: Annotated[bool, typer.Option("--all", help="Include STOPPED connections.")] = False,
 ) -> None:
     """Table of connections: owner, epoch, lease left, last_seq, state."""
-    from .client import ApiError
-
     # FAILED is always shown: it needs an operator (a new START restarts it).
     states = ["STARTED", "FAILED", "STOPPED"] if all_states else ["STARTED", "FAILED"]
     try:
@@ -535,14 +534,10 @@ def status(
                 time.sleep(interval)
     except KeyboardInterrupt:
         return
-    except (ApiError, WsfleetError) as exc:
+    except WsfleetError as exc:  # ApiError included
         raise _fail(exc) from exc
 
 
 def main() -> None:
     """Console entry point (``wsfleet``)."""
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -96,11 +96,10 @@ class ApiClient:
         base_url: str,
         *,
         region: str | None = None,
-        sign: bool | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.sign = (not is_loopback_url(base_url)) if sign is None else sign
+        self.sign = not is_loopback_url(base_url)
         self.region = region or _region_of(base_url)
         self.timeout_seconds = timeout_seconds
         self._credentials: Any = None
@@ -196,22 +195,15 @@ class UpstreamUsageError(WsfleetError, ValueError):
         self.message = message
 
 
-#: The fields each option fills, for "given twice" errors.
-_OPTION_FIELDS = {
-    "--subprotocol": "subprotocols",
-    "--secret-ref": "credential",
-    "--subscribe": "subscribe",
-    "--seq-pointer": "seq_pointer",
-    "--resume": "resume",
-}
-#: The options that set each field, named in a refusal of it.
+#: Each field of the upstream object and the options that set it, named when it is refused;
+#: the first one is also named when the field is given twice.
 _FIELD_OPTIONS = {
-    "upstream.headers": "--header",
-    "upstream.subprotocols": "--subprotocol",
-    "upstream.credential": "--secret-ref/--secret-in/--secret-format/--secret-json-key",
-    "upstream.subscribe": "--subscribe",
-    "upstream.seq_pointer": "--seq-pointer",
-    "upstream.resume": "--resume",
+    "headers": "--header",
+    "subprotocols": "--subprotocol",
+    "credential": "--secret-ref/--secret-in/--secret-format/--secret-json-key",
+    "subscribe": "--subscribe",
+    "seq_pointer": "--seq-pointer",
+    "resume": "--resume",
 }
 #: A placeholder prefix for the local check: which prefixes a deployment accepts only the
 #: router knows (UPSTREAM_SECRET_PREFIXES), so the CLI checks everything else.
@@ -305,9 +297,9 @@ def build_upstream(
     """
     upstream: dict[str, Any] = dict(base or {})
 
-    def put(option: str, value: Any) -> None:
-        field = _OPTION_FIELDS[option]
+    def put(field: str, value: Any) -> None:
         if field in upstream:
+            option = _FIELD_OPTIONS[field].partition("/")[0]
             raise UpstreamUsageError(f"{field} is also set by --upstream; give it once", option)
         upstream[field] = value
 
@@ -322,7 +314,7 @@ def build_upstream(
             merged[name] = value
         upstream["headers"] = merged
     if subprotocols:
-        put("--subprotocol", list(subprotocols))
+        put("subprotocols", list(subprotocols))
     if secret_ref is None:
         for option, given in (("--secret-in", secret_in), ("--secret-format", secret_format),
                               ("--secret-json-key", secret_json_key)):
@@ -338,20 +330,20 @@ def build_upstream(
             credential["format"] = secret_format
         if secret_json_key is not None:
             credential["json_key"] = secret_json_key
-        put("--secret-ref", credential)
+        put("credential", credential)
     if subscribe is not None:
-        put("--subscribe", _subscribe_value(subscribe))
+        put("subscribe", _subscribe_value(subscribe))
     if seq_pointer is not None:
-        put("--seq-pointer", seq_pointer)
+        put("seq_pointer", seq_pointer)
     if resume is not None:
-        put("--resume", resume)
+        put("resume", resume)
     if base is None and not upstream:
         return None
     try:
         parse_upstream_options(upstream, secret_prefixes=_ANY_REF_PREFIX)
     except InvalidUpstreamOptions as exc:
         # The schema's message starts with the field; say which option sets it.
-        hint = _FIELD_OPTIONS.get(".".join(exc.field.split(".")[:2]))
+        hint = _FIELD_OPTIONS.get(exc.field.removeprefix("upstream.").partition(".")[0])
         message = str(exc) + (f" (see {hint})" if hint else "")
         raise UpstreamUsageError(message, exc.field) from None
     return upstream

@@ -70,7 +70,6 @@ __all__ = [
 ]
 
 MAX_HEADERS = 16
-MAX_HEADER_NAME_LENGTH = 64
 MAX_HEADER_VALUE_LENGTH = 1024
 MAX_SUBPROTOCOLS = 8
 MAX_TOKEN_LENGTH = 64
@@ -622,14 +621,12 @@ def render_subscribe(
     text = options.subscribe
     if text is None:
         return None
+    seq_text = "" if from_seq is None else str(int(from_seq))
     if options.subscribe_is_json:
-        number = "null" if from_seq is None else str(int(from_seq))
-        text = text.replace(f'"{FROM_SEQ_PLACEHOLDER}"', number)
-        text = text.replace(FROM_SEQ_PLACEHOLDER, "" if from_seq is None else str(int(from_seq)))
+        text = text.replace(f'"{FROM_SEQ_PLACEHOLDER}"', seq_text or "null")
         if secret is not None:
-            text = text.replace(SECRET_PLACEHOLDER, json.dumps(secret)[1:-1])
-        return text
-    text = text.replace(FROM_SEQ_PLACEHOLDER, "" if from_seq is None else str(int(from_seq)))
+            secret = json.dumps(secret)[1:-1]
+    text = text.replace(FROM_SEQ_PLACEHOLDER, seq_text)
     if secret is not None:
         text = text.replace(SECRET_PLACEHOLDER, secret)
     return text
