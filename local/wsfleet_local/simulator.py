@@ -427,43 +427,24 @@ def first_frame_after(records: Iterable[SessionRecord], after: float) -> float |
 # All run on the simulator's loop.
 
 _Query = dict[str, list[str]]
-_Parser = Callable[[_Query, str], Any]
 
 
-def _text_param(query: _Query, name: str) -> str | None:
+def _param(query: _Query, name: str, kind: type) -> Any:
+    """Query parameter ``name`` as a ``kind`` (str, int, float or bool): absent is None (a flag
+    is off), a blank number is None, anything else that is not a number a 400."""
     values = query.get(name)
-    return values[-1] if values else None
-
-
-def _number_param(convert: Callable[[str], Any], what: str) -> _Parser:
-    """A parser of a numeric query parameter: absent or blank is None, anything else a number."""
-
-    def parse(query: _Query, name: str) -> Any:
-        raw = _text_param(query, name)
-        if not raw:
-            return None
-        try:
-            return convert(raw)
-        except ValueError:
-            raise InvalidRequest(f"{name} must be {what}, got {raw!r}") from None
-
-    return parse
-
-
-_int_param = _number_param(int, "an integer")
-_float_param = _number_param(float, "a number")
-
-
-def _kind_param(query: _Query, name: str) -> str:
-    return _text_param(query, name) or ""
-
-
-def _flag_param(query: _Query, name: str) -> bool:
-    return _text_param(query, name) in ("1", "true")
-
-
-def _size_param(query: _Query, name: str) -> int:
-    return _int_param(query, name) or 0
+    raw = values[-1] if values else None
+    if kind is bool:
+        return raw in ("1", "true")
+    if kind is str:
+        return raw
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise InvalidRequest(f"{name} must be {what}, got {raw!r}") from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -474,8 +455,8 @@ class _Route:
     operation: Callable[..., Any]
     verb: str
     path: str  # below /_sim/; "{id}" is the (quoted) stream id, the operation's first argument
-    #: (query parameter, keyword argument, parser of the parameter on the server side)
-    params: tuple[tuple[str, str, _Parser], ...]
+    #: (query parameter, keyword argument, its type: see _param)
+    params: tuple[tuple[str, str, type], ...]
     key: str | None  # the answer is {key: result}; else the result, or {"ok": true}
 
 
@@ -484,7 +465,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _route(
-    verb: str, path: str, *params: tuple[str, str, _Parser], key: str | None = None
+    verb: str, path: str, *params: tuple[str, str, type], key: str | None = None
 ) -> Callable[[_F], _F]:
     """Register a control operation with its route over /_sim."""
 
@@ -495,9 +476,7 @@ def _route(
     return register
 
 
-@_route(
-    "POST", "streams/{id}/open", ("rate", "rate", _float_param), ("max_seq", "max_seq", _int_param)
-)
+@_route("POST", "streams/{id}/open", ("rate", "rate", float), ("max_seq", "max_seq", int))
 def open_stream(
     sim: UpstreamSimulator, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
 ) -> dict[str, Any]:
@@ -556,8 +535,8 @@ def streams(sim: UpstreamSimulator) -> dict[str, dict[str, Any]]:
 @_route(
     "GET",
     "sessions",
-    ("stream", "stream_id", _text_param),
-    ("open", "open_only", _flag_param),
+    ("stream", "stream_id", str),
+    ("open", "open_only", bool),
     key="sessions",
 )
 def sessions(
@@ -571,7 +550,7 @@ def sessions(
     ]
 
 
-@_route("POST", "streams/{id}/fault", ("kind", "kind", _kind_param))
+@_route("POST", "streams/{id}/fault", ("kind", "kind", str))
 def inject_fault(sim: UpstreamSimulator, stream_id: str, kind: str | Fault) -> None:
     """Arm a one-shot fault on a session open now, else on the next session (or handshake)."""
     fault = _parse_enum(Fault, kind, "fault kind")
@@ -582,7 +561,7 @@ def inject_fault(sim: UpstreamSimulator, stream_id: str, kind: str | Fault) -> N
     sim._wake(stream_id)
 
 
-@_route("POST", "streams/{id}/hostile", ("kind", "kind", _kind_param), ("size", "size", _int_param))
+@_route("POST", "streams/{id}/hostile", ("kind", "kind", str), ("size", "size", int))
 def inject_hostile(
     sim: UpstreamSimulator, stream_id: str, kind: str | HostileFrame, *, size: int | None = None
 ) -> None:
@@ -598,10 +577,10 @@ def inject_hostile(
     sim._wake(stream_id)
 
 
-@_route("POST", "streams/{id}/poison", ("size", "size", _size_param))
-def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int) -> None:
-    """Every later session of ``stream_id`` first gets a ``size``-byte frame (0: off)."""
-    if size < 0:
+@_route("POST", "streams/{id}/poison", ("size", "size", int))
+def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> None:
+    """Every later session of ``stream_id`` first gets a ``size``-byte frame (0 or None: off)."""
+    if size is not None and size < 0:
         raise InvalidRequest(f"size must be >= 0, got {size}")
     if size:
         sim._poisoned[stream_id] = size
@@ -609,7 +588,7 @@ def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int) -> None:
         sim._poisoned.pop(stream_id, None)
 
 
-@_route("POST", "streams/{id}/redirect", ("location", "location", _text_param))
+@_route("POST", "streams/{id}/redirect", ("location", "location", str))
 def redirect_stream(sim: UpstreamSimulator, stream_id: str, location: str | None) -> None:
     """Answer every handshake for ``stream_id`` with ``302 Location: location``.
 
@@ -633,10 +612,10 @@ def redirects_served(sim: UpstreamSimulator, stream_id: str) -> int:
 @_route(
     "POST",
     "streams/{id}/shape",
-    ("kind", "kind", _kind_param),
-    ("header", "header", _text_param),
-    ("value", "value", _text_param),
-    ("field", "field", _text_param),
+    ("kind", "kind", str),
+    ("header", "header", str),
+    ("value", "value", str),
+    ("field", "field", str),
 )
 def set_shape(
     sim: UpstreamSimulator,
@@ -928,7 +907,7 @@ class UpstreamSimulator(SimulatorControl):
         try:
             if not stream_id:
                 raise InvalidRequest("the path must name a stream: /<stream_id>")
-            from_seq = _int_param(query, RESUME_PARAM)
+            from_seq = _param(query, RESUME_PARAM, int)
         except InvalidRequest as exc:
             return _json_response(connection, http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         if stream_id in self._redirects:
@@ -968,7 +947,7 @@ class UpstreamSimulator(SimulatorControl):
         name, kwargs = found
         route = _ROUTES[name]
         try:
-            kwargs.update({arg: parse(query, wire) for wire, arg, parse in route.params})
+            kwargs.update({arg: _param(query, wire, kind) for wire, arg, kind in route.params})
             status, payload = http.HTTPStatus.OK, _to_wire(route, self._call(name, **kwargs))
         except UnknownStream as exc:
             status, payload = http.HTTPStatus.NOT_FOUND, {"error": str(exc)}
@@ -1245,7 +1224,7 @@ class SimulatorClient(SimulatorControl):
         )
         # None and False are left out; True is "1" (what the server's flags accept).
         # (Compared by identity: ``0 == False``, and a max_seq of 0 must be sent.)
-        params = {wire: bound.get(arg) for wire, arg, _parse in route.params}
+        params = {wire: bound.get(arg) for wire, arg, _kind in route.params}
         sent = {k: "1" if v is True else v for k, v in params.items() if v is not None}
         query = urllib.parse.urlencode({k: v for k, v in sent.items() if v is not False})
         return _from_wire(route, self._request(route.verb, path, query))
