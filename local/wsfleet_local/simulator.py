@@ -27,26 +27,14 @@ Why it is cheap per stream
     change, the end of the stream, the peer going away). Compression is off: a
     permessage-deflate context costs far more memory per connection than the frames ever will.
 
-What a test can do to a stream (each applies to a session open now, else to the next one)
-    A :class:`Fault` is one-shot: ``drop`` aborts the TCP connection without a close frame,
-    ``close_normal`` closes 1000, ``close_error`` closes 1011, ``garbage`` sends one non-JSON
-    text frame, ``noseq`` one JSON frame without ``seq`` (both then continue), ``reject``
-    answers the next handshake with HTTP 503. A :class:`HostileFrame` (a 40-digit seq, a
-    30-digit string seq, seq 2^53, a non-ASCII frame of exactly ``size`` UTF-8 bytes without a
-    seq) is sent like a fault frame, for the worker's frame parsing and size limits;
+What a test can do to a stream
+    Arm a one-shot :class:`Fault` or :class:`HostileFrame` (for the worker's frame parsing and
+    size limits): it hits a session open now, else the next one, and is listed in that
+    session's ``faults`` (a hostile frame as ``hostile:<kind>:<n>:<size>``, from which
+    :func:`hostile_frame_data` gives back the data a worker should have stored).
     ``poison_stream`` opens *every* session with a ``size``-byte frame (a crash loop for a
-    worker whose limit is lower). Each is listed in the session's ``faults``, a hostile one as
-    ``hostile:<kind>:<n>:<size>``, from which :func:`hostile_frame_data` gives back the data a
-    worker should have stored. ``redirect_stream`` answers every handshake ``302 Location:
-    <url>`` (for the worker's SSRF guard).
-
-    A :class:`Shape` says how a stream talks to its clients. ``plain`` (the default) is the
-    above. ``header_auth`` answers a handshake with HTTP 401 unless it carries the configured
-    header with the configured value (like an API that wants ``Authorization: Bearer ...``).
-    ``subscribe`` sends nothing until the client's first message, a JSON object; its
-    ``from_seq`` field (number or null) says where to resume, like ``?from_seq=`` does for
-    ``plain``. ``live_only`` ignores any ``from_seq``: every session starts at the next live
-    frame, so frames produced while nobody listened are gone (the fleet must *report* that gap).
+    worker whose limit is lower); ``redirect_stream`` answers every handshake ``302`` (for the
+    worker's SSRF guard); a :class:`Shape` says how a stream talks to its clients.
 
 Introspection
     Every accepted session is logged as a :class:`SessionRecord` (bounded log), with the
@@ -100,6 +88,7 @@ import inspect
 import itertools
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -182,27 +171,33 @@ class InvalidRequest(SimulatorError, ValueError):
 
 
 class Fault(enum.StrEnum):
-    """One-shot faults a test can inject into a stream (see the module docstring)."""
+    """One-shot faults a test can inject into a stream."""
 
-    DROP = "drop"
-    CLOSE_NORMAL = "close_normal"
-    CLOSE_ERROR = "close_error"
-    GARBAGE = "garbage"
-    NOSEQ = "noseq"
-    REJECT = "reject"
+    DROP = "drop"  # abort the TCP connection without a close frame
+    CLOSE_NORMAL = "close_normal"  # close 1000
+    CLOSE_ERROR = "close_error"  # close 1011
+    GARBAGE = "garbage"  # send one non-JSON text frame, then continue
+    NOSEQ = "noseq"  # send one JSON frame without ``seq``, then continue
+    REJECT = "reject"  # answer the next handshake with HTTP 503
 
 
 class Shape(enum.StrEnum):
-    """How a stream talks to its clients (see the module docstring)."""
+    """How a stream talks to its clients (applies from the next handshake)."""
 
-    PLAIN = "plain"
+    PLAIN = "plain"  # the default: ``?from_seq=N`` says where to resume
+    #: HTTP 401 unless the handshake carries the configured header with the configured value
+    #: (like an API that wants ``Authorization: Bearer ...``)
     HEADER_AUTH = "header_auth"
+    #: Nothing is sent until the client's first message, a JSON object; its ``from_seq`` field
+    #: (number or null) says where to resume
     SUBSCRIBE = "subscribe"
+    #: ``from_seq`` is ignored: every session starts at the next live frame, so frames produced
+    #: while nobody listened are gone (the fleet must *report* that gap)
     LIVE_ONLY = "live_only"
 
 
 class HostileFrame(enum.StrEnum):
-    """One-shot hostile frames (see the module docstring); none carries a usable seq."""
+    """One-shot hostile frames, sent like a fault frame; none carries a usable seq."""
 
     HUGE_SEQ = "huge_seq"  # a 40-digit JSON integer
     DIGITS_SEQ = "digits_seq"  # a 30-digit string
@@ -663,16 +658,12 @@ def _from_wire(route: _Route, payload: Any) -> Any:
     return None if result == {"ok": True} else result
 
 
-def _match_route(method: str, parts: list[str]) -> tuple[str, dict[str, Any]] | None:
+def _match_route(method: str, path: str) -> tuple[str, dict[str, Any]] | None:
     """The operation a /_sim request names, with its stream id (if in the path), or None."""
     for name, route in _ROUTES.items():
-        pattern = route.path.split("/")
-        if route.verb != method or len(pattern) != len(parts):
-            continue
-        pairs = list(zip(pattern, parts, strict=True))
-        if all(p in ("{id}", part) for p, part in pairs):
-            ids = [urllib.parse.unquote(x) for p, x in pairs if p == "{id}"]
-            return name, {"stream_id": ids[0]} if ids else {}
+        match = re.fullmatch(route.path.replace("{id}", "([^/]+)"), path)
+        if match and route.verb == method:
+            return name, {"stream_id": urllib.parse.unquote(match[1])} if match.groups() else {}
     return None
 
 
@@ -936,11 +927,10 @@ class UpstreamSimulator(SimulatorControl):
         self, connection: ServerConnection, method: str, raw_path: str, query: _Query
     ) -> Response:
         """Answer a /_sim request: the operation its path names, its arguments from the query."""
-        parts = raw_path.split("/")[2:]
-        found = _match_route(method, parts)
+        found = _match_route(method, raw_path.removeprefix(CONTROL_PREFIX + "/"))
         if found is None:
             if method in ("GET", "POST"):
-                status, error = http.HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {parts}"
+                status, error = http.HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {raw_path}"
             else:
                 status, error = http.HTTPStatus.METHOD_NOT_ALLOWED, f"method {method} not allowed"
             return _json_response(connection, status, {"error": error})
