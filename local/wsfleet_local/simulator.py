@@ -48,20 +48,11 @@ One control API, three places to run it
     method; its subclasses only say how to reach the simulator: :class:`UpstreamSimulator` in
     this event loop, :class:`SimulatorThread` on its own loop in a daemon thread (for
     synchronous code), :class:`SimulatorClient` in another process over plain HTTP on the
-    WebSocket port::
-
-        GET  /_sim/streams                     {"streams": {id: {...stream info...}}}
-        GET  /_sim/streams/<id>                one stream's info (404 if never seen)
-        GET  /_sim/sessions?stream=<id>&open=1 {"sessions": [...session records...]}
-        POST /_sim/streams/<id>/open?rate=R&max_seq=M
-        POST /_sim/streams/<id>/end            max_seq = current: the stream ends normally
-        POST /_sim/streams/<id>/fault?kind=drop
-        POST /_sim/streams/<id>/hostile?kind=huge_seq&size=N
-        POST /_sim/streams/<id>/poison?size=N            (size 0 turns it off)
-        POST /_sim/streams/<id>/redirect?location=<url>  (no location turns it off)
-        GET  /_sim/streams/<id>/redirects                {"served": n}
-        POST /_sim/streams/<id>/shape?kind=header_auth&header=Authorization&value=Bearer%20x
-        GET  /_sim/streams/<id>/auth_rejects             {"rejected": n}
+    WebSocket port. A route's ``{id}`` is the quoted stream id and its query parameters are the
+    operation's keyword arguments; the answer is JSON (``{"ok": true}`` for a command), 404 for
+    an unknown stream, 400 for a bad argument. For example
+    ``POST /_sim/streams/s1/fault?kind=drop`` is ``inject_fault("s1", "drop")`` and
+    ``GET /_sim/sessions?stream=s1&open=1`` answers ``{"sessions": [...]}``.
 
 Example::
 
@@ -79,6 +70,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -1112,20 +1104,18 @@ class SimulatorThread(SimulatorControl, Service):
         self.sim = UpstreamSimulator(host, port, **settings)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the thread and wait until the server is listening (re-raises start errors)."""
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="upstream-simulator", daemon=True)
+        listening: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(listening,), name="upstream-simulator", daemon=True
+        )
         self._thread.start()
-        if not self._ready.wait(timeout):
-            raise SimulatorError(f"simulator did not start within {timeout} s")
-        if self._error is not None:
-            raise self._error
+        listening.result(timeout)
 
     def stop(
         self,
@@ -1144,11 +1134,11 @@ class SimulatorThread(SimulatorControl, Service):
         join(thread, timeout)
         self._thread = None
 
-    def _run(self) -> None:
+    def _run(self, listening: concurrent.futures.Future[None]) -> None:
         async def serve_until_stop() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             await self.sim.start()
-            self._ready.set()
+            listening.set_result(None)
             try:
                 await self._stop.wait()
             finally:
@@ -1156,9 +1146,10 @@ class SimulatorThread(SimulatorControl, Service):
 
         try:
             asyncio.run(serve_until_stop())
-        except BaseException as exc:  # surfaced to start() if it happened before ready
-            self._error = exc
-            self._ready.set()
+        except BaseException as exc:
+            if listening.done():
+                raise  # after start: the thread's excepthook reports it
+            listening.set_exception(exc)  # start() raises it
 
     def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
         loop = self._loop
