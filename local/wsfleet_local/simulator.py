@@ -1242,19 +1242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="frames/s per stream")
-    parser.add_argument("--buffer-frames", type=int, default=DEFAULT_BUFFER_FRAMES)
-    parser.add_argument("--max-sessions-logged", type=int, default=DEFAULT_MAX_SESSIONS_LOGGED)
     parser.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (parent died)"
     )
     args = parser.parse_args(argv)
-    simulator = SimulatorThread(
-        args.host,
-        args.port,
-        rate=args.rate,
-        buffer_frames=args.buffer_frames,
-        max_sessions_logged=args.max_sessions_logged,
-    )
+    simulator = SimulatorThread(args.host, args.port, rate=args.rate)
     with StopSignals() as stop:
         simulator.start()
         try:
