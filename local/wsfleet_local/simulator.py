@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -87,6 +86,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -797,21 +797,17 @@ class UpstreamSimulator(SimulatorControl):
         self._requested_port = port
         # Per stream id. Faults, redirects and shapes may be armed before the stream is seen.
         self._streams: dict[str, StreamClock] = {}
-        self._live: collections.defaultdict[str, set[_SimConnection]] = collections.defaultdict(set)
-        self._faults: collections.defaultdict[str, collections.deque[Fault]] = (
-            collections.defaultdict(collections.deque)
-        )
-        self._rejects: collections.Counter[str] = collections.Counter()
+        self._live: defaultdict[str, set[_SimConnection]] = defaultdict(set)
+        self._faults: defaultdict[str, deque[Fault]] = defaultdict(deque)
+        self._rejects: Counter[str] = Counter()
         self._redirects: dict[str, str] = {}  # -> Location (see redirect_stream)
-        self._redirects_served: collections.Counter[str] = collections.Counter()
-        self._hostile: collections.defaultdict[str, collections.deque[tuple[HostileFrame, int]]] = (
-            collections.defaultdict(collections.deque)
-        )
+        self._redirects_served: Counter[str] = Counter()
+        self._hostile: defaultdict[str, deque[tuple[HostileFrame, int]]] = defaultdict(deque)
         self._poisoned: dict[str, int] = {}  # -> size of every session's first frame
         self._shapes: dict[str, _ShapeConfig] = {}  # absent: plain
-        self._auth_rejects: collections.Counter[str] = collections.Counter()
+        self._auth_rejects: Counter[str] = Counter()
         self._hostile_ids = itertools.count(1)
-        self._log: collections.deque[SessionRecord] = collections.deque(maxlen=max_sessions_logged)
+        self._log: deque[SessionRecord] = deque(maxlen=max_sessions_logged)
         self._session_ids = itertools.count(1)
         self._server: Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
