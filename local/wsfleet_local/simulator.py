@@ -6,11 +6,11 @@ resumed without gaps and never had two owners at once.
 
 What a stream looks like
     ``GET /<stream_id>?from_seq=N`` upgrades to WebSocket. Each stream has a live sequence that
-    starts when the stream is first seen (first connection or :meth:`UpstreamSimulator.open_stream`)
-    and produces seq 1, 2, 3, ... at ``rate`` frames per second *whether or not anyone is
-    connected*, like a real feed. Frames are JSON text, ``{"seq": n, "data": "<stream_id>:<n>"}``:
-    the content is a function of (stream, seq), so a checker can verify what the fleet stored
-    without asking the simulator (see :func:`frame_data`).
+    starts when the stream is first seen (first connection or ``open_stream``) and produces
+    seq 1, 2, 3, ... at ``rate`` frames per second *whether or not anyone is connected*, like a
+    real feed. Frames are JSON text, ``{"seq": n, "data": "<stream_id>:<n>"}``: the content is a
+    function of (stream, seq), so a checker can verify what the fleet stored without asking the
+    simulator (see :func:`frame_data`).
 
     With ``from_seq=N`` a session replays N..current from a bounded replay window (default
     10,000 frames; older requests start at the oldest frame still available and the session
@@ -24,74 +24,41 @@ Why it is cheap per stream
     elapsed time when someone asks, and replayed frames are recomputed, so the "replay buffer"
     is only a window rule. Each connection is served by the one handler task websockets starts
     for it, which sleeps until its next frame is due or something wakes it (a fault, a rate
-    change, the end of the stream, the peer going away). Compression is off by default: a
+    change, the end of the stream, the peer going away). Compression is off: a
     permessage-deflate context costs far more memory per connection than the frames ever will.
 
-Faults (one-shot, per stream; :class:`Fault`)
-    ``drop`` aborts the TCP connection without a close frame, ``close_normal`` closes 1000,
-    ``close_error`` closes 1011, ``garbage`` sends one non-JSON text frame, ``noseq`` sends one
-    JSON frame without ``seq`` (both then continue), ``reject`` answers the next handshake with
-    HTTP 503. A fault applies to a session open on the stream now, else to the next one.
+What a test can do to a stream
+    Arm a one-shot :class:`Fault` or :class:`HostileFrame` (for the worker's frame parsing and
+    size limits): it hits a session open now, else the next one, and is listed in that
+    session's ``faults`` (a hostile frame as ``hostile:<kind>:<n>:<size>``, from which
+    :func:`hostile_frame_data` gives back the data a worker should have stored).
+    ``poison_stream`` opens *every* session with a ``size``-byte frame (a crash loop for a
+    worker whose limit is lower); ``redirect_stream`` answers every handshake ``302`` (for the
+    worker's SSRF guard); a :class:`Shape` says how a stream talks to its clients.
 
 Introspection
-    Every accepted session is logged as a :class:`SessionRecord` (bounded log). Checkers use
-    :meth:`~UpstreamSimulator.overlaps` (two sessions of one stream open at the same time: a
-    split brain) and :meth:`~UpstreamSimulator.first_frame_at` (when streaming resumed after a
-    failover). The same data is served over plain HTTP on the WebSocket port, so another
-    process can read it with :class:`SimulatorClient`::
+    Every accepted session is logged as a :class:`SessionRecord` (bounded log), with the
+    handshake's headers and subprotocols and the subscribe message received. Checkers use
+    ``overlaps`` (two sessions of one stream open at the same time: a split brain) and
+    ``first_frame_at`` (when streaming resumed after a failover).
 
-        GET  /_sim/streams                    {"streams": {id: {...stream info...}}}
-        GET  /_sim/streams/<id>               one stream's info (404 if never seen)
-        GET  /_sim/sessions?stream=<id>&open=1 {"sessions": [...session records...]}
-        POST /_sim/streams/<id>/fault?kind=drop
-        POST /_sim/streams/<id>/end           max_seq = current: the stream ends normally
-        POST /_sim/streams/<id>/open?rate=R&max_seq=M
-
-Redirects (for the worker's SSRF guard)
-    :meth:`~UpstreamSimulator.redirect_stream` makes every handshake of a stream answer
-    ``302 Location: <url>`` instead of upgrading, like a hostile or misconfigured upstream.
-    The handshake is still logged in :meth:`~UpstreamSimulator.redirects_served`.
-
-Hostile frames (for the worker's frame parsing, size limits and crash-loop breaker)
-    :meth:`~UpstreamSimulator.inject_hostile` arms a one-shot :class:`HostileFrame` (a
-    40-digit seq, a 30-digit string seq, seq 2^53, a non-ASCII frame of exactly ``size`` UTF-8
-    bytes without a seq) sent like a fault frame: on a session open now, else the next one;
-    the stream then continues. :meth:`~UpstreamSimulator.poison_stream` makes *every* session
-    of a stream open with a ``size``-byte frame (over the worker's limit: a crash loop). Each
-    is listed in the session's ``faults`` as ``hostile:<kind>:<n>:<size>``, from which
-    :func:`hostile_frame_data` gives back the data a worker should have stored::
-
-        POST /_sim/streams/<id>/hostile?kind=huge_seq&size=N
-        POST /_sim/streams/<id>/poison?size=N            (size 0 turns it off)
-        POST /_sim/streams/<id>/redirect?location=<url>  (no location turns it off)
-        GET  /_sim/streams/<id>/redirects                {"served": n}
-
-Shapes (per stream, :class:`Shape`; for the worker's handshake options and resume modes)
-    ``plain`` (the default) is the above. ``header_auth`` answers a handshake with HTTP 401
-    unless it carries the configured header with the configured value (like an API that
-    wants ``Authorization: Bearer ...``). ``subscribe`` sends nothing until the client's first
-    message, a JSON object; its ``from_seq`` field (number or null) says where to resume, like
-    ``?from_seq=`` does for ``plain``. ``live_only`` ignores any ``from_seq``: every session
-    starts at the next live frame, so frames produced while nobody listened are gone (the
-    fleet must *report* that gap). Every session record keeps the handshake headers, the
-    subprotocols offered and the subscribe message received, so a test can check them::
-
-        POST /_sim/streams/<id>/shape?kind=header_auth&header=Authorization&value=Bearer%20x
-        GET  /_sim/streams/<id>/auth_rejects                 {"rejected": n}
+One control API, three places to run it
+    Each control operation is written once, as a free function of the simulator's state, with
+    its route over /_sim beside it (:func:`_route`). :class:`SimulatorControl` turns each into a
+    method; its subclasses only say how to reach the simulator: :class:`UpstreamSimulator` in
+    this event loop, :class:`SimulatorThread` on its own loop in a daemon thread (for
+    synchronous code), :class:`SimulatorClient` in another process over plain HTTP on the
+    WebSocket port. A route's ``{id}`` is the quoted stream id and its query parameters are the
+    operation's keyword arguments; the answer is JSON (``{"ok": true}`` for a command), 404 for
+    an unknown stream, 400 for a bad argument. For example
+    ``POST /_sim/streams/s1/fault?kind=drop`` is ``inject_fault("s1", "drop")`` and
+    ``GET /_sim/sessions?stream=s1&open=1`` answers ``{"sessions": [...]}``.
 
 Example::
 
     async with UpstreamSimulator(rate=50) as sim:
         async with websockets.connect(sim.url_for("s1") + "?from_seq=1") as ws:
             assert json.loads(await ws.recv()) == {"seq": 1, "data": "s1:1"}
-
-One control API, three places to run it
-    Each control operation (open, end, fault, hostile, poison, redirect, shape, the session
-    log, ...) is written once, as a free function of the simulator's state, and its route over
-    /_sim once, in a table. :class:`SimulatorControl` turns each into a method; its subclasses
-    only say how to reach the simulator: :class:`UpstreamSimulator` in this event loop,
-    :class:`SimulatorThread` on its own loop in a daemon thread (for synchronous code),
-    :class:`SimulatorClient` in another process over HTTP.
 
 ``python -m wsfleet_local.simulator --port 0`` runs it in the foreground, the way every local
 child serves (:func:`wsfleet_local.procs.serve_until_stopped`): one JSON line ``{"url": ...}``
@@ -102,7 +69,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -112,17 +79,18 @@ import inspect
 import itertools
 import json
 import math
+import re
 import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
@@ -166,6 +134,8 @@ SEND_BATCH_FRAMES = 256
 _SEQ_EPSILON = 1e-9
 #: Never sleep less than this when a frame is not yet due (guards against a zero-delay spin).
 _MIN_SLEEP_SECONDS = 0.0005
+#: Size of a MAX_SIZE hostile frame when none is given: the worker's default WORKER_MAX_FRAME_BYTES.
+DEFAULT_HOSTILE_FRAME_BYTES = 393_216
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,42 +165,54 @@ class InvalidRequest(SimulatorError, ValueError):
 class Fault(enum.StrEnum):
     """One-shot faults a test can inject into a stream."""
 
-    DROP = "drop"
-    CLOSE_NORMAL = "close_normal"
-    CLOSE_ERROR = "close_error"
-    GARBAGE = "garbage"
-    NOSEQ = "noseq"
-    REJECT = "reject"
-
-    @classmethod
-    def parse(cls, kind: str | Fault) -> Fault:
-        """``Fault(kind)``, raising :class:`InvalidRequest` with the valid kinds listed."""
-        return _enum_member(cls, kind, "fault kind")
+    DROP = "drop"  # abort the TCP connection without a close frame
+    CLOSE_NORMAL = "close_normal"  # close 1000
+    CLOSE_ERROR = "close_error"  # close 1011
+    GARBAGE = "garbage"  # send one non-JSON text frame, then continue
+    NOSEQ = "noseq"  # send one JSON frame without ``seq``, then continue
+    REJECT = "reject"  # answer the next handshake with HTTP 503
 
 
+class Shape(enum.StrEnum):
+    """How a stream talks to its clients (applies from the next handshake)."""
+
+    PLAIN = "plain"  # the default: ``?from_seq=N`` says where to resume
+    #: HTTP 401 unless the handshake carries the configured header with the configured value
+    #: (like an API that wants ``Authorization: Bearer ...``)
+    HEADER_AUTH = "header_auth"
+    #: Nothing is sent until the client's first message, a JSON object; its ``from_seq`` field
+    #: (number or null) says where to resume
+    SUBSCRIBE = "subscribe"
+    #: ``from_seq`` is ignored: every session starts at the next live frame, so frames produced
+    #: while nobody listened are gone (the fleet must *report* that gap)
+    LIVE_ONLY = "live_only"
+
+
+class HostileFrame(enum.StrEnum):
+    """One-shot hostile frames, sent like a fault frame; none carries a usable seq."""
+
+    HUGE_SEQ = "huge_seq"  # a 40-digit JSON integer
+    DIGITS_SEQ = "digits_seq"  # a 30-digit string
+    OUT_OF_RANGE_SEQ = "out_of_range_seq"  # 2**53: one past the safe integers
+    MAX_SIZE = "max_size"  # exactly ``size`` UTF-8 bytes of mostly non-ASCII, no seq
+    OPENING = "opening"  # what poison_stream sends first on every session (no seq)
+
+
+_SEQ_OF = {
+    HostileFrame.HUGE_SEQ: 10**40,
+    HostileFrame.DIGITS_SEQ: "9" * 30,
+    HostileFrame.OUT_OF_RANGE_SEQ: 2**53,
+}
 _Member = TypeVar("_Member", bound=enum.StrEnum)
 
 
-def _enum_member(cls: type[_Member], value: str, what: str) -> _Member:
+def _parse_enum(cls: type[_Member], value: str, what: str) -> _Member:
     """``cls(value)``, or :class:`InvalidRequest` listing the valid values."""
     try:
         return cls(value)
     except ValueError:
         valid = ", ".join(member.value for member in cls)
         raise InvalidRequest(f"unknown {what} {value!r} (expected one of: {valid})") from None
-
-
-class Shape(enum.StrEnum):
-    """How a stream talks to its clients (see the module docstring)."""
-
-    PLAIN = "plain"
-    HEADER_AUTH = "header_auth"
-    SUBSCRIBE = "subscribe"
-    LIVE_ONLY = "live_only"
-
-    @classmethod
-    def parse(cls, kind: str | Shape) -> Shape:
-        return _enum_member(cls, str(kind), "shape")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -241,33 +223,10 @@ class _ShapeConfig:
     field: str = RESUME_PARAM  # subscribe: the message field holding the resume position
 
 
-class HostileFrame(enum.StrEnum):
-    """One-shot hostile frames (see the module docstring); none carries a usable seq."""
-
-    HUGE_SEQ = "huge_seq"  # a 40-digit JSON integer
-    DIGITS_SEQ = "digits_seq"  # a 30-digit string
-    OUT_OF_RANGE_SEQ = "out_of_range_seq"  # 2**53: one past the safe integers
-    MAX_SIZE = "max_size"  # exactly ``size`` UTF-8 bytes of mostly non-ASCII, no seq
-    OPENING = "opening"  # what poison_stream sends first on every session (no seq)
-
-    @classmethod
-    def parse(cls, kind: str | HostileFrame) -> HostileFrame:
-        return _enum_member(cls, kind, "hostile frame")
-
-
-#: Size of a MAX_SIZE frame when none is given: the worker's default WORKER_MAX_FRAME_BYTES.
-DEFAULT_HOSTILE_FRAME_BYTES = 393_216
-_SEQ_OF = {
-    HostileFrame.HUGE_SEQ: 10**40,
-    HostileFrame.DIGITS_SEQ: "9" * 30,
-    HostileFrame.OUT_OF_RANGE_SEQ: 2**53,
-}
-
-
 def hostile_frame_data(stream_id: str, kind: str | HostileFrame, n: int, size: int) -> str:
     """The ``data`` of hostile frame number ``n``: what a worker must store for it (or a marker
     of it). Sized frames are padded with two-byte characters to exactly ``size`` bytes."""
-    kind = HostileFrame.parse(kind)
+    kind = _parse_enum(HostileFrame, kind, "hostile frame")
     tag = f"hostile:{stream_id}:{kind.value}:{n}"
     if kind not in (HostileFrame.MAX_SIZE, HostileFrame.OPENING):
         return tag
@@ -283,7 +242,6 @@ def hostile_frame_text(stream_id: str, kind: str | HostileFrame, n: int, size: i
     >>> hostile_frame_text("s", "out_of_range_seq", 2, 0)
     '{"seq":9007199254740992,"data":"hostile:s:out_of_range_seq:2"}'
     """
-    kind = HostileFrame.parse(kind)
     data = hostile_frame_data(stream_id, kind, n, size)
     payload: dict[str, Any] = {"seq": _SEQ_OF[kind]} if kind in _SEQ_OF else {}
     payload["data"] = data
@@ -298,16 +256,6 @@ def frame_data(stream_id: str, seq: int) -> str:
 def frame_text(stream_id: str, seq: int) -> str:
     """The exact text frame the simulator sends for ``seq`` on ``stream_id``."""
     return json.dumps({"seq": seq, "data": frame_data(stream_id, seq)})
-
-
-def garbage_text(stream_id: str) -> str:
-    """The text of a ``garbage`` fault frame: deliberately not JSON."""
-    return f"<<garbage for {stream_id}>>"
-
-
-def noseq_text(stream_id: str) -> str:
-    """The text of a ``noseq`` fault frame: valid JSON, no ``seq``."""
-    return json.dumps({"data": f"{stream_id}:noseq"})
 
 
 def _check_rate(rate: float) -> float:
@@ -419,11 +367,8 @@ class SessionRecord:
         return self.closed_at is None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (the /_sim/sessions wire format)."""
-        data = dataclasses.asdict(self)
-        data["faults"] = list(self.faults)
-        data["subprotocols"] = list(self.subprotocols)
-        return data
+        """JSON-ready dict (the /_sim/sessions wire format; tuples go out as lists)."""
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionRecord:
@@ -463,106 +408,62 @@ def first_frame_after(records: Iterable[SessionRecord], after: float) -> float |
 
 
 # --------------------------------------------------------------------------------------------
-# Request routing (pure): what an HTTP request path asks for
+# The control API, written once: each operation is a free function of a simulator's state,
+# registered with its route over /_sim; the facade (SimulatorControl) makes each one a method
+# that runs wherever the simulator is (this loop, a thread's loop, another process over /_sim).
+# All run on the simulator's loop.
+
+_Query = dict[str, list[str]]
+
+
+def _param(query: _Query, name: str, kind: type) -> Any:
+    """Query parameter ``name`` as a ``kind`` (str, int, float or bool): absent is None (a flag
+    is off), a blank number is None, anything else that is not a number a 400."""
+    values = query.get(name)
+    raw = values[-1] if values else None
+    if kind is bool:
+        return raw in ("1", "true")
+    if kind is str:
+        return raw
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise InvalidRequest(f"{name} must be {what}, got {raw!r}") from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _StreamTarget:
-    stream_id: str
-    from_seq: int | None
+class _Route:
+    """How one operation travels over /_sim: :class:`SimulatorClient` builds the request from
+    it, the simulator's server parses the request back into the same call."""
+
+    operation: Callable[..., Any]
+    verb: str
+    path: str  # below /_sim/; "{id}" is the (quoted) stream id, the operation's first argument
+    #: (query parameter, keyword argument, its type: see _param)
+    params: tuple[tuple[str, str, type], ...]
+    key: str | None  # the answer is {key: result}; else the result, or {"ok": true}
 
 
-def _query_value(query: dict[str, list[str]], name: str) -> str | None:
-    values = query.get(name)
-    return values[-1] if values else None
+_ROUTES: dict[str, _Route] = {}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _int_param(query: dict[str, list[str]], name: str) -> int | None:
-    raw = _query_value(query, name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer, got {raw!r}") from None
+def _route(
+    verb: str, path: str, *params: tuple[str, str, type], key: str | None = None
+) -> Callable[[_F], _F]:
+    """Register a control operation with its route over /_sim."""
+
+    def register(operation: _F) -> _F:
+        _ROUTES[operation.__name__] = _Route(operation, verb, path, params, key)
+        return operation
+
+    return register
 
 
-def _float_param(query: dict[str, list[str]], name: str) -> float | None:
-    raw = _query_value(query, name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be a number, got {raw!r}") from None
-
-
-def _parse_stream_path(raw_path: str, query: dict[str, list[str]]) -> _StreamTarget:
-    stream_id = urllib.parse.unquote(raw_path.removeprefix("/"))
-    if not stream_id:
-        raise InvalidRequest("the path must name a stream: /<stream_id>")
-    return _StreamTarget(stream_id, _int_param(query, RESUME_PARAM))
-
-
-def _is_control_path(raw_path: str) -> bool:
-    return raw_path == CONTROL_PREFIX or raw_path.startswith(CONTROL_PREFIX + "/")
-
-
-def _json_response(status: http.HTTPStatus, payload: Any) -> Response:
-    body = json.dumps(payload).encode()
-    headers = Headers(
-        [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-            ("Connection", "close"),
-        ]
-    )
-    return Response(status.value, status.phrase, headers, body)
-
-
-# --------------------------------------------------------------------------------------------
-# Shell: the asyncio server
-
-
-class _SimConnection(ServerConnection):
-    """A websockets server connection that tells the simulator the moment its socket is gone.
-
-    Without this hook a sender asleep until its next frame (a second away at 1 frame/s) would
-    notice a dead client only at that send, and the session log would show it open for too
-    long, i.e. a false overlap with the client that replaced it.
-    """
-
-    target: _StreamTarget | None = None
-    on_lost: Callable[[], None] | None = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        if self.on_lost is not None:
-            self.on_lost()
-
-
-@dataclasses.dataclass(eq=False, slots=True)
-class _LiveSession:
-    """An open session: its log record, its socket, and the event that interrupts its sleep."""
-
-    record: SessionRecord
-    ws: _SimConnection
-    wake: asyncio.Event
-    closed: bool = False
-
-
-def _format_peer(address: Any) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        return f"{address[0]}:{address[1]}"
-    return str(address)
-
-
-# --------------------------------------------------------------------------------------------
-# The control API, written once: each operation is a free function of a simulator's state;
-# the facade (SimulatorControl) makes each one a method that runs wherever the simulator is
-# (this loop, a thread's loop, another process over /_sim). All run on the simulator's loop.
-
-
+@_route("POST", "streams/{id}/open", ("rate", "rate", float), ("max_seq", "max_seq", int))
 def open_stream(
     sim: UpstreamSimulator, stream_id: str, *, rate: float | None = None, max_seq: int | None = None
 ) -> dict[str, Any]:
@@ -584,6 +485,7 @@ def open_stream(
     return stream_info(sim, stream_id)
 
 
+@_route("POST", "streams/{id}/end")
 def end_stream(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
     """Freeze the stream at its current seq; sessions send what they still owe, then 1000.
     Returns its info."""
@@ -593,6 +495,7 @@ def end_stream(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
     return stream_info(sim, stream_id)
 
 
+@_route("GET", "streams/{id}")
 def stream_info(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
     """JSON-ready state of one stream (raises :class:`UnknownStream`)."""
     clock, now = sim._clock(stream_id), sim._now()
@@ -610,11 +513,19 @@ def stream_info(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
     }
 
 
+@_route("GET", "streams", key="streams")
 def streams(sim: UpstreamSimulator) -> dict[str, dict[str, Any]]:
     """Info for every stream seen so far, keyed by stream id."""
     return {stream_id: stream_info(sim, stream_id) for stream_id in sim._streams}
 
 
+@_route(
+    "GET",
+    "sessions",
+    ("stream", "stream_id", str),
+    ("open", "open_only", bool),
+    key="sessions",
+)
 def sessions(
     sim: UpstreamSimulator, stream_id: str | None = None, *, open_only: bool = False
 ) -> list[SessionRecord]:
@@ -626,34 +537,37 @@ def sessions(
     ]
 
 
+@_route("POST", "streams/{id}/fault", ("kind", "kind", str))
 def inject_fault(sim: UpstreamSimulator, stream_id: str, kind: str | Fault) -> None:
     """Arm a one-shot fault on a session open now, else on the next session (or handshake)."""
-    fault = Fault.parse(kind)
+    fault = _parse_enum(Fault, kind, "fault kind")
     if fault is Fault.REJECT:
         sim._rejects[stream_id] += 1
         return
-    sim._faults.setdefault(stream_id, collections.deque()).append(fault)
+    sim._faults[stream_id].append(fault)
     sim._wake(stream_id)
 
 
+@_route("POST", "streams/{id}/hostile", ("kind", "kind", str), ("size", "size", int))
 def inject_hostile(
     sim: UpstreamSimulator, stream_id: str, kind: str | HostileFrame, *, size: int | None = None
 ) -> None:
     """Arm a one-shot hostile frame, sent like a fault frame (the stream then continues)."""
-    frame = HostileFrame.parse(kind)
+    frame = _parse_enum(HostileFrame, kind, "hostile frame")
     if size is not None and size < 0:
         raise InvalidRequest(f"size must be >= 0, got {size}")
     if frame is not HostileFrame.MAX_SIZE:
         size = 0
     elif size is None:
         size = DEFAULT_HOSTILE_FRAME_BYTES
-    sim._hostile.setdefault(stream_id, collections.deque()).append((frame, size))
+    sim._hostile[stream_id].append((frame, size))
     sim._wake(stream_id)
 
 
-def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int) -> None:
-    """Every later session of ``stream_id`` first gets a ``size``-byte frame (0: off)."""
-    if size < 0:
+@_route("POST", "streams/{id}/poison", ("size", "size", int))
+def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> None:
+    """Every later session of ``stream_id`` first gets a ``size``-byte frame (0 or None: off)."""
+    if size is not None and size < 0:
         raise InvalidRequest(f"size must be >= 0, got {size}")
     if size:
         sim._poisoned[stream_id] = size
@@ -661,6 +575,7 @@ def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int) -> None:
         sim._poisoned.pop(stream_id, None)
 
 
+@_route("POST", "streams/{id}/redirect", ("location", "location", str))
 def redirect_stream(sim: UpstreamSimulator, stream_id: str, location: str | None) -> None:
     """Answer every handshake for ``stream_id`` with ``302 Location: location``.
 
@@ -675,11 +590,20 @@ def redirect_stream(sim: UpstreamSimulator, stream_id: str, location: str | None
         sim._redirects[stream_id] = location
 
 
+@_route("GET", "streams/{id}/redirects", key="served")
 def redirects_served(sim: UpstreamSimulator, stream_id: str) -> int:
     """How many handshakes for ``stream_id`` were answered with a redirect."""
     return sim._redirects_served[stream_id]
 
 
+@_route(
+    "POST",
+    "streams/{id}/shape",
+    ("kind", "kind", str),
+    ("header", "header", str),
+    ("value", "value", str),
+    ("field", "field", str),
+)
 def set_shape(
     sim: UpstreamSimulator,
     stream_id: str,
@@ -696,7 +620,7 @@ def set_shape(
 
         sim.set_shape("s1", "header_auth", header="Authorization", value="Bearer t0k3n")
     """
-    shape = Shape.parse(kind)
+    shape = _parse_enum(Shape, kind, "shape")
     if shape is Shape.HEADER_AUTH and not (header and value is not None):
         raise InvalidRequest("header_auth needs a header and a value")
     if shape is Shape.PLAIN:
@@ -705,118 +629,51 @@ def set_shape(
     sim._shapes[stream_id] = _ShapeConfig(shape, header or "", value or "", field or RESUME_PARAM)
 
 
+@_route("GET", "streams/{id}/auth_rejects", key="rejected")
 def auth_rejects(sim: UpstreamSimulator, stream_id: str) -> int:
     """Handshakes of a ``header_auth`` stream answered 401."""
     return sim._auth_rejects[stream_id]
 
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-_OPERATIONS: dict[str, Callable[..., Any]] = {}
-
-
-def _operation(
-    fn: Callable[Concatenate[UpstreamSimulator, _P], _R],
-) -> Callable[Concatenate[SimulatorControl, _P], _R]:
-    """The facade method of operation ``fn``: ``self._call(name, ...)``, wherever it runs."""
-    name = fn.__name__
-    _OPERATIONS[name] = fn
-
-    @functools.wraps(fn)
-    def method(self: SimulatorControl, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        return self._call(name, *args, **kwargs)  # type: ignore[no-any-return]
-
-    return method
-
-
-def _text(query: dict[str, list[str]], name: str) -> str:
-    return _query_value(query, name) or ""
-
-
-def _flag(query: dict[str, list[str]], name: str) -> bool:
-    return _query_value(query, name) in ("1", "true")
-
-
-def _count(query: dict[str, list[str]], name: str) -> int:
-    return _int_param(query, name) or 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Endpoint:
-    """How one operation travels over /_sim: ``SimulatorClient`` builds the request from it,
-    the simulator's server parses it back into the same call."""
-
-    verb: str
-    path: str  # below /_sim/; "{id}" is the (quoted) stream id, the operation's first argument
-    #: (query parameter, keyword argument, parser of the parameter on the server side)
-    params: tuple[tuple[str, str, Callable[[dict[str, list[str]], str], Any]], ...] = ()
-    key: str | None = None  # the answer is {key: result}; else the result, or {"ok": true}
-
-
-_ENDPOINTS: dict[str, _Endpoint] = {
-    "streams": _Endpoint("GET", "streams", key="streams"),
-    "stream_info": _Endpoint("GET", "streams/{id}"),
-    "sessions": _Endpoint(
-        "GET",
-        "sessions",
-        (("stream", "stream_id", _query_value), ("open", "open_only", _flag)),
-        key="sessions",
-    ),
-    "open_stream": _Endpoint(
-        "POST",
-        "streams/{id}/open",
-        (("rate", "rate", _float_param), ("max_seq", "max_seq", _int_param)),
-    ),
-    "end_stream": _Endpoint("POST", "streams/{id}/end"),
-    "inject_fault": _Endpoint("POST", "streams/{id}/fault", (("kind", "kind", _text),)),
-    "inject_hostile": _Endpoint(
-        "POST", "streams/{id}/hostile", (("kind", "kind", _text), ("size", "size", _int_param))
-    ),
-    "poison_stream": _Endpoint("POST", "streams/{id}/poison", (("size", "size", _count),)),
-    "redirect_stream": _Endpoint(
-        "POST", "streams/{id}/redirect", (("location", "location", _query_value),)
-    ),
-    "redirects_served": _Endpoint("GET", "streams/{id}/redirects", key="served"),
-    "set_shape": _Endpoint(
-        "POST",
-        "streams/{id}/shape",
-        (
-            ("kind", "kind", _text),
-            ("header", "header", _query_value),
-            ("value", "value", _query_value),
-            ("field", "field", _query_value),
-        ),
-    ),
-    "auth_rejects": _Endpoint("GET", "streams/{id}/auth_rejects", key="rejected"),
-}
-
-
-def _to_wire(endpoint: _Endpoint, result: Any) -> Any:
+def _to_wire(route: _Route, result: Any) -> Any:
     if isinstance(result, list):
         result = [r.to_dict() if isinstance(r, SessionRecord) else r for r in result]
-    if endpoint.key is not None:
-        return {endpoint.key: result}
+    if route.key is not None:
+        return {route.key: result}
     return {"ok": True} if result is None else result
 
 
-def _from_wire(endpoint: _Endpoint, payload: Any) -> Any:
-    result = payload if endpoint.key is None else payload[endpoint.key]
-    if endpoint.key == "sessions":
+def _from_wire(route: _Route, payload: Any) -> Any:
+    result = payload if route.key is None else payload[route.key]
+    if route.key == "sessions":
         return [SessionRecord.from_dict(item) for item in result]
     return None if result == {"ok": True} else result
 
 
-def _match_endpoint(method: str, parts: list[str]) -> tuple[str, dict[str, Any]] | None:
+def _match_route(method: str, path: str) -> tuple[str, dict[str, Any]] | None:
     """The operation a /_sim request names, with its stream id (if in the path), or None."""
-    for name, endpoint in _ENDPOINTS.items():
-        pattern = endpoint.path.split("/")
-        if endpoint.verb != method or len(pattern) != len(parts):
-            continue
-        pairs = list(zip(pattern, parts, strict=True))
-        if all(p in ("{id}", part) for p, part in pairs):
-            ids = [urllib.parse.unquote(x) for p, x in pairs if p == "{id}"]
-            return name, {"stream_id": ids[0]} if ids else {}
+    for name, route in _ROUTES.items():
+        match = re.fullmatch(route.path.replace("{id}", "([^/]+)"), path)
+        if match and route.verb == method:
+            return name, {"stream_id": urllib.parse.unquote(match[1])} if match.groups() else {}
     return None
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _method(
+    operation: Callable[Concatenate[UpstreamSimulator, _P], _R],
+) -> Callable[Concatenate[SimulatorControl, _P], _R]:
+    """The facade method of ``operation``: ``self._call(name, ...)``, wherever it runs."""
+    name = operation.__name__
+
+    @functools.wraps(operation)
+    def method(self: SimulatorControl, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return self._call(name, *args, **kwargs)  # type: ignore[no-any-return]
+
+    return method
 
 
 class SimulatorControl:
@@ -834,21 +691,21 @@ class SimulatorControl:
         raise NotImplementedError
 
     def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Run operation ``operation`` (a key of ``_OPERATIONS``) on the simulator."""
+        """Run operation ``operation`` (a key of ``_ROUTES``) on the simulator."""
         raise NotImplementedError
 
-    open_stream = _operation(open_stream)
-    end_stream = _operation(end_stream)
-    stream_info = _operation(stream_info)
-    streams = _operation(streams)
-    sessions = _operation(sessions)
-    inject_fault = _operation(inject_fault)
-    inject_hostile = _operation(inject_hostile)
-    poison_stream = _operation(poison_stream)
-    redirect_stream = _operation(redirect_stream)
-    redirects_served = _operation(redirects_served)
-    set_shape = _operation(set_shape)
-    auth_rejects = _operation(auth_rejects)
+    open_stream = _method(open_stream)
+    end_stream = _method(end_stream)
+    stream_info = _method(stream_info)
+    streams = _method(streams)
+    sessions = _method(sessions)
+    inject_fault = _method(inject_fault)
+    inject_hostile = _method(inject_hostile)
+    poison_stream = _method(poison_stream)
+    redirect_stream = _method(redirect_stream)
+    redirects_served = _method(redirects_served)
+    set_shape = _method(set_shape)
+    auth_rejects = _method(auth_rejects)
 
     def url_for(self, stream_id: str) -> str:
         """WebSocket URL of one stream (append ``?from_seq=N`` to resume)."""
@@ -874,9 +731,42 @@ class SimulatorControl:
         return first_frame_after(self.sessions(stream_id), after)
 
 
-# A new operation needs its route over /_sim too: say so at import, not in a remote call.
-if _OPERATIONS.keys() != _ENDPOINTS.keys():
-    raise RuntimeError(f"operation or route missing: {_OPERATIONS.keys() ^ _ENDPOINTS.keys()}")
+# --------------------------------------------------------------------------------------------
+# Shell: the asyncio server
+
+
+class _SimConnection(ServerConnection):
+    """A websockets server connection that is also its session: the stream it asked for, its
+    log record, the event that interrupts the sender's sleep.
+
+    ``connection_lost`` tells the simulator the moment the socket is gone. Without it a sender
+    asleep until its next frame (a second away at 1 frame/s) would notice a dead client only at
+    that send, and the session log would show it open for too long, i.e. a false overlap with
+    the client that replaced it.
+    """
+
+    target: tuple[str, int | None] | None = None  # (stream id, from_seq), set by the handshake
+    record: SessionRecord
+    wake: asyncio.Event
+    on_lost: Callable[[], None] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+def _json_response(connection: ServerConnection, status: int, payload: Any) -> Response:
+    response = connection.respond(status, json.dumps(payload))
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = "application/json"
+    return response
+
+
+def _format_peer(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
 
 
 class UpstreamSimulator(SimulatorControl):
@@ -888,7 +778,6 @@ class UpstreamSimulator(SimulatorControl):
     - ``rate``: default frames/s for new streams (overridable per stream).
     - ``buffer_frames``: replay window per stream; older ``from_seq`` values record a gap.
     - ``max_sessions_logged``: the session log keeps the most recent N records.
-    - ``compression``: ``"deflate"`` to negotiate permessage-deflate; off by default (memory).
     """
 
     def __init__(
@@ -899,7 +788,6 @@ class UpstreamSimulator(SimulatorControl):
         rate: float = DEFAULT_RATE,
         buffer_frames: int = DEFAULT_BUFFER_FRAMES,
         max_sessions_logged: int = DEFAULT_MAX_SESSIONS_LOGGED,
-        compression: str | None = None,
     ) -> None:
         if buffer_frames < 1:
             raise InvalidRequest(f"buffer_frames must be >= 1, got {buffer_frames}")
@@ -907,19 +795,19 @@ class UpstreamSimulator(SimulatorControl):
         self.rate = _check_rate(rate)
         self.buffer_frames = buffer_frames
         self._requested_port = port
-        self._compression = compression
+        # Per stream id. Faults, redirects and shapes may be armed before the stream is seen.
         self._streams: dict[str, StreamClock] = {}
-        self._live: dict[str, set[_LiveSession]] = {}
-        self._faults: dict[str, collections.deque[Fault]] = {}
-        self._rejects: collections.Counter[str] = collections.Counter()
-        self._redirects: dict[str, str] = {}  # stream id -> Location (see redirect_stream)
-        self._redirects_served: collections.Counter[str] = collections.Counter()
-        self._hostile: dict[str, collections.deque[tuple[HostileFrame, int]]] = {}
-        self._poisoned: dict[str, int] = {}  # stream id -> size of every session's first frame
+        self._live: defaultdict[str, set[_SimConnection]] = defaultdict(set)
+        self._faults: defaultdict[str, deque[Fault]] = defaultdict(deque)
+        self._rejects: Counter[str] = Counter()
+        self._redirects: dict[str, str] = {}  # -> Location (see redirect_stream)
+        self._redirects_served: Counter[str] = Counter()
+        self._hostile: defaultdict[str, deque[tuple[HostileFrame, int]]] = defaultdict(deque)
+        self._poisoned: dict[str, int] = {}  # -> size of every session's first frame
         self._shapes: dict[str, _ShapeConfig] = {}  # absent: plain
-        self._auth_rejects: collections.Counter[str] = collections.Counter()
+        self._auth_rejects: Counter[str] = Counter()
         self._hostile_ids = itertools.count(1)
-        self._log: collections.deque[SessionRecord] = collections.deque(maxlen=max_sessions_logged)
+        self._log: deque[SessionRecord] = deque(maxlen=max_sessions_logged)
         self._session_ids = itertools.count(1)
         self._server: Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -937,18 +825,16 @@ class UpstreamSimulator(SimulatorControl):
             self._requested_port,
             process_request=self._process_request,
             create_connection=_SimConnection,
-            compression=self._compression,
+            compression=None,
             # Accept the first subprotocol a client offers (the offer is logged either way).
             select_subprotocol=lambda _connection, offered: offered[0] if offered else None,
         )
 
     async def stop(self) -> None:
         """Stop accepting, close every open session with 1001, wait for the handlers. Idempotent."""
-        server = self._server
-        if server is None:
-            return
-        server.close()
-        await server.wait_closed()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -966,11 +852,10 @@ class UpstreamSimulator(SimulatorControl):
 
     @property
     def url(self) -> str:
-        """Base URL, ``ws://host:port``."""
         return f"ws://{self.host}:{self.port}"
 
     def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
-        return _OPERATIONS[operation](self, *args, **kwargs)
+        return _ROUTES[operation].operation(self, *args, **kwargs)
 
     def _now(self) -> float:
         loop = self._loop
@@ -983,154 +868,128 @@ class UpstreamSimulator(SimulatorControl):
             raise UnknownStream(stream_id) from None
 
     def _wake(self, stream_id: str) -> None:
-        for session in self._live.get(stream_id, ()):
-            session.wake.set()
+        for ws in self._live.get(stream_id, ()):
+            ws.wake.set()
 
     # -- HTTP --------------------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Answer /_sim control requests; validate stream requests; apply ``reject`` faults."""
+        """Answer /_sim control requests; validate stream requests; apply redirects, header
+        auth and ``reject`` faults."""
         raw_path, _, raw_query = request.path.partition("?")
         query = urllib.parse.parse_qs(raw_query, keep_blank_values=True)
-        if _is_control_path(raw_path):
-            return self._control(request.method, raw_path, query)
+        if raw_path == CONTROL_PREFIX or raw_path.startswith(CONTROL_PREFIX + "/"):
+            return self._control(connection, request.method, raw_path, query)
         if "Upgrade" not in request.headers:
             return None  # plain HTTP to a stream path: websockets answers 426 Upgrade Required
+        stream_id = urllib.parse.unquote(raw_path.removeprefix("/"))
         try:
-            target = _parse_stream_path(raw_path, query)
+            if not stream_id:
+                raise InvalidRequest("the path must name a stream: /<stream_id>")
+            from_seq = _param(query, RESUME_PARAM, int)
         except InvalidRequest as exc:
-            return _json_response(http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-        if target.stream_id in self._redirects:
-            return self._redirect_response(connection, target.stream_id)
-        config = self._shapes.get(target.stream_id)
+            return _json_response(connection, http.HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        if stream_id in self._redirects:
+            self._redirects_served[stream_id] += 1
+            response = connection.respond(http.HTTPStatus.FOUND, "redirected\n")
+            response.headers["Location"] = self._redirects[stream_id]
+            return response
+        config = self._shapes.get(stream_id)
         if (
             config is not None
             and config.shape is Shape.HEADER_AUTH
             and request.headers.get(config.header) != config.value
         ):
-            self._auth_rejects[target.stream_id] += 1
+            self._auth_rejects[stream_id] += 1
             return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong credential\n")
-        if self._rejects.get(target.stream_id, 0) > 0:
-            self._rejects[target.stream_id] -= 1
+        if self._rejects.get(stream_id, 0) > 0:
+            self._rejects[stream_id] -= 1
             return connection.respond(
                 http.HTTPStatus.SERVICE_UNAVAILABLE, "rejected by an injected fault\n"
             )
         assert isinstance(connection, _SimConnection)
-        connection.target = target
+        connection.target = (stream_id, from_seq)
         return None
 
-    def _redirect_response(self, connection: ServerConnection, stream_id: str) -> Response:
-        self._redirects_served[stream_id] += 1
-        response = connection.respond(http.HTTPStatus.FOUND, "redirected\n")
-        response.headers["Location"] = self._redirects[stream_id]
-        return response
-
-    def _control(self, method: str, raw_path: str, query: dict[str, list[str]]) -> Response:
+    def _control(
+        self, connection: ServerConnection, method: str, raw_path: str, query: _Query
+    ) -> Response:
         """Answer a /_sim request: the operation its path names, its arguments from the query."""
-        parts = raw_path.split("/")[2:]
-        found = _match_endpoint(method, parts)
+        found = _match_route(method, raw_path.removeprefix(CONTROL_PREFIX + "/"))
         if found is None:
             if method in ("GET", "POST"):
-                error = f"no such endpoint: {method} {parts}"
-                return _json_response(http.HTTPStatus.NOT_FOUND, {"error": error})
-            error = f"method {method} not allowed"
-            return _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": error})
+                status, error = http.HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {raw_path}"
+            else:
+                status, error = http.HTTPStatus.METHOD_NOT_ALLOWED, f"method {method} not allowed"
+            return _json_response(connection, status, {"error": error})
         name, kwargs = found
-        endpoint = _ENDPOINTS[name]
+        route = _ROUTES[name]
         try:
-            kwargs.update({arg: parse(query, wire) for wire, arg, parse in endpoint.params})
-            status, payload = http.HTTPStatus.OK, _to_wire(endpoint, self._call(name, **kwargs))
+            kwargs.update({arg: _param(query, wire, kind) for wire, arg, kind in route.params})
+            status, payload = http.HTTPStatus.OK, _to_wire(route, self._call(name, **kwargs))
         except UnknownStream as exc:
             status, payload = http.HTTPStatus.NOT_FOUND, {"error": str(exc)}
         except InvalidRequest as exc:
             status, payload = http.HTTPStatus.BAD_REQUEST, {"error": str(exc)}
-        return _json_response(status, payload)
-
-    # -- hostile frames ----------------------------------------------------------------------
-
-    async def _send_hostile(self, session: _LiveSession, kind: HostileFrame, size: int) -> None:
-        record = session.record
-        n = next(self._hostile_ids)
-        record.faults = (*record.faults, f"hostile:{kind.value}:{n}:{size}")
-        await session.ws.send(hostile_frame_text(record.stream_id, kind, n, size))
-
-    async def _send_pending_hostile(self, session: _LiveSession, opening: bool) -> bool:
-        """Send the poisoned opening frame (first call) and any armed hostile frames; True if
-        anything was sent."""
-        stream_id = session.record.stream_id
-        sent = False
-        if opening and stream_id in self._poisoned:
-            await self._send_hostile(session, HostileFrame.OPENING, self._poisoned[stream_id])
-            sent = True
-        pending = self._hostile.pop(stream_id, None)
-        while pending:
-            kind, size = pending.popleft()
-            await self._send_hostile(session, kind, size)
-            sent = True
-        return sent
+        return _json_response(connection, status, payload)
 
     # -- WebSocket sessions ------------------------------------------------------------------
 
     async def _handle_session(self, connection: ServerConnection) -> None:
         """The one task per connection: register the session, stream until it ends."""
         assert isinstance(connection, _SimConnection) and connection.target is not None
-        target = connection.target
-        opened_here = target.stream_id not in self._streams
+        assert connection.request is not None
+        stream_id, requested_from = connection.target
+        opened_here = stream_id not in self._streams
         if opened_here:
-            self.open_stream(target.stream_id)
-        clock = self._streams[target.stream_id]
-        config = self._shapes.get(target.stream_id)
+            self.open_stream(stream_id)
+        clock = self._streams[stream_id]
+        config = self._shapes.get(stream_id)
         shape = Shape.PLAIN if config is None else config.shape
-        from_seq = None if shape is Shape.LIVE_ONLY else target.from_seq
         # A stream this session opened has produced nothing it could have missed: it starts at
         # seq 1 (reading its clock again could already count a frame on a busy machine).
         current = 0 if opened_here else clock.current(self._now())
+        from_seq = None if shape is Shape.LIVE_ONLY else requested_from
         next_seq, gap = plan_start(from_seq, current, self.buffer_frames)
-        request = connection.request
         headers: dict[str, str] = {}
-        if request is not None:
-            for name, value in request.headers.raw_items():
-                headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        record = SessionRecord(
-            stream_id=target.stream_id,
+        for name, value in connection.request.headers.raw_items():
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        offered = headers.get("Sec-WebSocket-Protocol", "").split(",")
+        connection.record = record = SessionRecord(
+            stream_id=stream_id,
             session_id=next(self._session_ids),
             peer=_format_peer(connection.remote_address),
-            from_seq=target.from_seq,
+            from_seq=requested_from,
             opened_at=time.time(),
             gap=gap,
             headers=headers,
-            query=request.path.partition("?")[2] if request is not None else "",
-            subprotocols=tuple(
-                p.strip()
-                for p in headers.get("Sec-WebSocket-Protocol", "").split(",")
-                if p.strip()
-            ),
+            query=connection.request.path.partition("?")[2],
+            subprotocols=tuple(p.strip() for p in offered if p.strip()),
         )
         self._log.append(record)
-        session = _LiveSession(record, connection, asyncio.Event())
-        self._live.setdefault(target.stream_id, set()).add(session)
-        connection.on_lost = lambda: self._session_lost(session)
+        connection.wake = asyncio.Event()
+        self._live[stream_id].add(connection)
+        connection.on_lost = lambda: self._session_lost(connection)
         if connection.state is State.CLOSED:  # lost before we could hook it
-            self._session_lost(session)
+            self._session_lost(connection)
         with contextlib.suppress(ConnectionClosed):  # the peer left: _session_lost logged it
             if shape is Shape.SUBSCRIBE:
                 assert config is not None
-                subscribed = await self._await_subscribe(session, clock, config.field)
+                subscribed = await self._await_subscribe(connection, clock, config.field)
                 if subscribed is None:
                     return
                 next_seq = subscribed
-            await self._stream_frames(session, clock, next_seq)
+            await self._stream_frames(connection, clock, next_seq)
         await connection.wait_closed()
 
     async def _await_subscribe(
-        self, session: _LiveSession, clock: StreamClock, field: str
+        self, ws: _SimConnection, clock: StreamClock, field: str
     ) -> int | None:
         """``subscribe`` shape: wait for the client's JSON message; the first seq to send, or
         None if the session ended (a message that is not a JSON object closes it, 1008)."""
-        ws, record = session.ws, session.record
         message = await ws.recv()
         text = message if isinstance(message, str) else message.decode("utf-8", "replace")
-        record.subscribe = text
+        ws.record.subscribe = text
         try:
             payload = json.loads(text)
         except ValueError:
@@ -1139,38 +998,29 @@ class UpstreamSimulator(SimulatorControl):
         if wanted is not None and (not isinstance(wanted, int) or isinstance(wanted, bool)):
             await ws.close(1008, "subscribe: expected a JSON object with a numeric from_seq")
             return None
-        record.from_seq = wanted
-        next_seq, record.gap = plan_start(wanted, clock.current(self._now()), self.buffer_frames)
+        ws.record.from_seq = wanted
+        next_seq, ws.record.gap = plan_start(wanted, clock.current(self._now()), self.buffer_frames)
         return next_seq
 
-    def _session_lost(self, session: _LiveSession) -> None:
+    def _session_lost(self, ws: _SimConnection) -> None:
         """Close the log record at the moment the socket went away, and wake the sender."""
-        if session.closed:
+        record = ws.record
+        if not record.is_open:
             return
-        session.closed = True
-        code = session.ws.close_code
-        session.record.closed_at = time.time()
-        session.record.close_code = "abort" if code in (None, 1006) else code
-        live = self._live.get(session.record.stream_id)
-        if live is not None:
-            live.discard(session)
-            if not live:
-                del self._live[session.record.stream_id]
-        session.wake.set()
+        record.closed_at = time.time()
+        record.close_code = "abort" if ws.close_code in (None, 1006) else ws.close_code
+        self._live[record.stream_id].discard(ws)
+        ws.wake.set()
 
-    def _take_fault(self, stream_id: str) -> Fault | None:
-        pending = self._faults.get(stream_id)
-        if not pending:
-            return None
-        fault = pending.popleft()
-        if not pending:
-            del self._faults[stream_id]
-        return fault
+    async def _send_hostile(self, ws: _SimConnection, kind: HostileFrame, size: int) -> None:
+        n = next(self._hostile_ids)
+        ws.record.faults = (*ws.record.faults, f"hostile:{kind.value}:{n}:{size}")
+        await ws.send(hostile_frame_text(ws.record.stream_id, kind, n, size))
 
-    async def _apply_fault(self, session: _LiveSession, fault: Fault) -> bool:
+    async def _apply_fault(self, ws: _SimConnection, fault: Fault) -> bool:
         """Carry out ``fault``; True if the session is over."""
-        ws, record = session.ws, session.record
-        record.faults = (*record.faults, fault.value)
+        stream_id = ws.record.stream_id
+        ws.record.faults = (*ws.record.faults, fault.value)
         match fault:
             case Fault.DROP:
                 ws.transport.abort()
@@ -1182,26 +1032,26 @@ class UpstreamSimulator(SimulatorControl):
                 await ws.close(1011, "fault: close_error")
                 return True
             case Fault.GARBAGE:
-                await ws.send(garbage_text(record.stream_id))
+                await ws.send(f"<<garbage for {stream_id}>>")  # deliberately not JSON
             case Fault.NOSEQ:
-                await ws.send(noseq_text(record.stream_id))
+                await ws.send(json.dumps({"data": f"{stream_id}:noseq"}))
         return False
 
-    async def _stream_frames(
-        self, session: _LiveSession, clock: StreamClock, next_seq: int
-    ) -> None:
-        """Send due frames, apply faults, sleep until the next frame is due; repeat until closed."""
-        ws, record = session.ws, session.record
-        stream_id = record.stream_id
-        opening = True
-        while not session.closed:
-            if await self._send_pending_hostile(session, opening):
-                opening = False
+    async def _stream_frames(self, ws: _SimConnection, clock: StreamClock, next_seq: int) -> None:
+        """Send due frames, apply faults, sleep until the next frame is due; repeat until closed.
+
+        A poisoned stream's opening frame goes first; armed hostile frames go out as soon as
+        they are armed, faults one at a time (each may end the session)."""
+        record, stream_id = ws.record, ws.record.stream_id
+        if stream_id in self._poisoned:
+            await self._send_hostile(ws, HostileFrame.OPENING, self._poisoned[stream_id])
+        while record.is_open:
+            if self._hostile.get(stream_id):
+                for kind, size in self._hostile.pop(stream_id):
+                    await self._send_hostile(ws, kind, size)
                 continue
-            opening = False
-            fault = self._take_fault(stream_id)
-            if fault is not None:
-                if await self._apply_fault(session, fault):
+            if self._faults.get(stream_id):
+                if await self._apply_fault(ws, self._faults[stream_id].popleft()):
                     return
                 continue
             now = self._now()
@@ -1222,14 +1072,12 @@ class UpstreamSimulator(SimulatorControl):
                 await ws.close(1000, "end of stream")
                 return
             delay = clock.due_at(next_seq) - now
-            session.wake.clear()
-            try:
+            ws.wake.clear()
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(
                     None if math.isinf(delay) else max(delay, _MIN_SLEEP_SECONDS)
                 ):
-                    await session.wake.wait()
-            except TimeoutError:
-                pass
+                    await ws.wake.wait()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1252,20 +1100,18 @@ class SimulatorThread(SimulatorControl, Service):
         self.sim = UpstreamSimulator(host, port, **settings)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the thread and wait until the server is listening (re-raises start errors)."""
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="upstream-simulator", daemon=True)
+        listening: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(listening,), name="upstream-simulator", daemon=True
+        )
         self._thread.start()
-        if not self._ready.wait(timeout):
-            raise SimulatorError(f"simulator did not start within {timeout} s")
-        if self._error is not None:
-            raise self._error
+        listening.result(timeout)
 
     def stop(
         self,
@@ -1284,22 +1130,22 @@ class SimulatorThread(SimulatorControl, Service):
         join(thread, timeout)
         self._thread = None
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # surfaced to start() if it happened before ready
-            self._error = exc
-            self._ready.set()
+    def _run(self, listening: concurrent.futures.Future[None]) -> None:
+        async def serve_until_stop() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            await self.sim.start()
+            listening.set_result(None)
+            try:
+                await self._stop.wait()
+            finally:
+                await self.sim.stop()
 
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        await self.sim.start()
-        self._ready.set()
         try:
-            await self._stop.wait()
-        finally:
-            await self.sim.stop()
+            asyncio.run(serve_until_stop())
+        except BaseException as exc:
+            if listening.done():
+                raise  # after start: the thread's excepthook reports it
+            listening.set_exception(exc)  # start() raises it
 
     def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
         loop = self._loop
@@ -1313,12 +1159,10 @@ class SimulatorThread(SimulatorControl, Service):
 
     @property
     def port(self) -> int:
-        """The bound TCP port."""
         return self.sim.port
 
     @property
     def url(self) -> str:
-        """Base URL, ``ws://host:port``."""
         return self.sim.url
 
 
@@ -1347,26 +1191,24 @@ class SimulatorClient(SimulatorControl):
 
     @property
     def url(self) -> str:
-        """Base URL, ``ws://host:port``."""
         return self.ws_url
 
     def _call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
-        endpoint = _ENDPOINTS[operation]
-        bound = inspect.signature(_OPERATIONS[operation]).bind(None, *args, **kwargs).arguments
-        path = endpoint.path.replace(
+        route = _ROUTES[operation]
+        bound = inspect.signature(route.operation).bind(None, *args, **kwargs).arguments
+        path = route.path.replace(
             "{id}", urllib.parse.quote(str(bound.get("stream_id", "")), safe="")
         )
-        params = {wire: bound.get(arg) for wire, arg, _parse in endpoint.params}
-        return _from_wire(endpoint, self._request(endpoint.verb, path, params))
-
-    def _request(self, method: str, path: str, params: dict[str, Any]) -> Any:
         # None and False are left out; True is "1" (what the server's flags accept).
         # (Compared by identity: ``0 == False``, and a max_seq of 0 must be sent.)
+        params = {wire: bound.get(arg) for wire, arg, _kind in route.params}
         sent = {k: "1" if v is True else v for k, v in params.items() if v is not None}
         query = urllib.parse.urlencode({k: v for k, v in sent.items() if v is not False})
+        return _from_wire(route, self._request(route.verb, path, query))
+
+    def _request(self, method: str, path: str, query: str) -> Any:
         url = f"{self.http_url}{CONTROL_PREFIX}/{path}" + (f"?{query}" if query else "")
-        data = b"" if method == "POST" else None
-        request = urllib.request.Request(url, data=data, method=method)
+        request = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
@@ -1385,7 +1227,10 @@ class SimulatorClient(SimulatorControl):
 # Command line: python -m wsfleet_local.simulator
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
+    """Serve in the foreground: one JSON line ``{"url": ...}`` once listening, then until
+    SIGTERM/SIGINT (or stdin EOF when asked). Returns 0 after a graceful stop (open sessions
+    closed with 1001), 1 when a second signal cut the stop short."""
     parser = argparse.ArgumentParser(
         prog="python -m wsfleet_local.simulator",
         description="Run the upstream WebSocket simulator in the foreground.",
@@ -1393,28 +1238,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE, help="frames/s per stream")
-    parser.add_argument("--buffer-frames", type=int, default=DEFAULT_BUFFER_FRAMES)
-    parser.add_argument("--max-sessions-logged", type=int, default=DEFAULT_MAX_SESSIONS_LOGGED)
-    parser.add_argument("--compression", action="store_true", help="offer permessage-deflate")
     parser.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (parent died)"
     )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve in the foreground: one JSON line ``{"url": ...}`` once listening, then until
-    SIGTERM/SIGINT (or stdin EOF when asked). Returns 0 after a graceful stop (open sessions
-    closed with 1001), 1 when a second signal cut the stop short."""
-    args = _parse_args(argv)
-    simulator = SimulatorThread(
-        args.host,
-        args.port,
-        rate=args.rate,
-        buffer_frames=args.buffer_frames,
-        max_sessions_logged=args.max_sessions_logged,
-        compression="deflate" if args.compression else None,
-    )
+    args = parser.parse_args(argv)
+    simulator = SimulatorThread(args.host, args.port, rate=args.rate)
     with StopSignals() as stop:
         simulator.start()
         try:
