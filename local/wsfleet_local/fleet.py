@@ -58,11 +58,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wsfleet.exceptions import WsfleetError
+from wsfleet.settings import ENVIRONMENT
 
 from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template, local_client
@@ -165,7 +166,6 @@ class WorkerSlot:
     worker_id: str
     process: ChildProcess
     generation: int = 0
-    started_at: float = field(default_factory=time.time)
 
     @property
     def pid(self) -> int:
@@ -282,24 +282,12 @@ class LocalFleet:
         return SimulatorClient(self.simulator_url)
 
     @property
-    def worker_pids(self) -> list[int]:
-        return [slot.pid for slot in self.workers]
-
-    @property
     def worker_ids(self) -> list[str]:
         return [slot.worker_id for slot in self.workers]
 
     @property
     def control_queue_prefix(self) -> str:
         return f"{self.stack_name}-ctl-"
-
-    @property
-    def scheduler(self) -> ReconcileScheduler | None:
-        return self._scheduler
-
-    @property
-    def poller(self) -> StreamPoller | None:
-        return self._poller
 
     @property
     def task_watcher(self) -> TaskExitWatcher | None:
@@ -347,31 +335,31 @@ class LocalFleet:
             raise
         return self
 
+    def _spawn_child(
+        self, name: str, *args: str, stdin_pipe: bool = False
+    ) -> tuple[ChildProcess, dict[str, Any]]:
+        """``python -m wsfleet_local.<name> --host 127.0.0.1 --port 0 ARGS``, logged to
+        run_dir; returns the child and its JSON ready line."""
+        child = spawn(
+            name,
+            [sys.executable, "-m", f"wsfleet_local.{name}", "--host", "127.0.0.1", "--port", "0",
+             *args],
+            env=self._base_env(),
+            log_path=self.run_dir / f"{name}.log",
+            stdin_pipe=stdin_pipe,
+            capture_stdout=True,
+        )  # fmt: skip
+        return child, child.read_json_line(CHILD_READY_TIMEOUT_SECONDS)
+
     def _start_backend(self) -> None:
         self._progress("starting DynamoDB + SQS (moto) and creating the stack's tables/queues")
-        command = [
-            sys.executable,
-            "-m",
-            "wsfleet_local.backend",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--create-resources",
-            self.stack_name,
-            "--template",
-            str(self._template_path),
-            "--exit-on-stdin-eof",
-        ]
-        self._backend = spawn(
+        self._backend, ready = self._spawn_child(
             "backend",
-            command,
-            env=self._base_env(),
-            log_path=self.run_dir / "backend.log",
+            "--create-resources", self.stack_name,
+            "--template", str(self._template_path),
+            "--exit-on-stdin-eof",
             stdin_pipe=True,
-            capture_stdout=True,
-        )
-        ready = self._backend.read_json_line(CHILD_READY_TIMEOUT_SECONDS)
+        )  # fmt: skip
         self._resources = Resources(**ready["resources"])
         resources = self._resources
         self._resolver = StackResolver(
@@ -422,25 +410,8 @@ class LocalFleet:
 
     def _start_simulator(self) -> None:
         self._progress("starting the upstream WebSocket simulator")
-        command = [
-            sys.executable,
-            "-m",
-            "wsfleet_local.simulator",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--rate",
-            str(self.rate),
-        ]
-        self._simulator = spawn(
-            "simulator",
-            command,
-            env=self._base_env(),
-            log_path=self.run_dir / "simulator.log",
-            capture_stdout=True,
-        )
-        self.simulator_url = str(self._simulator.read_json_line(CHILD_READY_TIMEOUT_SECONDS)["url"])
+        self._simulator, ready = self._spawn_child("simulator", "--rate", str(self.rate))
+        self.simulator_url = str(ready["url"])
 
     def _function_env(self, spec: FunctionSpec) -> dict[str, str]:
         assert self._resolver is not None
@@ -521,16 +492,14 @@ class LocalFleet:
 
     def _start_stream_poller(self, source: Any) -> None:
         resources = self.resources
-        streams_client = local_client(
-            "dynamodbstreams", resources.endpoint_url, resources.region
-        )
+        streams_client = local_client("dynamodbstreams", resources.endpoint_url, resources.region)
         self._poller = StreamPoller(
             client=streams_client,
             stream_arn=resources.stream_arn,
             invoke=self._functions[STREAM_NOTIFIER].invoke,
             source=source,
             region=resources.region,
-            function_arn=f"arn:aws:lambda:{resources.region}:123456789012:function:"
+            function_arn=f"arn:aws:lambda:{resources.region}:{LOCAL_ACCOUNT_ID}:function:"
             f"{self.stack_name}-stream-notifier",
             poll_interval_seconds=self.stream_poll_seconds,
             on_failure=self._on_failure_sender(source.on_failure_destination),
@@ -797,29 +766,10 @@ class LocalFleet:
 
 
 #: Variables a developer's shell may hold that must not leak into the local processes (each
-#: process gets exactly the value the template or the fleet gives it).
+#: process gets exactly the value the template or the fleet gives it): every setting wsfleet
+#: reads, and what the Lambda runtime or ECS would set.
 _FUNCTION_VARIABLES = frozenset(
-    {
-        "CONNECTIONS_TABLE",
-        "MESSAGES_TABLE",
-        "HINT_QUEUE_URL",
-        "LEASE_SECONDS",
-        "HEARTBEAT_EVERY",
-        "CHECKPOINT_SECONDS",
-        "WORKER_SWEEP_SECONDS",
-        "WORKER_ID",
-        "CONTROL_QUEUE_PREFIX",
-        "CONTROL_QUEUE_SENDER_ARNS",
-        "POWERTOOLS_SERVICE_NAME",
-        "RECONCILE_PASS_SECONDS",
-        "ALLOWED_UPSTREAM_HOSTS",
-        "ALLOW_INSECURE_WS",
-        "HEALTH_FILE",
-        "MAX_CONNECTIONS",
-        "DRAIN_TIMEOUT_SECONDS",
-        "ECS_CONTAINER_METADATA_URI_V4",
-        "WORKER_CONTAINER_NAME",
-    }
+    {var.name for var in ENVIRONMENT} | {"POWERTOOLS_SERVICE_NAME", "ECS_CONTAINER_METADATA_URI_V4"}
 )
 
 
