@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import signal
@@ -45,7 +46,7 @@ from rich.table import Table
 from rich.text import Text
 
 from wsfleet.messages import MessageStore
-from wsfleet.record import DesiredState, WorkerRecord, connection_pk
+from wsfleet.record import DesiredState, connection_pk
 
 from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
 from .backend import local_client
@@ -115,9 +116,7 @@ class DemoReport:
 class Snapshot:
     """One read of the connections table (and, when asked, the simulator's session log)."""
 
-    at: float
     rows: Mapping[str, ConnectionRow]
-    workers: Mapping[str, WorkerRecord]
     sessions: Mapping[str, list[SessionRecord]] = field(default_factory=dict)
 
 
@@ -140,7 +139,7 @@ class _Monitor:
         self.console.print(f"[{time.monotonic() - self.started:5.1f}s] {message}", highlight=False)
 
     def snapshot(self, *, with_sessions: bool = False) -> Snapshot:
-        table_rows, workers = read_table(
+        table_rows, _ = read_table(
             self.ddb, self.fleet.resources.connections_table, int(time.time() * 1000)
         )
         rows = {row.connection_id: row for row in table_rows}
@@ -148,7 +147,7 @@ class _Monitor:
         if with_sessions:
             for record in self.fleet.simulator.sessions():
                 sessions.setdefault(record.stream_id, []).append(record)
-        self.last = Snapshot(at=time.time(), rows=rows, workers=workers, sessions=sessions)
+        self.last = Snapshot(rows=rows, sessions=sessions)
         if self.live is not None:
             self.live.update(self.render(), refresh=True)
         return self.last
@@ -158,10 +157,13 @@ class _Monitor:
         what: str,
         predicate: Callable[[Snapshot], bool],
         *,
-        timeout_seconds: float,
+        timeout_seconds: float | None = None,
         with_sessions: bool = True,
     ) -> bool:
-        """Poll until ``predicate(snapshot)``; False (and an event) on timeout."""
+        """Poll until ``predicate(snapshot)``; False (and an event) on timeout. The default
+        bound is a lease (a takeover may wait for one) plus the slack."""
+        if timeout_seconds is None:
+            timeout_seconds = self.fleet.timings.lease_seconds + CONVERGE_SLACK_SECONDS
         deadline = time.monotonic() + timeout_seconds
         while True:
             snap = self.snapshot(with_sessions=with_sessions)
@@ -198,11 +200,7 @@ class _Monitor:
         for column in ("slot", "worker", "pid", "process", "conns", "connections"):
             table.add_column(column)
         for slot in self.fleet.workers:
-            owned = sorted(
-                row.connection_id
-                for row in snap.rows.values()
-                if row.owner == slot.worker_id and row.lease_state == "held"
-            )
+            owned = _held_by(snap, slot.worker_id)
             state = self.slot_state.get(slot.index, "running" if slot.alive() else "exited")
             table.add_row(
                 str(slot.index),
@@ -231,18 +229,23 @@ class _Monitor:
         return table
 
 
+def _held_by(snap: Snapshot, worker_id: str) -> list[str]:
+    """The connections ``worker_id`` holds a live lease on, sorted."""
+    return sorted(
+        row.connection_id
+        for row in snap.rows.values()
+        if row.owner == worker_id and row.lease_state == "held"
+    )
+
+
 def _busiest_slot(
     fleet: LocalFleet, snap: Snapshot, rng: random.Random, exclude: set[int]
 ) -> int | None:
-    counts: dict[int, int] = {}
-    for slot in fleet.workers:
-        if slot.index in exclude or not slot.alive():
-            continue
-        counts[slot.index] = sum(
-            1
-            for row in snap.rows.values()
-            if row.owner == slot.worker_id and row.lease_state == "held"
-        )
+    counts = {
+        slot.index: len(_held_by(snap, slot.worker_id))
+        for slot in fleet.workers
+        if slot.index not in exclude and slot.alive()
+    }
     if not counts or max(counts.values()) == 0:
         return None
     top = max(counts.values())
@@ -298,11 +301,7 @@ def _disrupt(
         monitor.event(f"[red]{label}: no worker holds a connection[/red]")
         return timing, None
     slot = fleet.workers[index]
-    affected = sorted(
-        row.connection_id
-        for row in snap.rows.values()
-        if row.owner == slot.worker_id and row.lease_state == "held"
-    )
+    affected = _held_by(snap, slot.worker_id)
     timing.victim = slot.worker_id
     name = signal.Signals(signum).name
     monitor.phase = f"{label}: {name} {slot.worker_id}"
@@ -322,21 +321,19 @@ def _disrupt(
         first = first_frame_after(sessions.get(stream_id, []), at)
         if first is not None:
             timing.seconds[stream_id] = first - at
-    summary = timing.summary()
-    if summary:
-        monitor.event(
-            f"{label}: {len(timing.seconds)} stream(s) flowing again elsewhere, "
-            f"p50 {summary[0]:.2f} s, max {summary[1]:.2f} s"
-        )
+    _announce(monitor, timing, f"{label}: {len(timing.seconds)} stream(s) flowing again elsewhere")
     return timing, index
 
 
+def _announce(monitor: _Monitor, timing: PhaseTiming, what: str) -> None:
+    """An event with the phase's p50 and max, once anything was measured."""
+    summary = timing.summary()
+    if summary:
+        monitor.event(f"{what}, p50 {summary[0]:.2f} s, max {summary[1]:.2f} s")
+
+
 def _held(snap: Snapshot, workers: Sequence[str]) -> dict[str, int]:
-    held = dict.fromkeys(workers, 0)
-    for row in snap.rows.values():
-        if row.lease_state == "held" and row.owner in held:
-            held[row.owner] += 1
-    return held
+    return {worker: len(_held_by(snap, worker)) for worker in workers}
 
 
 def _scale_out(
@@ -426,20 +423,14 @@ def _stop_some(
     monitor.event(f"STOP sent for {' '.join(chosen)}")
 
     def closed(snap: Snapshot) -> bool:
-        for stream_id in chosen:
-            row = snap.rows.get(stream_id)
-            sessions = snap.sessions.get(stream_id, [])
-            if row is None or not _finished(row):
-                return False
-            if any(s.is_open for s in sessions):
-                return False
-        return True
+        return all(
+            (row := snap.rows.get(stream_id)) is not None
+            and _finished(row)
+            and not any(s.is_open for s in snap.sessions.get(stream_id, []))
+            for stream_id in chosen
+        )
 
-    timing.converged = monitor.wait(
-        "STOPs",
-        closed,
-        timeout_seconds=monitor.fleet.timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    )
+    timing.converged = monitor.wait("STOPs", closed)
     for stream_id in chosen:
         sessions = monitor.last.sessions.get(stream_id, []) if monitor.last else []
         at = sent_at[stream_id]
@@ -448,11 +439,7 @@ def _stop_some(
         ]
         if closes:
             timing.seconds[stream_id] = max(closes) - at
-    summary = timing.summary()
-    if summary:
-        monitor.event(
-            f"STOP: upstream sessions closed, p50 {summary[0]:.2f} s, max {summary[1]:.2f} s"
-        )
+    _announce(monitor, timing, "STOP: upstream sessions closed")
     return timing, produced
 
 
@@ -493,16 +480,13 @@ def run_demo(options: DemoOptions, console: Console) -> DemoReport:
     with fleet:
         monitor = _Monitor(fleet, console, ids)
         if console.is_terminal:
-            with Live(monitor.render(), console=console, auto_refresh=False) as live:
-                monitor.live = live
-                _scenario(monitor, fleet, rng, ids, options, report)
-                monitor.phase = "done"
-                monitor.snapshot()
-        else:  # CI logs: the events were printed as they happened; show the final tables once
+            monitor.live = Live(monitor.render(), console=console, auto_refresh=False)
+        with monitor.live or contextlib.nullcontext():
             _scenario(monitor, fleet, rng, ids, options, report)
             monitor.phase = "done"
             monitor.snapshot()
-            console.print(monitor.render())
+        if monitor.live is None:  # CI logs: the events were printed as they happened
+            console.print(monitor.render())  # show the final tables once
         console.print("stopping the fleet", style="dim")
     report.elapsed_seconds = time.monotonic() - started
     return report
@@ -518,17 +502,12 @@ def _scenario(
 ) -> None:
     api = ApiClient(fleet.api_url)
     sim = fleet.simulator
-    timings = options.timings
     monitor.phase = "START"
     for stream_id in ids:
         sim.open_stream(stream_id, rate=options.rate)
         api.start(stream_id, sim.url_for(stream_id))
     monitor.event(f"START sent for {len(ids)} streams via {fleet.api_url}")
-    if not monitor.wait(
-        "every stream to flow",
-        _all_streaming(ids),
-        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    ):
+    if not monitor.wait("every stream to flow", _all_streaming(ids)):
         report.failures.append("not every stream started")
     monitor.phase = "streaming"
     monitor.pause(options.steady_seconds)
@@ -556,11 +535,7 @@ def _scenario(
         report.failures.append("STOP did not converge")
     remaining = [stream_id for stream_id in ids if stream_id not in produced]
     monitor.phase = "converging"
-    if not monitor.wait(
-        "the remaining streams to flow",
-        _all_streaming(remaining),
-        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    ):
+    if not monitor.wait("the remaining streams to flow", _all_streaming(remaining)):
         report.failures.append("the fleet did not converge after the disruptions")
     monitor.pause(1.0)
 
@@ -575,11 +550,7 @@ def _scenario(
             (row := snap.rows.get(stream_id)) is not None and _finished(row) for stream_id in ids
         )
 
-    if monitor.wait(
-        "every connection to stop and release",
-        settled,
-        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    ):
+    if monitor.wait("every connection to stop and release", settled):
         monitor.event("every connection is STOPPED and no lease is held")
     else:
         report.failures.append("not every connection stopped after the upstream ended")
