@@ -69,7 +69,7 @@ from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template, local_client
 from .dynalite import Dynalite
 from .lambda_process import FunctionProcess
-from .procs import ChildProcess, spawn
+from .procs import ChildProcess, Service, spawn
 from .scheduler import ReconcileScheduler
 from .simulator import SimulatorClient
 from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, read_stack
@@ -191,7 +191,7 @@ def local_secret_prefixes(region: str) -> tuple[str, str]:
     )
 
 
-class LocalFleet:
+class LocalFleet(Service):
     """Starts, supervises and stops the local system. Not thread-safe: drive it from one thread
     (the one that will outlive it; children receive SIGTERM when that thread's process dies).
     """
@@ -757,12 +757,6 @@ class LocalFleet:
         partial = self.run_dir / "fleet.json.tmp"
         partial.write_text(json.dumps(state, indent=2), encoding="utf-8")
         partial.replace(self.run_dir / "fleet.json")  # readers never see half a file
-
-    def __enter__(self) -> LocalFleet:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 #: Variables a developer's shell may hold that must not leak into the local processes (each
