@@ -252,35 +252,37 @@ def _busiest_slot(
     return rng.choice(sorted(index for index, count in counts.items() if count == top))
 
 
-def _finished(row: ConnectionRow) -> bool:
+#: A condition on one stream: its row in the connections table and its upstream sessions.
+StreamCheck = Callable[[ConnectionRow, list[SessionRecord]], bool]
+
+
+def _every(ids: Sequence[str], holds: StreamCheck) -> Callable[[Snapshot], bool]:
+    """A wait condition: ``holds`` for every stream of ``ids`` (one not in the table fails)."""
+
+    def check(snap: Snapshot) -> bool:
+        return all(
+            (row := snap.rows.get(stream_id)) is not None
+            and holds(row, snap.sessions.get(stream_id, []))
+            for stream_id in ids
+        )
+
+    return check
+
+
+def _streaming(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
+    """Owned, with an open upstream session that has sent a frame."""
+    return row.streaming and any(s.is_open and s.first_frame_at for s in sessions)
+
+
+def _finished(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
     """STOPPED and nobody streams it: released, or (owner self-fenced) its owner's worker
     lease has lapsed."""
     return row.desired_state == DesiredState.STOPPED and row.lease_state != "held"
 
 
-def _all_streaming(ids: Sequence[str]) -> Callable[[Snapshot], bool]:
-    def check(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None
-            and row.streaming
-            and any(s.is_open and s.first_frame_at for s in snap.sessions.get(stream_id, []))
-            for stream_id in ids
-        )
-
-    return check
-
-
-def _resumed_elsewhere(ids: Sequence[str], victim: str, after: float) -> Callable[[Snapshot], bool]:
-    def check(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None
-            and row.streaming
-            and row.owner != victim
-            and first_frame_after(snap.sessions.get(stream_id, []), after) is not None
-            for stream_id in ids
-        )
-
-    return check
+def _closed(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
+    """Finished, and no upstream session of it is left open."""
+    return _finished(row, sessions) and not any(s.is_open for s in sessions)
 
 
 def _disrupt(
@@ -313,8 +315,16 @@ def _disrupt(
         f"{' '.join(affected)}"
     )
     bound = fleet.timings.lease_seconds * 2 + CONVERGE_SLACK_SECONDS
+
+    def resumed(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
+        return (
+            row.streaming
+            and row.owner != slot.worker_id
+            and first_frame_after(sessions, at) is not None
+        )
+
     timing.converged = monitor.wait(
-        f"{label} takeover", _resumed_elsewhere(affected, slot.worker_id, at), timeout_seconds=bound
+        f"{label} takeover", _every(affected, resumed), timeout_seconds=bound
     )
     sessions = monitor.last.sessions if monitor.last else {}
     for stream_id in affected:
@@ -336,9 +346,7 @@ def _held(snap: Snapshot, workers: Sequence[str]) -> dict[str, int]:
     return {worker: len(_held_by(snap, worker)) for worker in workers}
 
 
-def _scale_out(
-    monitor: _Monitor, fleet: LocalFleet, ids: Sequence[str]
-) -> tuple[PhaseTiming, str]:
+def _scale_out(monitor: _Monitor, fleet: LocalFleet, ids: Sequence[str]) -> tuple[PhaseTiming, str]:
     """A worker joins (autoscaling adds a task); time until every worker holds its share
     within the band, and each move's gap (old upstream session closed -> new one's first
     frame). Moves are graceful hand-offs planned by the reconciler's fleet view."""
@@ -359,8 +367,9 @@ def _scale_out(
 
     monitor.phase = "rebalancing"
     before_workers = list(fleet.worker_ids)
-    monitor.wait("the spread to settle", even(before_workers),
-                 timeout_seconds=CONVERGE_SLACK_SECONDS)
+    monitor.wait(
+        "the spread to settle", even(before_workers), timeout_seconds=CONVERGE_SLACK_SECONDS
+    )
     before = monitor.snapshot()
     spread_before = "/".join(str(n) for n in _held(before, before_workers).values())
     at = time.time()
@@ -370,13 +379,15 @@ def _scale_out(
     monitor.phase = f"scale-out: {slot.worker_id} joined"
     monitor.event(f"scale-out: worker {slot.worker_id} joins; held per worker {spread_before}")
     timing.converged = monitor.wait(
-        "the spread to even out", even(workers),
+        "the spread to even out",
+        even(workers),
         timeout_seconds=fleet.timings.rebalance_seconds * 6 + CONVERGE_SLACK_SECONDS,
     )
     after = monitor.snapshot(with_sessions=True)
     took = time.time() - at
     moved = [
-        i for i in ids
+        i
+        for i in ids
         if (row := after.rows.get(i)) and (old := before.rows.get(i)) and row.epoch > old.epoch
     ]
     for stream_id in moved:
@@ -422,15 +433,7 @@ def _stop_some(
         api.stop(stream_id)
     monitor.event(f"STOP sent for {' '.join(chosen)}")
 
-    def closed(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None
-            and _finished(row)
-            and not any(s.is_open for s in snap.sessions.get(stream_id, []))
-            for stream_id in chosen
-        )
-
-    timing.converged = monitor.wait("STOPs", closed)
+    timing.converged = monitor.wait("STOPs", _every(chosen, _closed))
     for stream_id in chosen:
         sessions = monitor.last.sessions.get(stream_id, []) if monitor.last else []
         at = sent_at[stream_id]
@@ -507,7 +510,7 @@ def _scenario(
         sim.open_stream(stream_id, rate=options.rate)
         api.start(stream_id, sim.url_for(stream_id))
     monitor.event(f"START sent for {len(ids)} streams via {fleet.api_url}")
-    if not monitor.wait("every stream to flow", _all_streaming(ids)):
+    if not monitor.wait("every stream to flow", _every(ids, _streaming)):
         report.failures.append("not every stream started")
     monitor.phase = "streaming"
     monitor.pause(options.steady_seconds)
@@ -535,7 +538,7 @@ def _scenario(
         report.failures.append("STOP did not converge")
     remaining = [stream_id for stream_id in ids if stream_id not in produced]
     monitor.phase = "converging"
-    if not monitor.wait("the remaining streams to flow", _all_streaming(remaining)):
+    if not monitor.wait("the remaining streams to flow", _every(remaining, _streaming)):
         report.failures.append("the fleet did not converge after the disruptions")
     monitor.pause(1.0)
 
@@ -545,12 +548,7 @@ def _scenario(
         ended[stream_id] = int(sim.end_stream(stream_id)["max_seq"])
     monitor.event(f"upstream ended {len(ended)} streams (normal close)")
 
-    def settled(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None and _finished(row) for stream_id in ids
-        )
-
-    if monitor.wait("every connection to stop and release", settled):
+    if monitor.wait("every connection to stop and release", _every(ids, _finished)):
         monitor.event("every connection is STOPPED and no lease is held")
     else:
         report.failures.append("not every connection stopped after the upstream ended")
@@ -603,20 +601,15 @@ def render_summary(report: DemoReport) -> Table:
     )
     for column, justify in (("", "left"), ("p50", "right"), ("max", "right"), ("", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    table.add_row(*_timing_row(
-        "crash failover", report.crash, "SIGKILL -> task exit event -> first frame elsewhere"
-    ))
-    table.add_row(
-        *_timing_row("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere")
+    joined = report.rebalance_line or "a worker joins -> the spread evens out"
+    phases = (
+        ("crash failover", report.crash, "SIGKILL -> task exit event -> first frame elsewhere"),
+        ("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere"),
+        ("rebalance", report.rebalance, joined),
+        ("STOP", report.stop, "API call -> upstream socket closed"),
     )
-    table.add_row(
-        *_timing_row(
-            "rebalance",
-            report.rebalance,
-            report.rebalance_line or "a worker joins -> the spread evens out",
-        )
-    )
-    table.add_row(*_timing_row("STOP", report.stop, "API call -> upstream socket closed"))
+    for label, timing, what in phases:
+        table.add_row(*_timing_row(label, timing, what))
     table.add_section()
     table.add_row("produced", str(audit.produced), "", "frames, to each stream's end or STOP")
     table.add_row("stored", str(audit.stored), "", "items in the messages table")
@@ -628,7 +621,9 @@ def render_summary(report: DemoReport) -> Table:
         f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions",
     )
     table.add_row(
-        "resume gaps", str(report.gaps[1]), "",
+        "resume gaps",
+        str(report.gaps[1]),
+        "",
         f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)",
     )
     table.add_section()

@@ -383,10 +383,12 @@ class LocalFleet(Service):
         moto = local_client("dynamodb", resources.endpoint_url, resources.region)
         self._dynalite.clone_tables(moto, resources.tables.values())
 
-    def _dynamodb_env(self) -> dict[str, str]:
-        if self._dynalite is None:
-            return {}
-        return {"AWS_ENDPOINT_URL_DYNAMODB": self._dynalite.endpoint_url}
+    def _local_env(self) -> dict[str, str]:
+        """:meth:`_base_env` pointed at the local resources (the tables on dynalite if asked)."""
+        env = {**self._base_env(), **self.resources.env()}
+        if self._dynalite is not None:
+            env["AWS_ENDPOINT_URL_DYNAMODB"] = self._dynalite.endpoint_url
+        return env
 
     def _parameter_overrides(self) -> dict[str, Any]:
         t = self.timings
@@ -416,9 +418,7 @@ class LocalFleet(Service):
     def _function_env(self, spec: FunctionSpec) -> dict[str, str]:
         assert self._resolver is not None
         return {
-            **self._base_env(),
-            **self.resources.env(),
-            **self._dynamodb_env(),
+            **self._local_env(),
             **self._resolver.environment(spec),
             "POWERTOOLS_TRACE_DISABLED": "true",
         }
@@ -552,9 +552,7 @@ class LocalFleet(Service):
         assert self._resolver is not None
         t = self.timings
         return {
-            **self._base_env(),
-            **self.resources.env(),
-            **self._dynamodb_env(),
+            **self._local_env(),
             **self._resolver.resolve_variables(self.stack.worker_environment, owner="worker"),
             "WORKER_ID": worker_id,
             "HEALTH_FILE": str(self._health_file(worker_id)),
@@ -628,10 +626,7 @@ class LocalFleet(Service):
         matters: leases and control queues belong to a worker *incarnation*.
         """
         old = self._slot(index)
-        if old.alive():
-            old.process.stop(signal.SIGTERM, self.timings.drain_timeout_seconds + 5)
-        else:
-            old.process.stop()
+        old.process.stop(signal.SIGTERM, self.timings.drain_timeout_seconds + 5)  # or reap it
         slot = self._spawn_worker(index, old.generation + 1)
         self.workers[index] = slot
         if wait_ready:
