@@ -426,7 +426,6 @@ class LocalFleet(Service):
     def _start_functions(self) -> None:
         names = (ROUTER, RECONCILER, STREAM_NOTIFIER) + ((TASK_EXIT,) if self.task_events else ())
         self._progress(f"starting Lambda environments: {', '.join(names)}")
-        specs = [self.stack.function(name) for name in names]
         processes = {
             spec.name: FunctionProcess(
                 spec.name,
@@ -436,7 +435,7 @@ class LocalFleet(Service):
                 timeout_seconds=spec.timeout_seconds,
                 memory_mb=spec.memory_mb,
             )
-            for spec in specs
+            for spec in map(self.stack.function, names)
         }
         self._functions = processes
         with ThreadPoolExecutor(max_workers=len(processes)) as pool:  # cold starts in parallel
@@ -444,7 +443,6 @@ class LocalFleet(Service):
                 future.result()
 
     def _start_event_sources(self) -> None:
-        resources = self.resources
         notifier_spec = self.stack.function(STREAM_NOTIFIER)
         if not notifier_spec.streams:
             raise FleetError("template.yaml gives the stream notifier no DynamoDB event source")
@@ -454,13 +452,12 @@ class LocalFleet(Service):
         else:
             self._progress("dynalite has no Streams: STOP reaches workers at their next renewal")
         self._progress("starting the reconcile schedule")
-        sample = self._scheduler_sample()
         self._scheduler = ReconcileScheduler(
             self._functions[RECONCILER].invoke,
             interval_seconds=self.timings.pass_seconds,
             schedule_name=f"{self.stack_name}-reconcile",
-            event_template=sample,
-            region=resources.region,
+            event_template=self._scheduler_sample(),
+            region=self.resources.region,
         ).start()
         if self.task_events:
             self._start_task_events()
@@ -473,7 +470,6 @@ class LocalFleet(Service):
             raise FleetError("template.yaml gives the task exit function no EventBridge rule")
         self._progress("starting the ECS metadata endpoint and the task exit events")
         self._metadata = MetadataServer().start()
-        invoke = self._functions[TASK_EXIT].invoke
 
         def reported(task: LocalTask, event: dict[str, Any], result: Any) -> None:
             killed = (result or {}).get("killed") if isinstance(result, Mapping) else None
@@ -484,7 +480,7 @@ class LocalFleet(Service):
                 )
 
         self._task_watcher = TaskExitWatcher(
-            invoke,
+            self._functions[TASK_EXIT].invoke,
             self._resolver.resolve(spec.rules[0].pattern),
             region=self.resources.region,
             on_event=reported,
@@ -529,9 +525,8 @@ class LocalFleet(Service):
             return None
 
     def _start_api(self) -> None:
-        router = self._functions[ROUTER]
         self._api = LocalApi(
-            router.invoke,
+            self._functions[ROUTER].invoke,
             routes=self.stack.function(ROUTER).routes,
             port=self.api_port,
             stage=self.stage,
