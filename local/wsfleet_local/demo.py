@@ -611,21 +611,17 @@ def render_summary(report: DemoReport) -> Table:
     for label, timing, what in phases:
         table.add_row(*_timing_row(label, timing, what))
     table.add_section()
-    table.add_row("produced", str(audit.produced), "", "frames, to each stream's end or STOP")
-    table.add_row("stored", str(audit.stored), "", "items in the messages table")
-    table.add_row("lost", str(audit.lost), "", "produced up to end/checkpoint, not stored")
-    table.add_row(
-        "duplicated",
-        str(audit.duplicated),
-        "",
-        f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions",
+    overlaps = f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions"
+    skipped = f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)"
+    counts = (
+        ("produced", audit.produced, "frames, to each stream's end or STOP"),
+        ("stored", audit.stored, "items in the messages table"),
+        ("lost", audit.lost, "produced up to end/checkpoint, not stored"),
+        ("duplicated", audit.duplicated, overlaps),
+        ("resume gaps", report.gaps[1], skipped),
     )
-    table.add_row(
-        "resume gaps",
-        str(report.gaps[1]),
-        "",
-        f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)",
-    )
+    for label, count, what in counts:
+        table.add_row(label, str(count), "", what)
     table.add_section()
     failures = report.failures or [f"{audit.lost} lost, {audit.duplicated} duplicated"]
     verdict = "OK" if report.ok else "FAILED"
