@@ -472,7 +472,7 @@ class LocalFleet(Service):
         self._metadata = MetadataServer().start()
 
         def reported(task: LocalTask, event: dict[str, Any], result: Any) -> None:
-            killed = (result or {}).get("killed") if isinstance(result, Mapping) else None
+            killed = result.get("killed") if isinstance(result, Mapping) else None
             if killed:
                 self._progress(
                     f"task {task.task_arn.rsplit('/', 1)[-1][:8]} exited: "

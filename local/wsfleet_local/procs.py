@@ -178,9 +178,8 @@ class ChildProcess:
             raise ChildTimeout(f"{self.name}: no output within {timeout_seconds:.1f} s")
         if not line:
             code = self.popen.wait()
-            raise ChildFailed(
-                f"{self.name} exited with {code} before it was ready" + self._log_hint()
-            )
+            hint = f" (see {self.log_path})" if self.log_path else ""
+            raise ChildFailed(f"{self.name} exited with {code} before it was ready{hint}")
         try:
             value = json.loads(line)
         except ValueError as exc:
@@ -188,9 +187,6 @@ class ChildProcess:
         if not isinstance(value, dict):
             raise ChildFailed(f"{self.name}: unexpected output {line!r}")
         return value
-
-    def _log_hint(self) -> str:
-        return f" (see {self.log_path})" if self.log_path else ""
 
     def close_stdin(self) -> None:
         """EOF on the child's stdin: how children that watch it (``--exit-on-stdin-eof``, the
