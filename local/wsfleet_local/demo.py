@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import signal
@@ -45,7 +46,7 @@ from rich.table import Table
 from rich.text import Text
 
 from wsfleet.messages import MessageStore
-from wsfleet.record import DesiredState, WorkerRecord, connection_pk
+from wsfleet.record import DesiredState, connection_pk
 
 from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
 from .backend import local_client
@@ -115,9 +116,7 @@ class DemoReport:
 class Snapshot:
     """One read of the connections table (and, when asked, the simulator's session log)."""
 
-    at: float
     rows: Mapping[str, ConnectionRow]
-    workers: Mapping[str, WorkerRecord]
     sessions: Mapping[str, list[SessionRecord]] = field(default_factory=dict)
 
 
@@ -140,7 +139,7 @@ class _Monitor:
         self.console.print(f"[{time.monotonic() - self.started:5.1f}s] {message}", highlight=False)
 
     def snapshot(self, *, with_sessions: bool = False) -> Snapshot:
-        table_rows, workers = read_table(
+        table_rows, _ = read_table(
             self.ddb, self.fleet.resources.connections_table, int(time.time() * 1000)
         )
         rows = {row.connection_id: row for row in table_rows}
@@ -148,7 +147,7 @@ class _Monitor:
         if with_sessions:
             for record in self.fleet.simulator.sessions():
                 sessions.setdefault(record.stream_id, []).append(record)
-        self.last = Snapshot(at=time.time(), rows=rows, workers=workers, sessions=sessions)
+        self.last = Snapshot(rows=rows, sessions=sessions)
         if self.live is not None:
             self.live.update(self.render(), refresh=True)
         return self.last
@@ -158,10 +157,13 @@ class _Monitor:
         what: str,
         predicate: Callable[[Snapshot], bool],
         *,
-        timeout_seconds: float,
+        timeout_seconds: float | None = None,
         with_sessions: bool = True,
     ) -> bool:
-        """Poll until ``predicate(snapshot)``; False (and an event) on timeout."""
+        """Poll until ``predicate(snapshot)``; False (and an event) on timeout. The default
+        bound is a lease (a takeover may wait for one) plus the slack."""
+        if timeout_seconds is None:
+            timeout_seconds = self.fleet.timings.lease_seconds + CONVERGE_SLACK_SECONDS
         deadline = time.monotonic() + timeout_seconds
         while True:
             snap = self.snapshot(with_sessions=with_sessions)
@@ -198,11 +200,7 @@ class _Monitor:
         for column in ("slot", "worker", "pid", "process", "conns", "connections"):
             table.add_column(column)
         for slot in self.fleet.workers:
-            owned = sorted(
-                row.connection_id
-                for row in snap.rows.values()
-                if row.owner == slot.worker_id and row.lease_state == "held"
-            )
+            owned = _held_by(snap, slot.worker_id)
             state = self.slot_state.get(slot.index, "running" if slot.alive() else "exited")
             table.add_row(
                 str(slot.index),
@@ -231,53 +229,60 @@ class _Monitor:
         return table
 
 
+def _held_by(snap: Snapshot, worker_id: str) -> list[str]:
+    """The connections ``worker_id`` holds a live lease on, sorted."""
+    return sorted(
+        row.connection_id
+        for row in snap.rows.values()
+        if row.owner == worker_id and row.lease_state == "held"
+    )
+
+
 def _busiest_slot(
     fleet: LocalFleet, snap: Snapshot, rng: random.Random, exclude: set[int]
 ) -> int | None:
-    counts: dict[int, int] = {}
-    for slot in fleet.workers:
-        if slot.index in exclude or not slot.alive():
-            continue
-        counts[slot.index] = sum(
-            1
-            for row in snap.rows.values()
-            if row.owner == slot.worker_id and row.lease_state == "held"
-        )
+    counts = {
+        slot.index: len(_held_by(snap, slot.worker_id))
+        for slot in fleet.workers
+        if slot.index not in exclude and slot.alive()
+    }
     if not counts or max(counts.values()) == 0:
         return None
     top = max(counts.values())
     return rng.choice(sorted(index for index, count in counts.items() if count == top))
 
 
-def _finished(row: ConnectionRow) -> bool:
+#: A condition on one stream: its row in the connections table and its upstream sessions.
+StreamCheck = Callable[[ConnectionRow, list[SessionRecord]], bool]
+
+
+def _every(ids: Sequence[str], holds: StreamCheck) -> Callable[[Snapshot], bool]:
+    """A wait condition: ``holds`` for every stream of ``ids`` (one not in the table fails)."""
+
+    def check(snap: Snapshot) -> bool:
+        return all(
+            (row := snap.rows.get(stream_id)) is not None
+            and holds(row, snap.sessions.get(stream_id, []))
+            for stream_id in ids
+        )
+
+    return check
+
+
+def _streaming(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
+    """Owned, with an open upstream session that has sent a frame."""
+    return row.streaming and any(s.is_open and s.first_frame_at for s in sessions)
+
+
+def _finished(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
     """STOPPED and nobody streams it: released, or (owner self-fenced) its owner's worker
     lease has lapsed."""
     return row.desired_state == DesiredState.STOPPED and row.lease_state != "held"
 
 
-def _all_streaming(ids: Sequence[str]) -> Callable[[Snapshot], bool]:
-    def check(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None
-            and row.streaming
-            and any(s.is_open and s.first_frame_at for s in snap.sessions.get(stream_id, []))
-            for stream_id in ids
-        )
-
-    return check
-
-
-def _resumed_elsewhere(ids: Sequence[str], victim: str, after: float) -> Callable[[Snapshot], bool]:
-    def check(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None
-            and row.streaming
-            and row.owner != victim
-            and first_frame_after(snap.sessions.get(stream_id, []), after) is not None
-            for stream_id in ids
-        )
-
-    return check
+def _closed(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
+    """Finished, and no upstream session of it is left open."""
+    return _finished(row, sessions) and not any(s.is_open for s in sessions)
 
 
 def _disrupt(
@@ -298,11 +303,7 @@ def _disrupt(
         monitor.event(f"[red]{label}: no worker holds a connection[/red]")
         return timing, None
     slot = fleet.workers[index]
-    affected = sorted(
-        row.connection_id
-        for row in snap.rows.values()
-        if row.owner == slot.worker_id and row.lease_state == "held"
-    )
+    affected = _held_by(snap, slot.worker_id)
     timing.victim = slot.worker_id
     name = signal.Signals(signum).name
     monitor.phase = f"{label}: {name} {slot.worker_id}"
@@ -314,34 +315,38 @@ def _disrupt(
         f"{' '.join(affected)}"
     )
     bound = fleet.timings.lease_seconds * 2 + CONVERGE_SLACK_SECONDS
+
+    def resumed(row: ConnectionRow, sessions: list[SessionRecord]) -> bool:
+        return (
+            row.streaming
+            and row.owner != slot.worker_id
+            and first_frame_after(sessions, at) is not None
+        )
+
     timing.converged = monitor.wait(
-        f"{label} takeover", _resumed_elsewhere(affected, slot.worker_id, at), timeout_seconds=bound
+        f"{label} takeover", _every(affected, resumed), timeout_seconds=bound
     )
     sessions = monitor.last.sessions if monitor.last else {}
     for stream_id in affected:
         first = first_frame_after(sessions.get(stream_id, []), at)
         if first is not None:
             timing.seconds[stream_id] = first - at
-    summary = timing.summary()
-    if summary:
-        monitor.event(
-            f"{label}: {len(timing.seconds)} stream(s) flowing again elsewhere, "
-            f"p50 {summary[0]:.2f} s, max {summary[1]:.2f} s"
-        )
+    _announce(monitor, timing, f"{label}: {len(timing.seconds)} stream(s) flowing again elsewhere")
     return timing, index
 
 
+def _announce(monitor: _Monitor, timing: PhaseTiming, what: str) -> None:
+    """An event with the phase's p50 and max, once anything was measured."""
+    summary = timing.summary()
+    if summary:
+        monitor.event(f"{what}, p50 {summary[0]:.2f} s, max {summary[1]:.2f} s")
+
+
 def _held(snap: Snapshot, workers: Sequence[str]) -> dict[str, int]:
-    held = dict.fromkeys(workers, 0)
-    for row in snap.rows.values():
-        if row.lease_state == "held" and row.owner in held:
-            held[row.owner] += 1
-    return held
+    return {worker: len(_held_by(snap, worker)) for worker in workers}
 
 
-def _scale_out(
-    monitor: _Monitor, fleet: LocalFleet, ids: Sequence[str]
-) -> tuple[PhaseTiming, str]:
+def _scale_out(monitor: _Monitor, fleet: LocalFleet, ids: Sequence[str]) -> tuple[PhaseTiming, str]:
     """A worker joins (autoscaling adds a task); time until every worker holds its share
     within the band, and each move's gap (old upstream session closed -> new one's first
     frame). Moves are graceful hand-offs planned by the reconciler's fleet view."""
@@ -362,8 +367,9 @@ def _scale_out(
 
     monitor.phase = "rebalancing"
     before_workers = list(fleet.worker_ids)
-    monitor.wait("the spread to settle", even(before_workers),
-                 timeout_seconds=CONVERGE_SLACK_SECONDS)
+    monitor.wait(
+        "the spread to settle", even(before_workers), timeout_seconds=CONVERGE_SLACK_SECONDS
+    )
     before = monitor.snapshot()
     spread_before = "/".join(str(n) for n in _held(before, before_workers).values())
     at = time.time()
@@ -373,13 +379,15 @@ def _scale_out(
     monitor.phase = f"scale-out: {slot.worker_id} joined"
     monitor.event(f"scale-out: worker {slot.worker_id} joins; held per worker {spread_before}")
     timing.converged = monitor.wait(
-        "the spread to even out", even(workers),
+        "the spread to even out",
+        even(workers),
         timeout_seconds=fleet.timings.rebalance_seconds * 6 + CONVERGE_SLACK_SECONDS,
     )
     after = monitor.snapshot(with_sessions=True)
     took = time.time() - at
     moved = [
-        i for i in ids
+        i
+        for i in ids
         if (row := after.rows.get(i)) and (old := before.rows.get(i)) and row.epoch > old.epoch
     ]
     for stream_id in moved:
@@ -425,21 +433,7 @@ def _stop_some(
         api.stop(stream_id)
     monitor.event(f"STOP sent for {' '.join(chosen)}")
 
-    def closed(snap: Snapshot) -> bool:
-        for stream_id in chosen:
-            row = snap.rows.get(stream_id)
-            sessions = snap.sessions.get(stream_id, [])
-            if row is None or not _finished(row):
-                return False
-            if any(s.is_open for s in sessions):
-                return False
-        return True
-
-    timing.converged = monitor.wait(
-        "STOPs",
-        closed,
-        timeout_seconds=monitor.fleet.timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    )
+    timing.converged = monitor.wait("STOPs", _every(chosen, _closed))
     for stream_id in chosen:
         sessions = monitor.last.sessions.get(stream_id, []) if monitor.last else []
         at = sent_at[stream_id]
@@ -448,11 +442,7 @@ def _stop_some(
         ]
         if closes:
             timing.seconds[stream_id] = max(closes) - at
-    summary = timing.summary()
-    if summary:
-        monitor.event(
-            f"STOP: upstream sessions closed, p50 {summary[0]:.2f} s, max {summary[1]:.2f} s"
-        )
+    _announce(monitor, timing, "STOP: upstream sessions closed")
     return timing, produced
 
 
@@ -493,16 +483,13 @@ def run_demo(options: DemoOptions, console: Console) -> DemoReport:
     with fleet:
         monitor = _Monitor(fleet, console, ids)
         if console.is_terminal:
-            with Live(monitor.render(), console=console, auto_refresh=False) as live:
-                monitor.live = live
-                _scenario(monitor, fleet, rng, ids, options, report)
-                monitor.phase = "done"
-                monitor.snapshot()
-        else:  # CI logs: the events were printed as they happened; show the final tables once
+            monitor.live = Live(monitor.render(), console=console, auto_refresh=False)
+        with monitor.live or contextlib.nullcontext():
             _scenario(monitor, fleet, rng, ids, options, report)
             monitor.phase = "done"
             monitor.snapshot()
-            console.print(monitor.render())
+        if monitor.live is None:  # CI logs: the events were printed as they happened
+            console.print(monitor.render())  # show the final tables once
         console.print("stopping the fleet", style="dim")
     report.elapsed_seconds = time.monotonic() - started
     return report
@@ -518,17 +505,12 @@ def _scenario(
 ) -> None:
     api = ApiClient(fleet.api_url)
     sim = fleet.simulator
-    timings = options.timings
     monitor.phase = "START"
     for stream_id in ids:
         sim.open_stream(stream_id, rate=options.rate)
         api.start(stream_id, sim.url_for(stream_id))
     monitor.event(f"START sent for {len(ids)} streams via {fleet.api_url}")
-    if not monitor.wait(
-        "every stream to flow",
-        _all_streaming(ids),
-        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    ):
+    if not monitor.wait("every stream to flow", _every(ids, _streaming)):
         report.failures.append("not every stream started")
     monitor.phase = "streaming"
     monitor.pause(options.steady_seconds)
@@ -556,11 +538,7 @@ def _scenario(
         report.failures.append("STOP did not converge")
     remaining = [stream_id for stream_id in ids if stream_id not in produced]
     monitor.phase = "converging"
-    if not monitor.wait(
-        "the remaining streams to flow",
-        _all_streaming(remaining),
-        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    ):
+    if not monitor.wait("the remaining streams to flow", _every(remaining, _streaming)):
         report.failures.append("the fleet did not converge after the disruptions")
     monitor.pause(1.0)
 
@@ -570,16 +548,7 @@ def _scenario(
         ended[stream_id] = int(sim.end_stream(stream_id)["max_seq"])
     monitor.event(f"upstream ended {len(ended)} streams (normal close)")
 
-    def settled(snap: Snapshot) -> bool:
-        return all(
-            (row := snap.rows.get(stream_id)) is not None and _finished(row) for stream_id in ids
-        )
-
-    if monitor.wait(
-        "every connection to stop and release",
-        settled,
-        timeout_seconds=timings.lease_seconds + CONVERGE_SLACK_SECONDS,
-    ):
+    if monitor.wait("every connection to stop and release", _every(ids, _finished)):
         monitor.event("every connection is STOPPED and no lease is held")
     else:
         report.failures.append("not every connection stopped after the upstream ended")
@@ -632,34 +601,27 @@ def render_summary(report: DemoReport) -> Table:
     )
     for column, justify in (("", "left"), ("p50", "right"), ("max", "right"), ("", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    table.add_row(*_timing_row(
-        "crash failover", report.crash, "SIGKILL -> task exit event -> first frame elsewhere"
-    ))
-    table.add_row(
-        *_timing_row("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere")
+    joined = report.rebalance_line or "a worker joins -> the spread evens out"
+    phases = (
+        ("crash failover", report.crash, "SIGKILL -> task exit event -> first frame elsewhere"),
+        ("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere"),
+        ("rebalance", report.rebalance, joined),
+        ("STOP", report.stop, "API call -> upstream socket closed"),
     )
-    table.add_row(
-        *_timing_row(
-            "rebalance",
-            report.rebalance,
-            report.rebalance_line or "a worker joins -> the spread evens out",
-        )
-    )
-    table.add_row(*_timing_row("STOP", report.stop, "API call -> upstream socket closed"))
+    for label, timing, what in phases:
+        table.add_row(*_timing_row(label, timing, what))
     table.add_section()
-    table.add_row("produced", str(audit.produced), "", "frames, to each stream's end or STOP")
-    table.add_row("stored", str(audit.stored), "", "items in the messages table")
-    table.add_row("lost", str(audit.lost), "", "produced up to end/checkpoint, not stored")
-    table.add_row(
-        "duplicated",
-        str(audit.duplicated),
-        "",
-        f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions",
+    overlaps = f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions"
+    skipped = f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)"
+    counts = (
+        ("produced", audit.produced, "frames, to each stream's end or STOP"),
+        ("stored", audit.stored, "items in the messages table"),
+        ("lost", audit.lost, "produced up to end/checkpoint, not stored"),
+        ("duplicated", audit.duplicated, overlaps),
+        ("resume gaps", report.gaps[1], skipped),
     )
-    table.add_row(
-        "resume gaps", str(report.gaps[1]), "",
-        f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)",
-    )
+    for label, count, what in counts:
+        table.add_row(label, str(count), "", what)
     table.add_section()
     failures = report.failures or [f"{audit.lost} lost, {audit.duplicated} duplicated"]
     verdict = "OK" if report.ok else "FAILED"

@@ -58,17 +58,18 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wsfleet.exceptions import WsfleetError
+from wsfleet.settings import ENVIRONMENT
 
 from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template, local_client
 from .dynalite import Dynalite
 from .lambda_process import FunctionProcess
-from .procs import ChildProcess, spawn
+from .procs import ChildProcess, Service, spawn
 from .scheduler import ReconcileScheduler
 from .simulator import SimulatorClient
 from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, read_stack
@@ -165,7 +166,6 @@ class WorkerSlot:
     worker_id: str
     process: ChildProcess
     generation: int = 0
-    started_at: float = field(default_factory=time.time)
 
     @property
     def pid(self) -> int:
@@ -191,7 +191,7 @@ def local_secret_prefixes(region: str) -> tuple[str, str]:
     )
 
 
-class LocalFleet:
+class LocalFleet(Service):
     """Starts, supervises and stops the local system. Not thread-safe: drive it from one thread
     (the one that will outlive it; children receive SIGTERM when that thread's process dies).
     """
@@ -282,24 +282,12 @@ class LocalFleet:
         return SimulatorClient(self.simulator_url)
 
     @property
-    def worker_pids(self) -> list[int]:
-        return [slot.pid for slot in self.workers]
-
-    @property
     def worker_ids(self) -> list[str]:
         return [slot.worker_id for slot in self.workers]
 
     @property
     def control_queue_prefix(self) -> str:
         return f"{self.stack_name}-ctl-"
-
-    @property
-    def scheduler(self) -> ReconcileScheduler | None:
-        return self._scheduler
-
-    @property
-    def poller(self) -> StreamPoller | None:
-        return self._poller
 
     @property
     def task_watcher(self) -> TaskExitWatcher | None:
@@ -347,31 +335,31 @@ class LocalFleet:
             raise
         return self
 
+    def _spawn_child(
+        self, name: str, *args: str, stdin_pipe: bool = False
+    ) -> tuple[ChildProcess, dict[str, Any]]:
+        """``python -m wsfleet_local.<name> --host 127.0.0.1 --port 0 ARGS``, logged to
+        run_dir; returns the child and its JSON ready line."""
+        child = spawn(
+            name,
+            [sys.executable, "-m", f"wsfleet_local.{name}", "--host", "127.0.0.1", "--port", "0",
+             *args],
+            env=self._base_env(),
+            log_path=self.run_dir / f"{name}.log",
+            stdin_pipe=stdin_pipe,
+            capture_stdout=True,
+        )  # fmt: skip
+        return child, child.read_json_line(CHILD_READY_TIMEOUT_SECONDS)
+
     def _start_backend(self) -> None:
         self._progress("starting DynamoDB + SQS (moto) and creating the stack's tables/queues")
-        command = [
-            sys.executable,
-            "-m",
-            "wsfleet_local.backend",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--create-resources",
-            self.stack_name,
-            "--template",
-            str(self._template_path),
-            "--exit-on-stdin-eof",
-        ]
-        self._backend = spawn(
+        self._backend, ready = self._spawn_child(
             "backend",
-            command,
-            env=self._base_env(),
-            log_path=self.run_dir / "backend.log",
+            "--create-resources", self.stack_name,
+            "--template", str(self._template_path),
+            "--exit-on-stdin-eof",
             stdin_pipe=True,
-            capture_stdout=True,
-        )
-        ready = self._backend.read_json_line(CHILD_READY_TIMEOUT_SECONDS)
+        )  # fmt: skip
         self._resources = Resources(**ready["resources"])
         resources = self._resources
         self._resolver = StackResolver(
@@ -395,10 +383,12 @@ class LocalFleet:
         moto = local_client("dynamodb", resources.endpoint_url, resources.region)
         self._dynalite.clone_tables(moto, resources.tables.values())
 
-    def _dynamodb_env(self) -> dict[str, str]:
-        if self._dynalite is None:
-            return {}
-        return {"AWS_ENDPOINT_URL_DYNAMODB": self._dynalite.endpoint_url}
+    def _local_env(self) -> dict[str, str]:
+        """:meth:`_base_env` pointed at the local resources (the tables on dynalite if asked)."""
+        env = {**self._base_env(), **self.resources.env()}
+        if self._dynalite is not None:
+            env["AWS_ENDPOINT_URL_DYNAMODB"] = self._dynalite.endpoint_url
+        return env
 
     def _parameter_overrides(self) -> dict[str, Any]:
         t = self.timings
@@ -422,32 +412,13 @@ class LocalFleet:
 
     def _start_simulator(self) -> None:
         self._progress("starting the upstream WebSocket simulator")
-        command = [
-            sys.executable,
-            "-m",
-            "wsfleet_local.simulator",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--rate",
-            str(self.rate),
-        ]
-        self._simulator = spawn(
-            "simulator",
-            command,
-            env=self._base_env(),
-            log_path=self.run_dir / "simulator.log",
-            capture_stdout=True,
-        )
-        self.simulator_url = str(self._simulator.read_json_line(CHILD_READY_TIMEOUT_SECONDS)["url"])
+        self._simulator, ready = self._spawn_child("simulator", "--rate", str(self.rate))
+        self.simulator_url = str(ready["url"])
 
     def _function_env(self, spec: FunctionSpec) -> dict[str, str]:
         assert self._resolver is not None
         return {
-            **self._base_env(),
-            **self.resources.env(),
-            **self._dynamodb_env(),
+            **self._local_env(),
             **self._resolver.environment(spec),
             "POWERTOOLS_TRACE_DISABLED": "true",
         }
@@ -455,7 +426,6 @@ class LocalFleet:
     def _start_functions(self) -> None:
         names = (ROUTER, RECONCILER, STREAM_NOTIFIER) + ((TASK_EXIT,) if self.task_events else ())
         self._progress(f"starting Lambda environments: {', '.join(names)}")
-        specs = [self.stack.function(name) for name in names]
         processes = {
             spec.name: FunctionProcess(
                 spec.name,
@@ -465,7 +435,7 @@ class LocalFleet:
                 timeout_seconds=spec.timeout_seconds,
                 memory_mb=spec.memory_mb,
             )
-            for spec in specs
+            for spec in map(self.stack.function, names)
         }
         self._functions = processes
         with ThreadPoolExecutor(max_workers=len(processes)) as pool:  # cold starts in parallel
@@ -473,7 +443,6 @@ class LocalFleet:
                 future.result()
 
     def _start_event_sources(self) -> None:
-        resources = self.resources
         notifier_spec = self.stack.function(STREAM_NOTIFIER)
         if not notifier_spec.streams:
             raise FleetError("template.yaml gives the stream notifier no DynamoDB event source")
@@ -483,13 +452,12 @@ class LocalFleet:
         else:
             self._progress("dynalite has no Streams: STOP reaches workers at their next renewal")
         self._progress("starting the reconcile schedule")
-        sample = self._scheduler_sample()
         self._scheduler = ReconcileScheduler(
             self._functions[RECONCILER].invoke,
             interval_seconds=self.timings.pass_seconds,
             schedule_name=f"{self.stack_name}-reconcile",
-            event_template=sample,
-            region=resources.region,
+            event_template=self._scheduler_sample(),
+            region=self.resources.region,
         ).start()
         if self.task_events:
             self._start_task_events()
@@ -502,10 +470,9 @@ class LocalFleet:
             raise FleetError("template.yaml gives the task exit function no EventBridge rule")
         self._progress("starting the ECS metadata endpoint and the task exit events")
         self._metadata = MetadataServer().start()
-        invoke = self._functions[TASK_EXIT].invoke
 
         def reported(task: LocalTask, event: dict[str, Any], result: Any) -> None:
-            killed = (result or {}).get("killed") if isinstance(result, Mapping) else None
+            killed = result.get("killed") if isinstance(result, Mapping) else None
             if killed:
                 self._progress(
                     f"task {task.task_arn.rsplit('/', 1)[-1][:8]} exited: "
@@ -513,7 +480,7 @@ class LocalFleet:
                 )
 
         self._task_watcher = TaskExitWatcher(
-            invoke,
+            self._functions[TASK_EXIT].invoke,
             self._resolver.resolve(spec.rules[0].pattern),
             region=self.resources.region,
             on_event=reported,
@@ -521,16 +488,14 @@ class LocalFleet:
 
     def _start_stream_poller(self, source: Any) -> None:
         resources = self.resources
-        streams_client = local_client(
-            "dynamodbstreams", resources.endpoint_url, resources.region
-        )
+        streams_client = local_client("dynamodbstreams", resources.endpoint_url, resources.region)
         self._poller = StreamPoller(
             client=streams_client,
             stream_arn=resources.stream_arn,
             invoke=self._functions[STREAM_NOTIFIER].invoke,
             source=source,
             region=resources.region,
-            function_arn=f"arn:aws:lambda:{resources.region}:123456789012:function:"
+            function_arn=f"arn:aws:lambda:{resources.region}:{LOCAL_ACCOUNT_ID}:function:"
             f"{self.stack_name}-stream-notifier",
             poll_interval_seconds=self.stream_poll_seconds,
             on_failure=self._on_failure_sender(source.on_failure_destination),
@@ -560,9 +525,8 @@ class LocalFleet:
             return None
 
     def _start_api(self) -> None:
-        router = self._functions[ROUTER]
         self._api = LocalApi(
-            router.invoke,
+            self._functions[ROUTER].invoke,
             routes=self.stack.function(ROUTER).routes,
             port=self.api_port,
             stage=self.stage,
@@ -583,9 +547,7 @@ class LocalFleet:
         assert self._resolver is not None
         t = self.timings
         return {
-            **self._base_env(),
-            **self.resources.env(),
-            **self._dynamodb_env(),
+            **self._local_env(),
             **self._resolver.resolve_variables(self.stack.worker_environment, owner="worker"),
             "WORKER_ID": worker_id,
             "HEALTH_FILE": str(self._health_file(worker_id)),
@@ -659,10 +621,7 @@ class LocalFleet:
         matters: leases and control queues belong to a worker *incarnation*.
         """
         old = self._slot(index)
-        if old.alive():
-            old.process.stop(signal.SIGTERM, self.timings.drain_timeout_seconds + 5)
-        else:
-            old.process.stop()
+        old.process.stop(signal.SIGTERM, self.timings.drain_timeout_seconds + 5)  # or reap it
         slot = self._spawn_worker(index, old.generation + 1)
         self.workers[index] = slot
         if wait_ready:
@@ -789,37 +748,12 @@ class LocalFleet:
         partial.write_text(json.dumps(state, indent=2), encoding="utf-8")
         partial.replace(self.run_dir / "fleet.json")  # readers never see half a file
 
-    def __enter__(self) -> LocalFleet:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 #: Variables a developer's shell may hold that must not leak into the local processes (each
-#: process gets exactly the value the template or the fleet gives it).
+#: process gets exactly the value the template or the fleet gives it): every setting wsfleet
+#: reads, and what the Lambda runtime or ECS would set.
 _FUNCTION_VARIABLES = frozenset(
-    {
-        "CONNECTIONS_TABLE",
-        "MESSAGES_TABLE",
-        "HINT_QUEUE_URL",
-        "LEASE_SECONDS",
-        "HEARTBEAT_EVERY",
-        "CHECKPOINT_SECONDS",
-        "WORKER_SWEEP_SECONDS",
-        "WORKER_ID",
-        "CONTROL_QUEUE_PREFIX",
-        "CONTROL_QUEUE_SENDER_ARNS",
-        "POWERTOOLS_SERVICE_NAME",
-        "RECONCILE_PASS_SECONDS",
-        "ALLOWED_UPSTREAM_HOSTS",
-        "ALLOW_INSECURE_WS",
-        "HEALTH_FILE",
-        "MAX_CONNECTIONS",
-        "DRAIN_TIMEOUT_SECONDS",
-        "ECS_CONTAINER_METADATA_URI_V4",
-        "WORKER_CONTAINER_NAME",
-    }
+    {var.name for var in ENVIRONMENT} | {"POWERTOOLS_SERVICE_NAME", "ECS_CONTAINER_METADATA_URI_V4"}
 )
 
 

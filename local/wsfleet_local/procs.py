@@ -44,7 +44,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, Any, Self
 
 from wsfleet.exceptions import WsfleetError
@@ -101,23 +101,21 @@ def _die_with_parent() -> None:  # runs in the forked child, before exec
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this id exists and is not a zombie (reads /proc where it exists)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        if os.path.isdir("/proc"):
-            return False
-    except (OSError, IndexError):
-        pass
+    """True if a process with this id exists and is not a zombie (reads /proc where it exists:
+    a zombie still answers ``kill(pid, 0)``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass  # it exists, under another user
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc")  # gone since the kill, or no /proc (macOS)
+    except (OSError, IndexError):
         return True
-    return True
 
 
 class LineReader:
@@ -180,9 +178,8 @@ class ChildProcess:
             raise ChildTimeout(f"{self.name}: no output within {timeout_seconds:.1f} s")
         if not line:
             code = self.popen.wait()
-            raise ChildFailed(
-                f"{self.name} exited with {code} before it was ready" + self._log_hint()
-            )
+            hint = f" (see {self.log_path})" if self.log_path else ""
+            raise ChildFailed(f"{self.name} exited with {code} before it was ready{hint}")
         try:
             value = json.loads(line)
         except ValueError as exc:
@@ -190,9 +187,6 @@ class ChildProcess:
         if not isinstance(value, dict):
             raise ChildFailed(f"{self.name}: unexpected output {line!r}")
         return value
-
-    def _log_hint(self) -> str:
-        return f" (see {self.log_path})" if self.log_path else ""
 
     def close_stdin(self) -> None:
         """EOF on the child's stdin: how children that watch it (``--exit-on-stdin-eof``, the
@@ -241,7 +235,6 @@ def spawn(
     stdin_pipe: bool = False,
     capture_stdout: bool = False,
     inherit_stderr: bool = False,
-    cwd: Path | None = None,
 ) -> ChildProcess:
     """Start ``argv`` in its own session, dying with this process; output to ``log_path``.
 
@@ -256,7 +249,6 @@ def spawn(
         return subprocess.Popen(
             list(argv),
             env=dict(env) if env is not None else None,
-            cwd=cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else sink,
             stderr=None if inherit_stderr else sink,
@@ -306,12 +298,7 @@ class StopSignals:
             self._originals[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.restore()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -20,10 +20,10 @@ sample key by key.
 Example::
 
     server = MetadataServer().start()
-    task = LocalTask.new(cluster_arn, region="us-east-1")
+    task = LocalTask.new(cluster_arn)
     env = {"ECS_CONTAINER_METADATA_URI_V4": server.register(task)}
-    watcher = TaskExitWatcher(task_exit.invoke, pattern).start()
-    watcher.watch(task, process)        # its exit becomes an event
+    watcher = TaskExitWatcher(task_exit.invoke, pattern, region="us-east-1").start()
+    watcher.watch(task, process.popen.poll)     # its exit becomes an event
 """
 
 from __future__ import annotations
@@ -91,13 +91,13 @@ class LocalTask:
     started_at: float = field(default_factory=time.time)
 
     @classmethod
-    def new(cls, cluster: str, *, container_name: str = "worker") -> LocalTask:
+    def new(cls, cluster: str) -> LocalTask:
         """A fresh task in ``cluster``: a random 32-hex task id, a runtime id derived from it
         (``<task id>-<10 digits>``, the Fargate form)."""
         task_id = secrets.token_hex(16)
         prefix, _, name = cluster.partition(":cluster/")
         runtime_id = f"{task_id}-{secrets.randbelow(10**10):010d}"
-        return cls(f"{prefix}:task/{name}/{task_id}", cluster, runtime_id, container_name)
+        return cls(f"{prefix}:task/{name}/{task_id}", cluster, runtime_id)
 
     def container_document(self) -> dict[str, Any]:
         """``GET $ECS_CONTAINER_METADATA_URI_V4`` (the fields wsfleet and most tools read)."""
@@ -134,7 +134,6 @@ def task_state_change_event(
     exit_code: int | None,
     stopped_at: float,
     region: str,
-    version: int = 3,
     event_id: str | None = None,
 ) -> dict[str, Any]:
     """The first ``ECS Task State Change`` event ECS sends when an essential container exits:
@@ -172,7 +171,7 @@ def task_state_change_event(
             "stoppedReason": "Essential container in task exited",
             "updatedAt": stamp,
             "taskArn": task.task_arn,
-            "version": version,
+            "version": 3,
         },
     }
 
