@@ -317,8 +317,11 @@ def build_upstream(
     if subprotocols:
         put("subprotocols", list(subprotocols))
     if secret_ref is None:
-        for option, given in (("--secret-in", secret_in), ("--secret-format", secret_format),
-                              ("--secret-json-key", secret_json_key)):
+        for option, given in (
+            ("--secret-in", secret_in),
+            ("--secret-format", secret_format),
+            ("--secret-json-key", secret_json_key),
+        ):
             if given is not None:
                 raise UpstreamUsageError("needs --secret-ref", option)
     else:
