@@ -31,7 +31,7 @@ ones. Command line::
     python -m wsfleet_local.backend [--host 127.0.0.1] [--port 0] [--create-resources PREFIX]
 
 prints one JSON line (``{"endpoint_url": ...}`` plus ``"env"``/``"resources"`` when asked)
-to stdout once the server answers, then serves until SIGTERM/SIGINT
+to stdout once the server listens, then serves until SIGTERM/SIGINT
 (:func:`wsfleet_local.procs.serve_until_stopped`, which every local child uses).
 """
 
@@ -46,9 +46,6 @@ import re
 import signal
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from graphlib import CycleError, TopologicalSorter
@@ -68,7 +65,7 @@ from .procs import (
     serve_until_stopped,
     spawn,
 )
-from .stack import StackResolver, Unresolvable
+from .stack import StackResolver, Unresolvable, cfn_string
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer
@@ -235,6 +232,7 @@ class SerializedMotoApp:
         # (or a message made visible again) instead of spinning: idle workers cost nearly nothing.
         self._sqs_changed = threading.Condition()
         self._sqs_generation = 0
+
         def wait_for_messages(queue: Queue, timeout: float) -> None:
             self._wait_unlocked(timeout)
 
@@ -339,13 +337,6 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[BaseWSGIServer, threa
     Returns the werkzeug server (``server.port`` is the bound port) and its thread. Stop with
     ``server.shutdown(); server.server_close()``. The moto state is this process's global state;
     prefer :class:`EmbeddedBackend` unless you need everything in one process.
-
-    Example::
-
-        server, thread = serve(port=0)
-        endpoint_url = f"http://127.0.0.1:{server.port}"
-        ...
-        server.shutdown(); server.server_close()
     """
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
@@ -519,18 +510,11 @@ _QUEUE_ATTRIBUTES = (
 
 def _queue_attributes(properties: Mapping[str, Any]) -> dict[str, str]:
     """CreateQueue attributes from AWS::SQS::Queue properties (resolved), as SQS strings."""
-    attributes: dict[str, str] = {}
-    for key in _QUEUE_ATTRIBUTES:
-        if key not in properties:
-            continue
-        value = properties[key]
-        if isinstance(value, dict):
-            attributes[key] = json.dumps(value)
-        elif isinstance(value, bool):
-            attributes[key] = "true" if value else "false"
-        else:
-            attributes[key] = str(value)
-    return attributes
+    return {
+        key: json.dumps(value) if isinstance(value, dict) else cfn_string(value)
+        for key, value in properties.items()
+        if key in _QUEUE_ATTRIBUTES
+    }
 
 
 _PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
@@ -660,7 +644,6 @@ def provision_resources(
     tables: dict[str, str] = {}
     queues: dict[str, str] = {}
     attributes: dict[tuple[str, str], str] = {}  # GetAtt values of what exists so far
-    stream_arns: dict[str, str] = {}
     try:
         for logical_id in _creation_order(wanted):
             definition = wanted[logical_id]
@@ -693,7 +676,6 @@ def provision_resources(
                 tables[logical_id] = name
                 attributes[(logical_id, "Arn")] = description["TableArn"]
                 if description.get("LatestStreamArn"):
-                    stream_arns[logical_id] = description["LatestStreamArn"]
                     attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
             else:
                 name = _physical_name(
@@ -722,7 +704,8 @@ def provision_resources(
         HINT_DLQ_ID: queues,
     }
     missing = [logical_id for logical_id, made in required.items() if logical_id not in made]
-    if missing or CONNECTIONS_TABLE_ID not in stream_arns:
+    stream_arn = attributes.get((CONNECTIONS_TABLE_ID, "StreamArn"))
+    if missing or stream_arn is None:
         raise TemplateError(f"template lacks {missing or 'a stream on ConnectionsTable'}")
     return Resources(
         endpoint_url=endpoint_url,
@@ -731,7 +714,7 @@ def provision_resources(
         messages_table=tables[MESSAGES_TABLE_ID],
         hint_queue_url=queues[HINT_QUEUE_ID],
         hint_dlq_url=queues[HINT_DLQ_ID],
-        stream_arn=stream_arns[CONNECTIONS_TABLE_ID],
+        stream_arn=stream_arn,
         tables=tables,
         queues=queues,
         attributes={f"{key[0]}.{key[1]}": value for key, value in attributes.items()},
@@ -741,19 +724,6 @@ def provision_resources(
 # =============================================================================================
 # The child process and its handle.
 # =============================================================================================
-
-
-def _wait_until_answers(endpoint_url: str, timeout_seconds: float) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        try:
-            with urllib.request.urlopen(endpoint_url + HEALTH_PATH, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError) as exc:
-            if time.monotonic() > deadline:
-                raise BackendError(f"backend at {endpoint_url} does not answer: {exc}") from exc
-        time.sleep(0.05)
 
 
 class EmbeddedBackend(Service):
@@ -798,14 +768,13 @@ class EmbeddedBackend(Service):
         return self._child.pid if self._child is not None else None
 
     def start(self) -> EmbeddedBackend:
-        """Start the child, wait until it answers, and return self (which is also usable later)."""
+        """Start the child, wait for its ready line, and return self (which is also usable later)."""
         if self._child is not None:
             raise BackendError("backend already started")
         command = [
             sys.executable, "-m", "wsfleet_local.backend",
             "--host", self.host, "--port", str(self.port), "--exit-on-stdin-eof",
         ]  # fmt: skip
-        # The child answers before it prints its line (main() waits for its health path).
         self._child = spawn(
             "backend", command, stdin_pipe=True, capture_stdout=True, inherit_stderr=True
         )
@@ -864,8 +833,9 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
     with StopSignals() as stop:
         server, thread = serve(args.host, args.port)
         try:
+            # make_server has bound and listens: a request sent after the ready line is queued
+            # by the kernel and served once the thread runs, so there is nothing to wait for.
             endpoint_url = f"http://{args.host}:{server.port}"
-            _wait_until_answers(endpoint_url, START_TIMEOUT_SECONDS)
             ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
             if args.create_resources:
                 resources = provision_resources(

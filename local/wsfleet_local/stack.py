@@ -42,6 +42,7 @@ __all__ = [
     "StackSpec",
     "StreamSource",
     "Unresolvable",
+    "cfn_string",
     "read_stack",
 ]
 
@@ -373,7 +374,7 @@ class StackResolver:
             if key == "Fn::Equals":
                 left, right = argument
                 # CloudFormation compares strings: a Number parameter's 20 equals "20".
-                return _env_string(self.resolve(left)) == _env_string(self.resolve(right))
+                return cfn_string(self.resolve(left)) == cfn_string(self.resolve(right))
             if key == "Fn::Not":
                 (only,) = argument
                 return not self._truth(only, seen)
@@ -480,11 +481,12 @@ class StackResolver:
                 continue
             if value is NO_VALUE:  # Fn::If chose AWS::NoValue: the variable is not declared
                 continue
-            resolved[name] = _env_string(value)
+            resolved[name] = cfn_string(value)
         return resolved
 
 
-def _env_string(value: Any) -> str:
+def cfn_string(value: Any) -> str:
+    """A resolved scalar as CloudFormation passes it on: ``true``/``false``, ``20`` for 20.0."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
