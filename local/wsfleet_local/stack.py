@@ -2,15 +2,15 @@
 
 The local runtime invokes the same handlers AWS does, and it must wire them the same way: the
 routes API Gateway exposes, the environment each function gets, the stream event source's
-FilterCriteria and retry settings, the reconciler's schedule. Rather than restating any of
-that in Python, :func:`read_stack` extracts it from the template (parsed by
+FilterCriteria and retry settings, the task exit function's EventBridge rule. Rather than
+restating any of that in Python, :func:`read_stack` extracts it from the template (parsed by
 :func:`wsfleet_local.backend.load_template`, which turns ``!Ref`` into ``{"Ref": ...}``), and
 :class:`StackResolver` evaluates the intrinsic functions in environment variables against the
 locally created resources, including the template's ``Conditions`` (``Fn::If`` with
 ``AWS::NoValue`` leaves a variable or a list entry out, as CloudFormation does). The embedded
-backend's provisioner
-(:func:`wsfleet_local.backend.provision_resources`) uses the same resolver for the properties
-of the tables and queues it creates, so both read the template's intrinsics one way.
+backend's provisioner (:func:`wsfleet_local.backend.provision_resources`) uses the same
+resolver for the properties of the tables and queues it creates, so both read the template's
+intrinsics one way.
 
 Pure: a template dict in, dataclasses out. No boto3, no files except through the loader.
 
@@ -37,7 +37,6 @@ __all__ = [
     "FunctionSpec",
     "Route",
     "RuleSource",
-    "ScheduleSource",
     "StackResolver",
     "StackSpec",
     "StreamSource",
@@ -59,13 +58,6 @@ class _NoValue:
     """What ``Ref AWS::NoValue`` resolves to: the property, map entry or list item is left
     out. :meth:`StackResolver.resolve` drops it from maps and lists; only a top-level value
     can come back as it (then the caller leaves the variable unset, as CloudFormation does)."""
-
-    _instance: _NoValue | None = None
-
-    def __new__(cls) -> _NoValue:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
 
     def __repr__(self) -> str:
         return "NO_VALUE"
@@ -132,14 +124,6 @@ class StreamSource:
 
 
 @dataclass(frozen=True)
-class ScheduleSource:
-    """A schedule that invokes a function (``Events: {Type: ScheduleV2 | Schedule}``)."""
-
-    expression: str
-    input: Any = None  # the target Input, unresolved (a JSON string when set)
-
-
-@dataclass(frozen=True)
 class RuleSource:
     """An EventBridge rule that invokes a function (``Events: {Type: EventBridgeRule}``)."""
 
@@ -159,7 +143,6 @@ class FunctionSpec:
     environment: Mapping[str, Any]  # Globals merged with the function's own; unresolved
     routes: tuple[Route, ...] = ()
     streams: tuple[StreamSource, ...] = ()
-    schedules: tuple[ScheduleSource, ...] = ()
     rules: tuple[RuleSource, ...] = ()
 
 
@@ -197,10 +180,12 @@ def _function_name(properties: Mapping[str, Any], logical_id: str) -> str:
 
 def _events(
     properties: Mapping[str, Any],
-) -> tuple[list[Route], list[StreamSource], list[ScheduleSource]]:
+) -> tuple[list[Route], list[StreamSource], list[RuleSource]]:
+    """The function's API routes, stream sources and EventBridge rules (schedules are left to
+    :class:`wsfleet_local.scheduler.ReconcileScheduler`, which runs on a local cadence)."""
     routes: list[Route] = []
     streams: list[StreamSource] = []
-    schedules: list[ScheduleSource] = []
+    rules: list[RuleSource] = []
     for event in (properties.get("Events") or {}).values():
         kind = event.get("Type")
         props = event.get("Properties") or {}
@@ -230,19 +215,11 @@ def _events(
                     ),
                 )
             )
-        elif kind in ("ScheduleV2", "Schedule"):
-            expression = props.get("ScheduleExpression") or props.get("Schedule")
-            schedules.append(ScheduleSource(expression=expression, input=props.get("Input")))
-    return routes, streams, schedules
-
-
-def _rules(properties: Mapping[str, Any]) -> tuple[RuleSource, ...]:
-    return tuple(
-        RuleSource(pattern=(event.get("Properties") or {}).get("Pattern") or {},
-                   rule_name=(event.get("Properties") or {}).get("RuleName"))
-        for event in (properties.get("Events") or {}).values()
-        if event.get("Type") in ("EventBridgeRule", "CloudWatchEvent")
-    )  # fmt: skip
+        elif kind in ("EventBridgeRule", "CloudWatchEvent"):
+            rules.append(
+                RuleSource(pattern=props.get("Pattern") or {}, rule_name=props.get("RuleName"))
+            )
+    return routes, streams, rules
 
 
 def read_stack(template: Mapping[str, Any]) -> StackSpec:
@@ -255,7 +232,7 @@ def read_stack(template: Mapping[str, Any]) -> StackSpec:
             continue
         properties = resource.get("Properties") or {}
         own_env = ((properties.get("Environment") or {}).get("Variables")) or {}
-        routes, streams, schedules = _events(properties)
+        routes, streams, rules = _events(properties)
         name = _function_name(properties, logical_id)
         functions[name] = FunctionSpec(
             name=name,
@@ -268,8 +245,7 @@ def read_stack(template: Mapping[str, Any]) -> StackSpec:
             environment={**global_env, **own_env},
             routes=tuple(routes),
             streams=tuple(streams),
-            schedules=tuple(schedules),
-            rules=_rules(properties),
+            rules=tuple(rules),
         )
     return StackSpec(
         functions=functions,
