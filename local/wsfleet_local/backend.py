@@ -570,13 +570,7 @@ class Resources:
         }
 
     def env(self) -> dict[str, str]:
-        """Environment variables that point wsfleet code (and boto3) at these resources.
-
-        Example::
-
-            >>> backend.create_resources("t1").env()["CONNECTIONS_TABLE"]
-            't1-ConnectionsTable'
-        """
+        """Environment variables that point wsfleet code (and boto3) at these resources."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_DEFAULT_REGION": self.region,
@@ -768,7 +762,7 @@ class EmbeddedBackend(Service):
         return self._child.pid if self._child is not None else None
 
     def start(self) -> EmbeddedBackend:
-        """Start the child, wait for its ready line, and return self (which is also usable later)."""
+        """Start the child, wait for its ready line, and return self (also usable later)."""
         if self._child is not None:
             raise BackendError("backend already started")
         command = [
@@ -800,11 +794,6 @@ class EmbeddedBackend(Service):
         """Create the template's tables and queues named ``<prefix>-<LogicalId>``.
 
         Use a distinct prefix per caller for isolated resources (see :func:`provision_resources`).
-
-        Example::
-
-            >>> backend.create_resources("t-3f9a").messages_table
-            't-3f9a-MessagesTable'
         """
         return provision_resources(
             self.endpoint_url, prefix, region=self.region, template_path=self.template_path
