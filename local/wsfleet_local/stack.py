@@ -109,7 +109,6 @@ class StreamSource:
     maximum_retry_attempts: int = -1  # -1: retry until the record expires (AWS default)
     bisect_batch_on_function_error: bool = False
     report_batch_item_failures: bool = False
-    maximum_batching_window_seconds: float = 0.0
     maximum_record_age_seconds: float = -1  # -1: no limit (AWS default)
     filter_criteria: Mapping[str, Any] | None = None
     on_failure_destination: Any = None  # unresolved, e.g. {"Fn::GetAtt": ["StopDLQ", "Arn"]}
@@ -128,7 +127,6 @@ class RuleSource:
     """An EventBridge rule that invokes a function (``Events: {Type: EventBridgeRule}``)."""
 
     pattern: Mapping[str, Any]  # unresolved (may hold !GetAtt)
-    rule_name: Any = None
 
 
 @dataclass(frozen=True)
@@ -203,9 +201,6 @@ def _events(
                         props.get("BisectBatchOnFunctionError", False)
                     ),
                     report_batch_item_failures="ReportBatchItemFailures" in types,
-                    maximum_batching_window_seconds=float(
-                        props.get("MaximumBatchingWindowInSeconds", 0)
-                    ),
                     maximum_record_age_seconds=float(props.get("MaximumRecordAgeInSeconds", -1)),
                     filter_criteria=props.get("FilterCriteria"),
                     on_failure_destination=(
@@ -216,9 +211,7 @@ def _events(
                 )
             )
         elif kind in ("EventBridgeRule", "CloudWatchEvent"):
-            rules.append(
-                RuleSource(pattern=props.get("Pattern") or {}, rule_name=props.get("RuleName"))
-            )
+            rules.append(RuleSource(pattern=props.get("Pattern") or {}))
     return routes, streams, rules
 
 
