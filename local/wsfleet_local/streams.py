@@ -139,7 +139,6 @@ class _Shard:
     parent_id: str | None
     iterator: str | None = None
     iterator_at: float = 0.0
-    closed: bool = False
     last_sequence: str | None = None
 
 
@@ -175,7 +174,7 @@ class StreamPoller:
         self.stats = PollerStats()
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait  # returns True when stopping
-        self._shards: dict[str, _Shard] = {}
+        self._shards: dict[str, _Shard] = {}  # the open ones
         self._finished: set[str] = set()  # closed shards, read to their end
         self._described_at = 0.0
         self._first_listing = True
@@ -223,15 +222,10 @@ class StreamPoller:
         for shard in list(self._shards.values()):
             if self._stop.is_set():
                 break
-            if shard.closed or not self._ready(shard):
-                continue
-            busy |= self._poll_shard(shard)
+            # A child shard waits until its parent is drained (order across a split).
+            if shard.parent_id not in self._shards:
+                busy |= self._poll_shard(shard)
         return busy
-
-    def _ready(self, shard: _Shard) -> bool:
-        """A child shard waits until its parent is drained (order across a split)."""
-        parent = shard.parent_id
-        return parent is None or parent not in self._shards or parent in self._finished
 
     def _refresh_shards(self, now: float) -> None:
         shards: list[dict[str, Any]] = []
@@ -285,7 +279,7 @@ class StreamPoller:
             self._deliver(shard, records)
             shard.last_sequence = str(records[-1]["dynamodb"]["SequenceNumber"])
         if next_iterator is None:
-            shard.closed = True
+            del self._shards[shard.shard_id]
             self._finished.add(shard.shard_id)
             self._described_at = 0.0  # look for its children now
             return bool(records)
