@@ -237,6 +237,9 @@ class SerializedMotoApp:
             self._wait_unlocked(timeout)
 
         # moto calls it between two scans of a long poll, with our lock held (in __call__).
+        # Without it (another moto), a long poll would hold the lock for its whole wait.
+        if not callable(getattr(Queue, "wait_for_messages", None)):
+            raise BackendError("moto.sqs Queue has no wait_for_messages to release the lock in")
         Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign]
 
     def __call__(self, environ: WSGIEnviron, start_response: StartResponse) -> list[bytes]:
