@@ -14,7 +14,7 @@ This module keeps the threads and serialises the backend instead:
   API call atomic, as it is on AWS;
 * an SQS ``ReceiveMessage`` long poll is the one exception: moto serves it as scans of the
   queue with a wait in between, and that wait is made to release the lock until an SQS
-  write lands (or a few tens of milliseconds pass), so each scan is atomic and a waiting
+  write lands (or 100 ms pass), so each scan is atomic and a waiting
   poll blocks nobody;
 * connections are kept alive (werkzeug's dev server closes each one after a response), so
   a boto3 call costs no TCP handshake and no new server thread.
@@ -207,7 +207,7 @@ class SerializedMotoApp:
 
     moto serves an SQS long poll itself (both wire protocols, the queue's default wait, the
     20 s cap): it scans the queue and, finding nothing, calls ``Queue.wait_for_messages``
-    between scans. That one method is replaced while an app exists: it releases the lock,
+    between scans. Making an app replaces that one method (process-wide): it releases the lock,
     sleeps until an SQS write lands or the poll interval passes, and takes the lock back, so
     every scan is atomic and a waiting poll blocks nobody.
 
