@@ -30,7 +30,7 @@ from typing import Any
 
 from .clock import Clock, now_ms
 from .exceptions import ConnectionNotFound, StoreError, WorkerDead
-from .lease import Lease, is_stale_checkpoint
+from .lease import Lease
 from .rebalance import FLEET_VIEW_PK, FleetView
 from .record import (
     INDEX_SHARDS,
@@ -39,7 +39,6 @@ from .record import (
     ConnectionRecord,
     DesiredState,
     WorkerRecord,
-    index_keys,
     worker_pk,
 )
 from .store import (
@@ -48,10 +47,8 @@ from .store import (
     LeaseStore,
     StartResult,
     StopResult,
-    _raise_refusal,
     _Refused,
-    _restart_removals,
-    _restart_values,
+    _restart_changes,
 )
 from .task_exit import ContainerStop, ExitKill, exit_kill_outcome, ran_in
 from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
@@ -157,63 +154,23 @@ class InMemoryLeaseStore(LeaseStore):
             if current.desired_state is DesiredState.STARTED:
                 return StartResult(current)
         # Outside the lock: it may kill the owner (see LeaseStore._owner_is_over).
-        owner_over = bool(current.lease_owner) and self._owner_is_over(current.lease_owner)
-        with self._lock:
-            changed = _record(self._items.get(record.pk)) != current
-            if not changed:
-                return self._restart(current, ws_url, resume, upstream, now, owner_over)
-        # It changed meanwhile: again.
-        return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
-
-    def _restart(
-        self,
-        current: ConnectionRecord,
-        ws_url: str,
-        resume: bool,
-        upstream: UpstreamOptions,
-        now: int,
-        owner_over: bool,
-    ) -> StartResult:
-        """STOPPED/FAILED -> STARTED (the caller holds the lock)."""
-        owner = "" if owner_over else current.lease_owner
-        keys, removed = index_keys(
-            current.pk, DesiredState.STARTED, owned=bool(owner), since_ms=now
+        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
+        set_values, remove = _restart_changes(
+            current, ws_url, resume, upstream, now, owned=keep_owner
         )
-        if not owner:
-            removed = (*removed, "lease_owner")
-        item = {
-            **self._items[current.pk],
-            "desired_state": DesiredState.STARTED.value,
-            "ws_url": ws_url,
-            "updated_at_ms": now,
-            "resume": resume,
-            **_restart_values(current, ws_url, upstream),
-            **keys,
-        }
-        for name in (
-            "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
-            *_restart_removals(current, ws_url, upstream),
-            *removed,
-        ):
-            item.pop(name, None)
-        self._items[current.pk] = item
+        try:  # STOPPED/FAILED -> STARTED, if nothing changed since the read above
+            item = self._update(record.pk, lambda old: _record(old) == current, set_values, remove)
+        except _Failed:  # it changed meanwhile: again
+            return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
         return StartResult(ConnectionRecord.from_item(item), restarted=True)
 
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        now = self._clock()
-        keys, removed = index_keys(pk, DesiredState.STOPPED, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now)
+        values, removed = self._end_changes(pk, DesiredState.STOPPED, reason, self._clock())
         try:
             item = self._update(
                 pk,
                 lambda old: bool(old) and old["desired_state"] != DesiredState.STOPPED.value,
-                {
-                    "desired_state": DesiredState.STOPPED.value,
-                    "stop_reason": reason,
-                    "updated_at_ms": now,
-                    **keys,
-                    **({"expires_at": ttl} if ttl else {}),
-                },
+                values,
                 removed,
             )
         except _Failed as refused:
@@ -269,18 +226,14 @@ class InMemoryLeaseStore(LeaseStore):
             raise _Refused(_record(refused.old)) from refused
         return ConnectionRecord.from_item(item)
 
-    def _holder_write(
+    def _holder_update(
         self,
         lease: Lease,
         set_values: Mapping[str, Any],
-        *,
-        remove: Iterable[str] = (),
-        last_seq: int | None = None,
-        started_only: bool = False,
+        remove: tuple[str, ...],
+        last_seq: int | None,
+        started_only: bool,
     ) -> ConnectionRecord:
-        """A write allowed only while owner and epoch are ours (and, with ``started_only``,
-        while STARTED); a ``last_seq`` that would move the checkpoint back is left out."""
-
         def condition(old: _Item) -> bool:
             return (
                 _is(old, "lease_owner", lease.owner)
@@ -290,16 +243,10 @@ class InMemoryLeaseStore(LeaseStore):
             )
 
         values = dict(set_values) if last_seq is None else {**set_values, "last_seq": last_seq}
-        removed = tuple(remove)
         try:
-            return ConnectionRecord.from_item(self._update(lease.pk, condition, values, removed))
+            return ConnectionRecord.from_item(self._update(lease.pk, condition, values, remove))
         except _Failed as refused:
-            current = _record(refused.old)
-            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                return self._holder_write(
-                    lease, set_values, remove=removed, started_only=started_only
-                )
-            _raise_refusal(lease, current, refused)
+            raise _Refused(_record(refused.old)) from refused
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:
@@ -381,11 +328,7 @@ class InMemoryLeaseStore(LeaseStore):
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
         for item in self._scan(lambda item: _is(item, "lease_owner", owner)):
-            yield IndexEntry(
-                str(item["pk"]),
-                int(item.get("lease_epoch", 0)),
-                DesiredState(item["desired_state"]) if item.get("desired_state") else None,
-            )
+            yield IndexEntry.from_owner_index(item)
 
     def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
         items = self._scan(
@@ -393,12 +336,7 @@ class InMemoryLeaseStore(LeaseStore):
             and int(item["unowned_since_ms"]) < before_ms
         )
         for item in sorted(items, key=lambda item: int(item["unowned_since_ms"])):
-            yield IndexEntry(
-                str(item["pk"]),
-                int(item.get("lease_epoch", 0)),
-                DesiredState.STARTED,
-                int(item["unowned_since_ms"]),
-            )
+            yield IndexEntry.from_unowned_index(item)
 
     def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
         now = self._clock()

@@ -135,26 +135,40 @@ def _same_stream(current: ConnectionRecord, ws_url: str, upstream: UpstreamOptio
     return current.ws_url == ws_url and current.upstream.seq_pointer == upstream.seq_pointer
 
 
-def _restart_values(
-    current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions
-) -> dict[str, Any]:
-    """What a restart (STOPPED/FAILED -> STARTED) sets besides state and index keys."""
+def _restart_changes(
+    current: ConnectionRecord,
+    ws_url: str,
+    resume: bool,
+    upstream: UpstreamOptions,
+    now: int,
+    *,
+    owned: bool,
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What a restart (STOPPED/FAILED -> STARTED) sets and removes: the START's URL and
+    options, the index keys (``owned``: the owner stays until it releases; else it is removed
+    and the connection is free now), the stop's traces and the breaker's count. The checkpoint
+    and the gap history survive only for the same stream (:func:`_same_stream`)."""
+    same = _same_stream(current, ws_url, upstream)
+    keys, removed = index_keys(current.pk, DesiredState.STARTED, owned=owned, since_ms=now)
     values: dict[str, Any] = {
-        "last_seq": current.last_seq if _same_stream(current, ws_url, upstream) else 0
+        "desired_state": DesiredState.STARTED.value,
+        "ws_url": ws_url,
+        "updated_at_ms": now,
+        "resume": resume,
+        "last_seq": current.last_seq if same else 0,
+        **keys,
     }
-    if not upstream.is_default:
+    removals = ["stop_reason", "last_error", "expires_at", "failure_count", "failure_seq"]
+    removals += removed
+    if upstream.is_default:
+        removals.append("upstream")
+    else:
         values["upstream"] = upstream.to_item()
-    return values
-
-
-def _restart_removals(
-    current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions
-) -> tuple[str, ...]:
-    """What a restart removes: default options, and a new stream's gap history."""
-    removals: tuple[str, ...] = ("upstream",) if upstream.is_default else ()
-    if not _same_stream(current, ws_url, upstream):
-        removals += ("resume_gaps", "gap_frames")
-    return removals
+    if not same:
+        removals += ["resume_gaps", "gap_frames"]
+    if current.lease_owner and not owned:
+        removals.append("lease_owner")
+    return values, tuple(removals)
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,24 @@ class IndexEntry:
     epoch: int
     desired_state: DesiredState | None = None
     unowned_since_ms: int | None = None
+
+    @classmethod
+    def from_owner_index(cls, item: Mapping[str, Any]) -> IndexEntry:
+        """The entry of a gsi_owner item."""
+        state = item.get("desired_state")
+        return cls(
+            str(item["pk"]), int(item.get("lease_epoch", 0)), DesiredState(state) if state else None
+        )
+
+    @classmethod
+    def from_unowned_index(cls, item: Mapping[str, Any]) -> IndexEntry:
+        """The entry of a gsi_unowned item (only STARTED connections are in that index)."""
+        return cls(
+            str(item["pk"]),
+            int(item.get("lease_epoch", 0)),
+            DesiredState.STARTED,
+            int(item["unowned_since_ms"]),
+        )
 
 
 class LeaseStore(ABC):
@@ -216,10 +248,16 @@ class LeaseStore(ABC):
             stopped_retention_ms=int(settings.stopped_retention_days * 86_400_000),
         )
 
-    def _stopped_ttl(self, now: int) -> int | None:
-        if self.stopped_retention_ms <= 0:
-            return None
-        return (now + self.stopped_retention_ms) // 1000
+    def _end_changes(
+        self, pk: str, state: DesiredState, reason: str, now: int
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """What ending a connection (STOPPED or FAILED) sets and removes, ownership aside:
+        state, reason, index keys and, for STOPPED, the TTL."""
+        keys, removed = index_keys(pk, state, owned=True, since_ms=now)
+        values = {"desired_state": state.value, "stop_reason": reason, "updated_at_ms": now, **keys}
+        if state is DesiredState.STOPPED and self.stopped_retention_ms > 0:
+            values["expires_at"] = (now + self.stopped_retention_ms) // 1000
+        return values, removed
 
     # ------------------------------------------------------------------ acquire (shared logic)
     def acquire(
@@ -342,8 +380,7 @@ class LeaseStore(ABC):
         """One page of connections in ``state`` (gsi_state, shard by shard)."""
 
     # ------------------------------------------------------------------ holder writes
-    # (shared: every one is a conditional update through the backend's _holder_write)
-    @abstractmethod
+    # (shared: every one is a conditional update through the backend's _holder_update)
     def _holder_write(
         self,
         lease: Lease,
@@ -354,9 +391,37 @@ class LeaseStore(ABC):
         started_only: bool = False,
     ) -> ConnectionRecord:
         """Set ``set_values`` and remove ``remove``, only while owner and epoch are ours (and,
-        with ``started_only``, while STARTED); ``last_seq`` is written only if it does not move
-        the checkpoint back (a later checkpoint of ours that landed first wins). A refusal
-        raises ConnectionStopped (ours, not STARTED) or LeaseLost."""
+        with ``started_only``, while STARTED). A refusal raises ConnectionStopped (ours, not
+        STARTED) or LeaseLost.
+
+        ``last_seq``, when given, is written only if it does not move the checkpoint back: two
+        writes of one holder can land out of order (a retried request, a paused process), and
+        the checkpoint must never regress. If a later checkpoint of ours already landed, the
+        write goes ahead without the stale one.
+        """
+        removed = tuple(remove)
+        try:
+            return self._holder_update(lease, set_values, removed, last_seq, started_only)
+        except _Refused as refused:
+            current = refused.current
+            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
+                return self._holder_write(
+                    lease, set_values, remove=removed, started_only=started_only
+                )
+            _raise_refusal(lease, current, refused.__cause__ or refused)
+
+    @abstractmethod
+    def _holder_update(
+        self,
+        lease: Lease,
+        set_values: Mapping[str, Any],
+        remove: tuple[str, ...],
+        last_seq: int | None,
+        started_only: bool,
+    ) -> ConnectionRecord:
+        """The conditional write of :meth:`_holder_write`: owner and epoch are ``lease``'s,
+        STARTED if ``started_only``, and ``last_seq`` (set with the rest) is not below the
+        item's. Raises :class:`_Refused` carrying the current item."""
 
     def checkpoint(self, lease: Lease, last_seq: int) -> None:
         """Record ``last_seq`` as durable (never backwards), fenced by owner and epoch and
@@ -408,21 +473,9 @@ class LeaseStore(ABC):
         extra: Mapping[str, Any],
         last_seq: int | None,
     ) -> ConnectionRecord:
-        now = self._clock()
-        keys, removed = index_keys(lease.pk, state, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now) if state is DesiredState.STOPPED else None
+        values, removed = self._end_changes(lease.pk, state, reason, self._clock())
         return self._fenced(
-            lease,
-            {
-                "desired_state": state.value,
-                "stop_reason": reason,
-                "updated_at_ms": now,
-                **keys,
-                **extra,
-                **({"expires_at": ttl} if ttl else {}),
-            },
-            remove=("lease_owner", *removed),
-            last_seq=last_seq,
+            lease, {**values, **extra}, remove=("lease_owner", *removed), last_seq=last_seq
         )
 
     def _fenced(
@@ -764,25 +817,14 @@ class DynamoDBLeaseStore(LeaseStore):
         if current.desired_state is DesiredState.STARTED:
             return StartResult(current)
         keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
-        keys, removed = index_keys(current.pk, DesiredState.STARTED, owned=keep_owner, since_ms=now)
-        if current.lease_owner and not keep_owner:
-            removed = (*removed, "lease_owner")
+        set_values, remove = _restart_changes(
+            current, ws_url, resume, upstream, now, owned=keep_owner
+        )
         try:
             item = self._update(
                 current.pk,
-                set_values={
-                    "desired_state": DesiredState.STARTED.value,
-                    "ws_url": ws_url,
-                    "updated_at_ms": now,
-                    "resume": resume,
-                    **_restart_values(current, ws_url, upstream),
-                    **keys,
-                },
-                remove=(
-                    "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
-                    *_restart_removals(current, ws_url, upstream),
-                    *removed,
-                ),
+                set_values=set_values,
+                remove=remove,
                 # The owner condition keeps the index keys right.
                 condition="#desired_state IN (:stopped, :failed) AND "
                 + ("#lease_owner = :seen_owner" if current.lease_owner
@@ -803,19 +845,11 @@ class DynamoDBLeaseStore(LeaseStore):
         return StartResult(ConnectionRecord.from_item(item), restarted=True)
 
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        now = self._clock()
-        keys, removed = index_keys(pk, DesiredState.STOPPED, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now)
+        values, removed = self._end_changes(pk, DesiredState.STOPPED, reason, self._clock())
         try:
             item = self._update(
                 pk,
-                set_values={
-                    "desired_state": DesiredState.STOPPED.value,
-                    "stop_reason": reason,
-                    "updated_at_ms": now,
-                    **keys,
-                    **({"expires_at": ttl} if ttl else {}),
-                },
+                set_values=values,
                 remove=removed,
                 condition="attribute_exists(pk) AND #desired_state <> :stopped_state",
                 values={"stopped_state": DesiredState.STOPPED.value},
@@ -906,23 +940,14 @@ class DynamoDBLeaseStore(LeaseStore):
             raise
         return ConnectionRecord.from_item(item)
 
-    def _holder_write(
+    def _holder_update(
         self,
         lease: Lease,
         set_values: Mapping[str, Any],
-        *,
-        remove: Iterable[str] = (),
-        last_seq: int | None = None,
-        started_only: bool = False,
+        remove: tuple[str, ...],
+        last_seq: int | None,
+        started_only: bool,
     ) -> ConnectionRecord:
-        """An UpdateItem allowed only while owner and epoch are ours (and, with
-        ``started_only``, while STARTED).
-
-        ``last_seq``, when given, is written only if it does not move the checkpoint back: two
-        writes of one holder can land out of order (a retried request, a paused process), and
-        the checkpoint must never regress. If a later checkpoint of ours already landed, the
-        write goes ahead without the stale one.
-        """
         condition = "#lease_owner = :owner AND #lease_epoch = :epoch"
         values: dict[str, Any] = {"owner": lease.owner, "epoch": lease.epoch}
         assignments = dict(set_values)
@@ -937,12 +962,7 @@ class DynamoDBLeaseStore(LeaseStore):
                 lease.pk, set_values=assignments, remove=remove, condition=condition, values=values
             )
         except ClientError as exc:
-            current = self._refused_record(exc, lease.pk)
-            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                return self._holder_write(
-                    lease, set_values, remove=remove, started_only=started_only
-                )
-            _raise_refusal(lease, current, exc)
+            raise _Refused(self._refused_record(exc, lease.pk)) from exc
         return ConnectionRecord.from_item(item)
 
     # ------------------------------------------------------------------ worker items
@@ -1105,13 +1125,7 @@ class DynamoDBLeaseStore(LeaseStore):
         )
         for page in pages:
             for raw in page.get("Items", []):
-                item = _load(raw) or {}
-                state = item.get("desired_state")
-                yield IndexEntry(
-                    str(item["pk"]),
-                    int(item.get("lease_epoch", 0)),
-                    DesiredState(state) if state else None,
-                )
+                yield IndexEntry.from_owner_index(_load(raw) or {})
 
     def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
         pages = self._pages(
@@ -1123,13 +1137,7 @@ class DynamoDBLeaseStore(LeaseStore):
         )
         for page in pages:
             for raw in page.get("Items", []):
-                item = _load(raw) or {}
-                yield IndexEntry(
-                    str(item["pk"]),
-                    int(item.get("lease_epoch", 0)),
-                    DesiredState.STARTED,
-                    int(item["unowned_since_ms"]),
-                )
+                yield IndexEntry.from_unowned_index(_load(raw) or {})
 
     def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
         now = self._clock()
