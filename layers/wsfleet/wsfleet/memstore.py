@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .clock import Clock, now_ms
-from .exceptions import ConnectionNotFound, StoreError, WorkerDead
+from .exceptions import StoreError, WorkerDead
 from .lease import Lease
 from .rebalance import FLEET_VIEW_PK, FleetView
 from .record import (
@@ -45,13 +45,9 @@ from .store import (
     ConnectionPage,
     IndexEntry,
     LeaseStore,
-    StartResult,
-    StopResult,
     _Refused,
-    _restart_changes,
 )
 from .task_exit import ContainerStop, ExitKill, exit_kill_outcome, ran_in
-from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 
 __all__ = ["InMemoryLeaseStore"]
 
@@ -113,6 +109,23 @@ class InMemoryLeaseStore(LeaseStore):
             self._items[pk] = new
             return dict(new)
 
+    def _refusable(
+        self,
+        pk: str,
+        condition: _Condition,
+        set_values: Mapping[str, Any],
+        remove: Iterable[str] = (),
+        *,
+        add_epoch: bool = False,
+    ) -> ConnectionRecord:
+        """:meth:`_update` of a connection item, refused as the backends' primitives are:
+        :class:`_Refused` carrying the item as it stood."""
+        try:
+            item = self._update(pk, condition, set_values, remove, add_epoch=add_epoch)
+        except _Failed as refused:
+            raise _Refused(_record(refused.old)) from refused
+        return ConnectionRecord.from_item(item)
+
     def _read(self, pk: str) -> _Item | None:
         with self._lock:
             item = self._items.get(pk)
@@ -134,50 +147,26 @@ class InMemoryLeaseStore(LeaseStore):
         return {pk: ConnectionRecord.from_item(item) for pk, item in found.items() if item}
 
     # ------------------------------------------------------------------ API-side writes
-    def start(
-        self,
-        connection_id: str,
-        ws_url: str,
-        *,
-        resume: bool = True,
-        upstream: UpstreamOptions = DEFAULT_OPTIONS,
-    ) -> StartResult:
-        now = self._clock()
-        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
-            resume=resume, upstream=upstream
-        )
-        with self._lock:  # the read and the write below as one step, like the two conditions
-            current = _record(self._items.get(record.pk))
-            if current is None:
-                self._items[record.pk] = record.to_item()
-                return StartResult(record, created=True)
-            if current.desired_state is DesiredState.STARTED:
-                return StartResult(current)
-        # Outside the lock: it may kill the owner (see LeaseStore._owner_is_over).
-        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
-        set_values, remove = _restart_changes(
-            current, ws_url, resume, upstream, now, owned=keep_owner
-        )
-        try:  # STOPPED/FAILED -> STARTED, if nothing changed since the read above
-            item = self._update(record.pk, lambda old: _record(old) == current, set_values, remove)
-        except _Failed:  # it changed meanwhile: again
-            return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
-        return StartResult(ConnectionRecord.from_item(item), restarted=True)
+    def _create(self, record: ConnectionRecord) -> None:
+        with self._lock:
+            if record.pk in self._items:
+                raise _Refused(_record(self._items[record.pk]))
+            self._items[record.pk] = record.to_item()
 
-    def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        values, removed = self._end_changes(pk, DesiredState.STOPPED, reason, self._clock())
-        try:
-            item = self._update(
-                pk,
-                lambda old: bool(old) and old["desired_state"] != DesiredState.STOPPED.value,
-                values,
-                removed,
-            )
-        except _Failed as refused:
-            if refused.old is None:
-                raise ConnectionNotFound(pk) from refused
-            return StopResult(ConnectionRecord.from_item(refused.old), stopped=False)
-        return StopResult(ConnectionRecord.from_item(item), stopped=True)
+    def _restart_write(
+        self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        # Stricter than DynamoDB's condition (nothing changed since ``current`` was read),
+        # which covers it: the state and the owner are part of the record.
+        return self._refusable(current.pk, lambda old: _record(old) == current, set_values, remove)
+
+    def _stop_write(
+        self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        def condition(old: _Item) -> bool:
+            return bool(old) and old["desired_state"] != DesiredState.STOPPED.value
+
+        return self._refusable(pk, condition, set_values, remove)
 
     def list_connections(
         self, state: DesiredState, *, limit: int = 50, start_key: Mapping[str, Any] | None = None
@@ -214,17 +203,13 @@ class InMemoryLeaseStore(LeaseStore):
                 )
             return "lease_owner" not in old
 
-        try:
-            item = self._update(
-                pk,
-                condition,
-                {"lease_owner": owner, "updated_at_ms": self._clock()},
-                (*_UNOWNED_KEYS, *_HINT_CLAIM),
-                add_epoch=True,
-            )
-        except _Failed as refused:
-            raise _Refused(_record(refused.old)) from refused
-        return ConnectionRecord.from_item(item)
+        return self._refusable(
+            pk,
+            condition,
+            {"lease_owner": owner, "updated_at_ms": self._clock()},
+            (*_UNOWNED_KEYS, *_HINT_CLAIM),
+            add_epoch=True,
+        )
 
     def _holder_update(
         self,
@@ -243,10 +228,7 @@ class InMemoryLeaseStore(LeaseStore):
             )
 
         values = dict(set_values) if last_seq is None else {**set_values, "last_seq": last_seq}
-        try:
-            return ConnectionRecord.from_item(self._update(lease.pk, condition, values, remove))
-        except _Failed as refused:
-            raise _Refused(_record(refused.old)) from refused
+        return self._refusable(lease.pk, condition, values, remove)
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:

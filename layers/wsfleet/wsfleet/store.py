@@ -347,7 +347,6 @@ class LeaseStore(ABC):
     ) -> dict[str, ConnectionRecord]:
         """Many connection items (missing ones are absent from the result)."""
 
-    @abstractmethod
     def start(
         self,
         connection_id: str,
@@ -366,12 +365,64 @@ class LeaseStore(ABC):
           and the seq pointer are unchanged, so the stream resumes where it stopped; another
           stream starts from 0. The crash-loop breaker's count is reset.
         """
+        now = self._clock()
+        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
+            resume=resume, upstream=upstream
+        )
+        try:
+            self._create(record)
+            return StartResult(record, created=True)
+        except _Refused as refused:
+            current = refused.current
+        if current is None:  # only if it was deleted between our write and our read
+            raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
+        if current.desired_state is DesiredState.STARTED:
+            return StartResult(current)
+        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
+        set_values, remove = _restart_changes(
+            current, ws_url, resume, upstream, now, owned=keep_owner
+        )
+        try:
+            return StartResult(self._restart_write(current, set_values, remove), restarted=True)
+        except _Refused as refused:  # a concurrent START or the owner's release came first
+            winner = refused.current
+            if winner is None:
+                raise ConnectionNotFound(current.pk) from refused
+        if winner.desired_state is DesiredState.STARTED:
+            return StartResult(winner)
+        return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
 
     @abstractmethod
+    def _create(self, record: ConnectionRecord) -> None:
+        """Put a new connection item, conditional on its key being free. Raises
+        :class:`_Refused` carrying the item that holds the key."""
+
+    @abstractmethod
+    def _restart_write(
+        self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        """Apply a restart's changes, conditional on the item still being STOPPED or FAILED
+        under the owner ``current`` shows (the index keys depend on it). Raises
+        :class:`_Refused` carrying the current item."""
+
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
         """Set desired_state to STOPPED (idempotent; ``stopped`` is False if it already was).
         Raises ConnectionNotFound for an unknown pk. The owner is left alone: it learns of the
         STOP from its control channel (or its sweep), closes, and releases."""
+        values, removed = self._end_changes(pk, DesiredState.STOPPED, reason, self._clock())
+        try:
+            return StopResult(self._stop_write(pk, values, removed), stopped=True)
+        except _Refused as refused:
+            if refused.current is None:
+                raise ConnectionNotFound(pk) from refused
+            return StopResult(refused.current, stopped=False)
+
+    @abstractmethod
+    def _stop_write(
+        self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        """Apply a stop's changes, conditional on the item existing and not being STOPPED.
+        Raises :class:`_Refused` carrying the current item (None: absent)."""
 
     @abstractmethod
     def list_connections(
@@ -790,18 +841,7 @@ class DynamoDBLeaseStore(LeaseStore):
         return found
 
     # ------------------------------------------------------------------ API-side writes
-    def start(
-        self,
-        connection_id: str,
-        ws_url: str,
-        *,
-        resume: bool = True,
-        upstream: UpstreamOptions = DEFAULT_OPTIONS,
-    ) -> StartResult:
-        now = self._clock()
-        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
-            resume=resume, upstream=upstream
-        )
+    def _create(self, record: ConnectionRecord) -> None:
         try:
             self._call(
                 "put_item",
@@ -809,17 +849,12 @@ class DynamoDBLeaseStore(LeaseStore):
                 ConditionExpression="attribute_not_exists(pk)",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-            return StartResult(record, created=True)
         except ClientError as exc:
-            current = self._refused_record(exc, record.pk)
-        if current is None:  # only if it was deleted between our write and our read
-            raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
-        if current.desired_state is DesiredState.STARTED:
-            return StartResult(current)
-        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
-        set_values, remove = _restart_changes(
-            current, ws_url, resume, upstream, now, owned=keep_owner
-        )
+            raise _Refused(self._refused_record(exc, record.pk)) from exc
+
+    def _restart_write(
+        self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
         try:
             item = self._update(
                 current.pk,
@@ -835,31 +870,24 @@ class DynamoDBLeaseStore(LeaseStore):
                     **({"seen_owner": current.lease_owner} if current.lease_owner else {}),
                 },
             )
-        except ClientError as exc:  # a concurrent START or the owner's release came first
-            winner = self._refused_record(exc, current.pk)
-            if winner is None:
-                raise ConnectionNotFound(current.pk) from exc
-            if winner.desired_state is DesiredState.STARTED:
-                return StartResult(winner)
-            return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
-        return StartResult(ConnectionRecord.from_item(item), restarted=True)
+        except ClientError as exc:
+            raise _Refused(self._refused_record(exc, current.pk)) from exc
+        return ConnectionRecord.from_item(item)
 
-    def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        values, removed = self._end_changes(pk, DesiredState.STOPPED, reason, self._clock())
+    def _stop_write(
+        self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
         try:
             item = self._update(
                 pk,
-                set_values=values,
-                remove=removed,
+                set_values=set_values,
+                remove=remove,
                 condition="attribute_exists(pk) AND #desired_state <> :stopped_state",
                 values={"stopped_state": DesiredState.STOPPED.value},
             )
         except ClientError as exc:
-            current = self._refused_record(exc, pk)
-            if current is None:
-                raise ConnectionNotFound(pk) from exc
-            return StopResult(current, stopped=False)
-        return StopResult(ConnectionRecord.from_item(item), stopped=True)
+            raise _Refused(self._refused_record(exc, pk)) from exc
+        return ConnectionRecord.from_item(item)
 
     def list_connections(
         self,
