@@ -29,7 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -742,15 +741,32 @@ class DynamoDBLeaseStore(LeaseStore):
             raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
         return response
 
-    def _pages(self, operation: str, *, page_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """Every page of ``operation`` (a boto3 paginator), fetched lazily."""
-        pages = self._client.get_paginator(operation).paginate(
-            TableName=self.table_name, PaginationConfig={"PageSize": page_size}, **kwargs
+    def _query(
+        self, index: str, key_condition: str, *, page_size: int, **values: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every item an index query returns, page by page (a boto3 paginator), fetched
+        lazily."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table_name,
+            IndexName=index,
+            KeyConditionExpression=key_condition,
+            ExpressionAttributeValues=_values(**values),
+            PaginationConfig={"PageSize": page_size},
         )
         try:
-            yield from pages
+            for page in pages:
+                for raw in page.get("Items", []):
+                    yield _load(raw) or {}
         except (ClientError, BotoCoreError) as exc:
-            raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
+            raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
+
+    def _succeeds(self, operation: str, pk: str, condition: str, **kwargs: Any) -> bool:
+        """A conditional write whose refusal is an answer (False), not an error."""
+        try:
+            self._call(operation, Key=_dump({"pk": pk}), ConditionExpression=condition, **kwargs)
+        except ClientError:
+            return False
+        return True
 
     def _update(
         self,
@@ -1022,14 +1038,13 @@ class DynamoDBLeaseStore(LeaseStore):
 
     def retire_worker(self, worker_id: str) -> None:
         now = self._clock()
-        with contextlib.suppress(ClientError):  # already dead or gone: nothing left to end
-            self._call(
-                "update_item",
-                Key=_dump({"pk": worker_pk(worker_id)}),
-                UpdateExpression="SET dead_at_ms = :now, expires_at_ms = :now",
-                ConditionExpression="attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
-                ExpressionAttributeValues=_values(now=now),
-            )
+        self._succeeds(  # refused: already dead or gone, nothing left to end
+            "update_item",
+            worker_pk(worker_id),
+            "attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
+            UpdateExpression="SET dead_at_ms = :now, expires_at_ms = :now",
+            ExpressionAttributeValues=_values(now=now),
+        )
 
     def kill_worker(self, worker_id: str) -> bool:
         now = self._clock()
@@ -1106,31 +1121,19 @@ class DynamoDBLeaseStore(LeaseStore):
         return {str(item["worker_id"]): WorkerRecord.from_item(item) for item in items.values()}
 
     def list_worker_ids(self) -> list[str]:
-        pages = self._pages(
-            "query",
-            page_size=1000,
-            IndexName=WORKERS_INDEX,
-            KeyConditionExpression="worker_index = :workers",
-            ExpressionAttributeValues=_values(workers=WORKER_INDEX_VALUE),
+        items = self._query(
+            WORKERS_INDEX, "worker_index = :workers", page_size=1000, workers=WORKER_INDEX_VALUE
         )
         prefix = worker_pk("")
-        return [
-            str((_load(raw) or {})["pk"])[len(prefix):]
-            for page in pages
-            for raw in page.get("Items", [])
-        ]
+        return [str(item["pk"])[len(prefix):] for item in items]
 
     def delete_worker(self, worker_id: str, *, dead_before_ms: int) -> bool:
-        try:
-            self._call(
-                "delete_item",
-                Key=_dump({"pk": worker_pk(worker_id)}),
-                ConditionExpression="expires_at_ms < :before",
-                ExpressionAttributeValues=_values(before=dead_before_ms),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "delete_item",
+            worker_pk(worker_id),
+            "expires_at_ms < :before",
+            ExpressionAttributeValues=_values(before=dead_before_ms),
+        )
 
     # ------------------------------------------------------------------ the fleet view
     def put_fleet_view(self, view: FleetView) -> None:
@@ -1144,77 +1147,51 @@ class DynamoDBLeaseStore(LeaseStore):
 
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
-        pages = self._pages(
-            "query",
-            page_size=page_size,
-            IndexName=OWNER_INDEX,
-            KeyConditionExpression="lease_owner = :owner",
-            ExpressionAttributeValues=_values(owner=owner),
-        )
-        for page in pages:
-            for raw in page.get("Items", []):
-                yield IndexEntry.from_owner_index(_load(raw) or {})
+        items = self._query(OWNER_INDEX, "lease_owner = :owner", page_size=page_size, owner=owner)
+        return map(IndexEntry.from_owner_index, items)
 
     def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
-        pages = self._pages(
-            "query",
+        items = self._query(
+            UNOWNED_INDEX,
+            "unowned_shard = :shard AND unowned_since_ms < :before",
             page_size=page_size,
-            IndexName=UNOWNED_INDEX,
-            KeyConditionExpression="unowned_shard = :shard AND unowned_since_ms < :before",
-            ExpressionAttributeValues=_values(shard=f"{shard:02d}", before=before_ms),
+            shard=f"{shard:02d}",
+            before=before_ms,
         )
-        for page in pages:
-            for raw in page.get("Items", []):
-                yield IndexEntry.from_unowned_index(_load(raw) or {})
+        return map(IndexEntry.from_unowned_index, items)
 
     def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
         now = self._clock()
-        try:
-            self._call(
-                "update_item",
-                Key=_dump({"pk": worker.pk}),
-                UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
-                ConditionExpression=(
-                    "expires_at_ms = :expiry AND (attribute_not_exists(hinted_at_ms) "
-                    "OR hinted_expiry_ms <> :expiry OR hinted_at_ms < :stale)"
-                ),
-                ExpressionAttributeValues=_values(
-                    expiry=worker.expires_at_ms, now=now, stale=now - rehint_after_ms
-                ),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "update_item",
+            worker.pk,
+            "expires_at_ms = :expiry AND (attribute_not_exists(hinted_at_ms) "
+            "OR hinted_expiry_ms <> :expiry OR hinted_at_ms < :stale)",
+            UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
+            ExpressionAttributeValues=_values(
+                expiry=worker.expires_at_ms, now=now, stale=now - rehint_after_ms
+            ),
+        )
 
     def claim_hint(self, entry: IndexEntry, *, rehint_after_ms: int) -> bool:
         now = self._clock()
-        try:
-            self._call(
-                "update_item",
-                Key=_dump({"pk": entry.pk}),
-                UpdateExpression="SET hinted_since_ms = :since, hinted_at_ms = :now",
-                ConditionExpression=(
-                    "unowned_since_ms = :since AND attribute_not_exists(lease_owner) AND "
-                    "(attribute_not_exists(hinted_at_ms) OR hinted_since_ms <> :since "
-                    "OR hinted_at_ms < :stale)"
-                ),
-                ExpressionAttributeValues=_values(
-                    since=entry.unowned_since_ms, now=now, stale=now - rehint_after_ms
-                ),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "update_item",
+            entry.pk,
+            "unowned_since_ms = :since AND attribute_not_exists(lease_owner) AND "
+            "(attribute_not_exists(hinted_at_ms) OR hinted_since_ms <> :since "
+            "OR hinted_at_ms < :stale)",
+            UpdateExpression="SET hinted_since_ms = :since, hinted_at_ms = :now",
+            ExpressionAttributeValues=_values(
+                since=entry.unowned_since_ms, now=now, stale=now - rehint_after_ms
+            ),
+        )
 
     def withdraw_hint_claim(self, entry: IndexEntry) -> bool:
-        try:
-            self._call(
-                "update_item",
-                Key=_dump({"pk": entry.pk}),
-                UpdateExpression="REMOVE hinted_since_ms, hinted_at_ms",
-                ConditionExpression="hinted_since_ms = :since",
-                ExpressionAttributeValues=_values(since=entry.unowned_since_ms),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "update_item",
+            entry.pk,
+            "hinted_since_ms = :since",
+            UpdateExpression="REMOVE hinted_since_ms, hinted_at_ms",
+            ExpressionAttributeValues=_values(since=entry.unowned_since_ms),
+        )
