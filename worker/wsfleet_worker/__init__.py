@@ -25,8 +25,9 @@ Names resolve lazily so ``python -m wsfleet_worker.health`` does not import boto
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from wsfleet.lazy_exports import resolve_export
 
 _EXPORTS = {
     "CheckpointTracker": "checkpoint",
@@ -45,7 +46,4 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wsfleet_worker' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    return resolve_export(__name__, _EXPORTS, name)
