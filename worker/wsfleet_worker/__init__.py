@@ -17,6 +17,7 @@ Layout, sans-I/O core first:
 * :mod:`.taking` - the lease taker: free slots, acquire, hand back; :mod:`.outbox` - the
   hints this worker sends;
 * :mod:`.sweep` - the worker's own connections in gsi_owner against its sessions;
+* :mod:`.parts` - what every role above acts through (id, store, pools, metrics, clock);
 * :mod:`.worker` - builds the parts, start, run, graceful shutdown;
   :mod:`.health` - container health check.
 
