@@ -65,6 +65,16 @@ class _Failed(Exception):
         self.old = old
 
 
+@contextlib.contextmanager
+def _refused_with_record() -> Iterator[None]:
+    """A :class:`_Failed` connection write raised as the backends' primitives raise it:
+    :class:`_Refused` carrying the record as it stood."""
+    try:
+        yield
+    except _Failed as refused:
+        raise _Refused(_record(refused.old)) from refused
+
+
 def _is(item: _Item, name: str, value: Any) -> bool:
     """DynamoDB's ``name = :value``: false when the attribute is absent."""
     return name in item and item[name] == value
@@ -109,23 +119,6 @@ class InMemoryLeaseStore(LeaseStore):
             self._items[pk] = new
             return dict(new)
 
-    def _refusable(
-        self,
-        pk: str,
-        condition: _Condition,
-        set_values: Mapping[str, Any],
-        remove: Iterable[str] = (),
-        *,
-        add_epoch: bool = False,
-    ) -> ConnectionRecord:
-        """:meth:`_update` of a connection item, refused as the backends' primitives are:
-        :class:`_Refused` carrying the item as it stood."""
-        try:
-            item = self._update(pk, condition, set_values, remove, add_epoch=add_epoch)
-        except _Failed as refused:
-            raise _Refused(_record(refused.old)) from refused
-        return ConnectionRecord.from_item(item)
-
     def _read(self, pk: str) -> _Item | None:
         with self._lock:
             item = self._items.get(pk)
@@ -158,7 +151,9 @@ class InMemoryLeaseStore(LeaseStore):
     ) -> ConnectionRecord:
         # Stricter than DynamoDB's condition (nothing changed since ``current`` was read),
         # which covers it: the state and the owner are part of the record.
-        return self._refusable(current.pk, lambda old: _record(old) == current, set_values, remove)
+        with _refused_with_record():
+            item = self._update(current.pk, lambda old: _record(old) == current, set_values, remove)
+        return ConnectionRecord.from_item(item)
 
     def _stop_write(
         self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
@@ -166,7 +161,8 @@ class InMemoryLeaseStore(LeaseStore):
         def condition(old: _Item) -> bool:
             return bool(old) and old["desired_state"] != DesiredState.STOPPED.value
 
-        return self._refusable(pk, condition, set_values, remove)
+        with _refused_with_record():
+            return ConnectionRecord.from_item(self._update(pk, condition, set_values, remove))
 
     def list_connections(
         self, state: DesiredState, *, limit: int = 50, start_key: Mapping[str, Any] | None = None
@@ -203,13 +199,15 @@ class InMemoryLeaseStore(LeaseStore):
                 )
             return "lease_owner" not in old
 
-        return self._refusable(
-            pk,
-            condition,
-            {"lease_owner": owner, "updated_at_ms": self._clock()},
-            (*_UNOWNED_KEYS, *_HINT_CLAIM),
-            add_epoch=True,
-        )
+        with _refused_with_record():
+            item = self._update(
+                pk,
+                condition,
+                {"lease_owner": owner, "updated_at_ms": self._clock()},
+                (*_UNOWNED_KEYS, *_HINT_CLAIM),
+                add_epoch=True,
+            )
+        return ConnectionRecord.from_item(item)
 
     def _holder_update(
         self,
@@ -228,7 +226,8 @@ class InMemoryLeaseStore(LeaseStore):
             )
 
         values = dict(set_values) if last_seq is None else {**set_values, "last_seq": last_seq}
-        return self._refusable(lease.pk, condition, values, remove)
+        with _refused_with_record():
+            return ConnectionRecord.from_item(self._update(lease.pk, condition, values, remove))
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:
