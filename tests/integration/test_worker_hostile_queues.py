@@ -15,7 +15,7 @@ import json
 
 import fleet_helpers
 import pytest
-from fleet_helpers import StoreDriver, WorkerProcess, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, queue_depth, wait_until
 
 from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
@@ -34,14 +34,6 @@ POISON = [
     '{"type": "STOP", "pk": "CONN#x", "epoch": ' + "9" * 5000 + "}",  # int digit limit
     "x" * 200_000,  # near the SQS maximum
 ]
-
-
-def queue_empty(fleet: StoreDriver, queue_url: str) -> bool:
-    attributes = fleet.sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return all(int(v) == 0 for v in attributes.values())
 
 
 def streaming(fleet: StoreDriver, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
@@ -70,8 +62,10 @@ def test_poison_on_both_queues_is_counted_deleted_and_survived(fleet, sim, spawn
         timeout=60,
         message=worker.tail,
     )
-    wait_until(lambda: queue_empty(fleet, control_url), timeout=30, message=worker.tail)
-    wait_until(lambda: queue_empty(fleet, fleet.hint_queue_url), timeout=30, message=worker.tail)
+    wait_until(lambda: queue_depth(fleet.sqs, control_url) == (0, 0), timeout=30,
+               message=worker.tail)  # fmt: skip
+    wait_until(lambda: queue_depth(fleet.sqs, fleet.hint_queue_url) == (0, 0), timeout=30,
+               message=worker.tail)  # fmt: skip
     assert worker.is_running(), worker.tail()
 
     # AND it still acquires and streams a connection started afterwards
