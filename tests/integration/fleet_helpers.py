@@ -10,6 +10,7 @@ Reusable by the worker integration tests, the chaos suite and local tooling:
   clients bound to one set of resources (explicit endpoint, so it works in module-scoped
   fixtures without monkeypatching), with the operations tests need: start a connection and
   hint it, act as the reconciler, read records and stored messages;
+* :func:`streaming` - wait until a worker streams a connection;
 * :func:`queue_depth` - a queue's visible and in-flight message counts;
 * :class:`UpstreamThread` - a scripted WebSocket upstream for what the simulator does not play;
 * :func:`check_stream` - the loss/duplicate check: every seq ``1..upto`` stored exactly once
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import signal
 import sys
@@ -44,6 +44,8 @@ import boto3
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from bench.worker_capacity import json_lines, value
+from wsfleet.control import StopCommand
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
 from wsfleet.lease import is_worker_alive
@@ -74,6 +76,7 @@ __all__ = [
     "resume_problems",
     "sim",
     "spawn",
+    "streaming",
     "wait_until",
 ]
 
@@ -175,14 +178,7 @@ class WorkerProcess:
 
     def records(self) -> list[dict[str, Any]]:
         """Every JSON line of stdout (log records and EMF documents)."""
-        lines = []
-        for line in self.output().splitlines():
-            if line.startswith("{"):
-                try:
-                    lines.append(json.loads(line))
-                except ValueError:
-                    continue
-        return lines
+        return json_lines(self.log_path)
 
     def logs(self, message: str | None = None) -> list[dict[str, Any]]:
         """Log records (optionally only those with this ``message``)."""
@@ -193,12 +189,7 @@ class WorkerProcess:
 
     def metric_total(self, name: str) -> float:
         """Sum of a counter over every EMF document printed so far."""
-        total = 0.0
-        for document in self.records():
-            if "_aws" in document and name in document:
-                value = document[name]
-                total += sum(value) if isinstance(value, list) else value
-        return total
+        return float(sum(value(doc, name) for doc in self.records() if "_aws" in doc))
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.output().splitlines()[-lines:])
@@ -287,8 +278,22 @@ class StoreDriver:
     def stored_seqs(self, connection_id: str) -> list[int]:
         return [item["seq"] for item in self.stored(connection_id) if "seq" in item]
 
+    def send_stop(self, worker_id: str, pk: str, epoch: int) -> None:
+        """A StopCommand on the worker's control queue, as the stream notifier sends it."""
+        queue_url = self.worker_item(worker_id).control_queue_url
+        self.sqs.send_message(QueueUrl=queue_url, MessageBody=StopCommand(pk, epoch).body())
+
     def purge_hints(self) -> None:
         self.sqs.purge_queue(QueueUrl=self.hint_queue_url)
+
+
+def streaming(fleet: StoreDriver, stream_id: str, worker: WorkerProcess) -> ConnectionRecord:
+    """Wait until frames of ``stream_id`` are stored (no renewal needed for that); its record,
+    owned by ``worker``."""
+    wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
+    record = fleet.record(stream_id)
+    assert record.lease_owner == worker.worker_id
+    return record
 
 
 def queue_depth(sqs: Any, queue_url: str) -> tuple[int, int]:

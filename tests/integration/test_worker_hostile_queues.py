@@ -15,11 +15,9 @@ import json
 
 import fleet_helpers
 import pytest
-from fleet_helpers import StoreDriver, WorkerProcess, queue_depth, wait_until
+from fleet_helpers import queue_depth, streaming, wait_until
 
-from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
-from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,13 +32,6 @@ POISON = [
     '{"type": "STOP", "pk": "CONN#x", "epoch": ' + "9" * 5000 + "}",  # int digit limit
     "x" * 200_000,  # near the SQS maximum
 ]
-
-
-def streaming(fleet: StoreDriver, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
-    wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
-    record = fleet.record(stream_id)
-    assert record.lease_owner == worker.worker_id
-    return record
 
 
 def test_poison_on_both_queues_is_counted_deleted_and_survived(fleet, sim, spawn):
@@ -70,7 +61,7 @@ def test_poison_on_both_queues_is_counted_deleted_and_survived(fleet, sim, spawn
 
     # AND it still acquires and streams a connection started afterwards
     fleet.start("after-poison", sim.url_for("after-poison"))
-    streaming(fleet, sim, "after-poison", worker)
+    streaming(fleet, "after-poison", worker)
     assert worker.is_running()
 
     # AND the logs carry excerpts, never a whole hostile body
@@ -83,13 +74,10 @@ def test_a_forged_stop_does_not_end_a_live_stream(fleet, sim, spawn):
     # GIVEN a connection streaming on a worker
     worker = spawn(**SLOW_HEARTBEAT)
     fleet.start("forged", sim.url_for("forged"))
-    record = streaming(fleet, sim, "forged", worker)
-    queue_url = fleet.worker_item(worker.worker_id).control_queue_url
+    record = streaming(fleet, "forged", worker)
 
     # WHEN a well-formed STOP with the live epoch arrives, but the record was never stopped
-    fleet.sqs.send_message(
-        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch).body()
-    )
+    fleet.send_stop(worker.worker_id, record.pk, record.lease_epoch)
 
     # THEN the worker checks the record, counts the STOP as unconfirmed and keeps streaming
     received = wait_until(lambda: worker.logs("STOP command received"), timeout=30,
@@ -107,9 +95,7 @@ def test_a_forged_stop_does_not_end_a_live_stream(fleet, sim, spawn):
 
     # AND a real STOP (the record says STOPPED) still closes it through the control channel
     fleet.store.stop(connection_pk("forged"))
-    fleet.sqs.send_message(
-        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch).body()
-    )
+    fleet.send_stop(worker.worker_id, record.pk, record.lease_epoch)
     wait_until(lambda: not sim.sessions("forged")[0].is_open, timeout=30, message=worker.tail)
     finished = wait_until(
         lambda: next(
