@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_capacity import create_connections, emf_documents, value
 
-from wsfleet_local.waiting import wait_until
+from bench.waiting import wait_until
 
 #: The Fargate task's memory (template.yaml, WorkerTaskDefinition Memory).
 TASK_MEMORY_MIB = 1024

@@ -53,8 +53,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_capacity import cpu_seconds, create_connections, value
 
+from bench.waiting import wait_until
 from wsfleet_local.procs import ChildProcess, spawn
-from wsfleet_local.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PER_VCPU = 10_000

@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from wsfleet_local.waiting import WaitTimeout, wait_until
+from bench.waiting import WaitTimeout, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 

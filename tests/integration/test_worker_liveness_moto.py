@@ -30,11 +30,11 @@ import pytest
 from fleet_helpers import FAST_WORKER_ENV, StoreDriver
 from websockets.asyncio.server import ServerConnection, serve
 
+from bench.waiting import wait_until_async
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.record import connection_pk
 from wsfleet_local.simulator import SimulatorThread
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 
@@ -124,7 +124,7 @@ class Logger:
         return [extra for _, text, extra in self.lines if text == message]
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+#: The shared poll (bench.waiting), bounded by LIMIT.
 until = functools.partial(wait_until_async, timeout=LIMIT)
 
 

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import boto3
 import pytest
 
+from bench.waiting import wait_until_async
 from wsfleet.hints import Hint
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 from wsfleet_worker.poller import HintPoller
@@ -48,7 +48,7 @@ def queue_depth(sqs, url: str) -> tuple[int, int]:
     )
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+#: The shared poll (bench.waiting), bounded by LIMIT.
 until = functools.partial(wait_until_async, timeout=LIMIT)
 
 
