@@ -50,10 +50,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import cpu_seconds, create_connections, value
-
+# Run as a script (python bench/x.py): the repository root on the path, for bench.*.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.waiting import wait_until
+from bench.worker_capacity import cpu_seconds, create_connections, value
 from wsfleet_local.procs import ChildProcess, spawn
 
 ROOT = Path(__file__).resolve().parents[1]

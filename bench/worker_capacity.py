@@ -40,6 +40,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# Run as a script (python bench/x.py): the repository root on the path, for bench.*.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.waiting import WaitTimeout, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
