@@ -20,7 +20,7 @@ from fleet_helpers import FAST_WORKER_ENV, StoreDriver, WorkerProcess, wait_unti
 from websockets.asyncio.server import ServerConnection, serve
 
 from wsfleet.record import ConnectionRecord, DesiredState
-from wsfleet_local.handler_loader import load_function
+from wsfleet.views import connection_view
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.session import Session
 from wsfleet_worker.worker import Worker
@@ -115,7 +115,7 @@ def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_
         assert record.lease_epoch <= MAX_FAILURES
         assert upstream.connects == MAX_FAILURES
         # AND the router's view shows it, and the listing by state finds it
-        view = load_function("router").connection_view(record, None, 0)
+        view = connection_view(record, None, 0)
         assert view["desired_state"] == "FAILED"
         assert view["failures"] == {"count": MAX_FAILURES, "at_seq": record.failure_seq}
         listed = fleet.store.list_connections(DesiredState.FAILED).records
