@@ -53,8 +53,7 @@ class Step:
 
 
 def _steps(quick: bool) -> list[Step]:
-    from wsfleet_local.dynalite import available as dynalite_available
-
+    from .dynalite import available as dynalite_available
     from .fleet_bench import Profile, run_disruption, run_stop_latency
     from .request_cost import run_coordination_cost, run_request_cost
     from .scale_record import run_scale

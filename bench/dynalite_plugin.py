@@ -21,10 +21,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def dynalite_server() -> Iterator[Any]:
-    from wsfleet_local.dynalite import Dynalite, available
+    from bench.dynalite import Dynalite, available
 
     if not available():
-        pytest.skip("dynalite is not installed (python -m wsfleet_local.dynalite --install)")
+        pytest.skip("dynalite is not installed (python -m bench.dynalite --install)")
     with Dynalite() as server:
         yield server
 
@@ -35,19 +35,10 @@ def _dynamodb_on_dynalite(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
         return
     if "stream_arn" in (request.node.get_closest_marker("needs") or ()):
         pytest.skip("DynamoDB Streams are not implemented by dynalite")
-    resources = request.getfixturevalue("aws")
+    resources = request.getfixturevalue("aws")  # a wsfleet_local.backend.Resources
     server = request.getfixturevalue("dynalite_server")
-    from wsfleet_local.backend import Resources  # noqa: F401 - the shape we rely on
-
-    moto = _client(resources.endpoint_url)
-    server.clone_tables(moto, resources.tables.values())
+    server.create_tables(resources)
     monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", server.endpoint_url)
-
-
-def _client(endpoint_url: str) -> Any:
-    from wsfleet_local.backend import local_client
-
-    return local_client("dynamodb", endpoint_url)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -171,7 +171,7 @@ def fleet_for_bench(
     task_events: bool = False,
 ) -> Any:
     """A fleet context (``.fleet``); ``proxied``: workers go through the counting proxy;
-    ``dynamodb``: where the tables are (see :class:`wsfleet_local.fleet.LocalFleet`);
+    ``dynamodb``: where the tables are (``moto`` or ``dynalite``, :mod:`bench.dynalite`);
     ``task_events``: worker exits reach the task exit function (off: the lease-bound path)."""
     # WSFLEET_BENCH_WORKER_LOG_LEVEL=DEBUG keeps every worker log line (where a run's time went).
     level = os.environ.get("WSFLEET_BENCH_WORKER_LOG_LEVEL", "WARNING")
@@ -182,9 +182,11 @@ def fleet_for_bench(
         return FaultyFleet(
             workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env
         )
+    from bench.dynalite import tables_service
+
     return _PlainFleet(
         workers=workers, timings=timings, rate=rate, run_dir=run_dir, extra_worker_env=env,
-        dynamodb=dynamodb, task_events=task_events,
+        tables=tables_service(dynamodb), task_events=task_events,
     )
 
 

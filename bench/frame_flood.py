@@ -30,8 +30,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import (
+# Run as a script (python bench/x.py): the repository root on the path, for bench.*.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.waiting import wait_until
+from bench.worker_capacity import (
     create_connections,
     emf_documents,
     print_result,
@@ -40,8 +42,6 @@ from worker_capacity import (
     value,
     worker_env,
 )
-
-from wsfleet_local.waiting import wait_until
 
 #: The Fargate task's memory (template.yaml, WorkerTaskDefinition Memory).
 TASK_MEMORY_MIB = 1024

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wsfleet_local.waiting import WaitTimeout as BenchTimeout, wait_until
+from bench.waiting import WaitTimeout as BenchTimeout, wait_until
 
 __all__ = [
     "ROOT",

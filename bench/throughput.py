@@ -50,8 +50,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import (
+# Run as a script (python bench/x.py): the repository root on the path, for bench.*.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.waiting import wait_until
+from bench.worker_capacity import (
     cpu_seconds,
     create_connections,
     print_result,
@@ -59,9 +61,7 @@ from worker_capacity import (
     value,
     worker_env,
 )
-
 from wsfleet_local.procs import ChildProcess, spawn
-from wsfleet_local.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PER_VCPU = 10_000
@@ -326,14 +326,14 @@ def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[st
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.dynalite import Dynalite, available
     from wsfleet.hint_sender import HintSender
     from wsfleet.hints import Hint
     from wsfleet.store import DynamoDBLeaseStore
     from wsfleet_local.backend import EmbeddedBackend, local_client
-    from wsfleet_local.dynalite import Dynalite, available
 
     if not available():
-        raise SystemExit("dynalite is not installed (python -m wsfleet_local.dynalite --install)")
+        raise SystemExit("dynalite is not installed (python -m bench.dynalite --install)")
     workdir = Path(args.out or tempfile.mkdtemp(prefix="wsfleet-throughput-"))
     workdir.mkdir(parents=True, exist_ok=True)
     upstream = spawn("upstream", [sys.executable, __file__, "--serve", "--rate", str(args.rate)],
@@ -344,9 +344,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         url = upstream.read_json_line(60)["url"]
         resources = backend.create_resources(f"tp-{uuid.uuid4().hex[:6]}")
-        moto_dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
         dynalite.start()
-        dynalite.clone_tables(moto_dynamodb, resources.tables.values())
+        dynalite.create_tables(resources)
         dynamodb = local_client("dynamodb", dynalite.endpoint_url, resources.region)
         sqs = local_client("sqs", resources.endpoint_url, resources.region)
         store = DynamoDBLeaseStore(dynamodb, resources.connections_table, lease_ms=30_000)

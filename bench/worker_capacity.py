@@ -42,7 +42,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from wsfleet_local.waiting import WaitTimeout, wait_until
+# Run as a script (python bench/x.py): the repository root on the path, for bench.*.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.waiting import WaitTimeout, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -107,7 +107,7 @@ def run_reconcile(
 
 def run_compat(*, timeout: float = 900) -> dict[str, Any]:
     """LeaseStore + race tests on dynalite; per-test outcomes from a JUnit report."""
-    from wsfleet_local.dynalite import available, dynalite_home, install
+    from bench.dynalite import available, dynalite_home, install
 
     result: dict[str, Any] = {"benchmark": "compat", "implementation": "dynalite"}
     if not available():
@@ -152,7 +152,7 @@ def dynalite_race(racers: int = 16, rounds: int = 40) -> dict[str, Any]:
 
     from botocore.exceptions import ClientError
 
-    from wsfleet_local.dynalite import Dynalite
+    from bench.dynalite import Dynalite
 
     with Dynalite() as server:
         admin = server.client()

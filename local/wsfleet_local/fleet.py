@@ -25,11 +25,10 @@ environment the same way. Template *parameters* are overridden with short local 
 (lease 4 s, heartbeat 1 s, a reconcile pass every second) and with what a loopback upstream
 needs (``ws://`` allowed, 127.0.0.1 allowed).
 
-``dynamodb="dynalite"`` puts the tables on dynalite (:mod:`wsfleet_local.dynalite`, a second,
-concurrent DynamoDB implementation) instead of moto, with SQS still on moto: every process
-gets ``AWS_ENDPOINT_URL_DYNAMODB``, the standard per-service override. dynalite has no Streams,
-so the STOP notifier is not fed: a STOP reaches its worker at the next renewal. The benchmarks
-use it to show what the serialised moto server costs the K = 100 runs.
+``tables=`` a :class:`TablesService` puts the tables on another DynamoDB (the benchmarks use
+dynalite, ``bench/dynalite.py``, to show what the serialised moto server costs the K = 100
+runs), with SQS still on moto: every process gets ``AWS_ENDPOINT_URL_DYNAMODB``, the standard
+per-service override.
 
 Everything listens on 127.0.0.1; every child runs in its own session and dies with the
 supervisor (see :mod:`wsfleet_local.procs`); logs go to ``run_dir`` (one file per process).
@@ -60,14 +59,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from wsfleet.exceptions import WsfleetError
 from wsfleet.settings import ENVIRONMENT
 
 from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template, local_client
-from .dynalite import Dynalite
 from .lambda_process import FunctionProcess
 from .procs import ChildProcess, Service, spawn
 from .scheduler import ReconcileScheduler
@@ -76,7 +74,7 @@ from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, rea
 from .streams import StreamPoller
 from .tasks import LocalTask, MetadataServer, TaskExitWatcher, cluster_arn
 
-__all__ = ["FleetError", "FleetTimings", "LocalFleet", "WorkerSlot"]
+__all__ = ["FleetError", "FleetTimings", "LocalFleet", "TablesService", "WorkerSlot"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +83,6 @@ RECONCILER = "reconciler"
 ROUTER = "router"
 TASK_EXIT = "task_exit"
 SCHEDULER_EVENT_SAMPLE = "scheduler_reconcile.json"
-#: Where the tables live: the embedded moto server, or dynalite (SQS is moto's either way).
-DYNAMODB_BACKENDS = ("moto", "dynalite")
 
 #: How long a worker may take from spawn to its first health-file touch.
 WORKER_READY_TIMEOUT_SECONDS = 60.0
@@ -95,6 +91,35 @@ CHILD_READY_TIMEOUT_SECONDS = 60.0
 
 class FleetError(WsfleetError):
     """The local fleet could not start, or a worker slot does not exist."""
+
+
+class TablesService(Protocol):
+    """Another DynamoDB for the fleet's tables, SQS staying on the embedded backend (the
+    benchmarks' dynalite, ``bench/dynalite.py``).
+
+    The fleet starts it right after the backend and has it create the tables the backend made
+    from template.yaml, points every process at :attr:`endpoint_url` with
+    ``AWS_ENDPOINT_URL_DYNAMODB`` and stops it last. It is assumed to have no Streams, so the
+    fleet starts no Streams poller: a STOP reaches its worker at the next renewal.
+    """
+
+    #: What the progress lines call it.
+    name: str
+
+    @property
+    def endpoint_url(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None:
+        """Its server's process id while it runs (the fleet's leak checks count it), else None."""
+
+    def start(self) -> object: ...
+
+    def create_tables(self, resources: Resources) -> None:
+        """Create the tables of ``resources`` (the backend's) with the same keys and indexes."""
+
+    def stop(self) -> None:
+        """Safe to call twice."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,17 +234,17 @@ class LocalFleet(Service):
         stream_poll_seconds: float = 0.15,
         extra_worker_env: Mapping[str, str] | None = None,
         progress: Progress | None = None,
-        dynamodb: str = "moto",
+        tables: TablesService | None = None,
         task_events: bool = True,
     ) -> None:
-        """``task_events``: publish each worker process's exit as its ECS task state change
-        event to the task exit function (crash failover in about a second); False leaves a
-        crashed worker's connections to its lease, as without the event rule."""
+        """``tables``: where the tables live (not started yet; the fleet starts and stops it),
+        None for the embedded backend. ``task_events``: publish each worker process's exit as
+        its ECS task state change event to the task exit function (crash failover in about a
+        second); False leaves a crashed worker's connections to its lease, as without the
+        event rule."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
-        if dynamodb not in DYNAMODB_BACKENDS:
-            raise FleetError(f"dynamodb must be one of {', '.join(DYNAMODB_BACKENDS)}")
-        self.dynamodb = dynamodb
+        self.tables = tables
         self.task_events = task_events
         self.worker_count = workers
         self.timings = timings or FleetTimings()
@@ -234,7 +259,7 @@ class LocalFleet(Service):
         self._template_path = find_template()
         self.stack: StackSpec = read_stack(load_template(self._template_path))
         self._backend: ChildProcess | None = None
-        self._dynalite: Dynalite | None = None
+        self._tables: TablesService | None = None  # ``tables`` while it runs
         self._simulator: ChildProcess | None = None
         self._functions: dict[str, FunctionProcess] = {}
         self._api: LocalApi | None = None
@@ -262,9 +287,9 @@ class LocalFleet(Service):
 
     @property
     def dynamodb_endpoint_url(self) -> str:
-        """Where the tables are: dynalite's URL with ``dynamodb="dynalite"``, else the backend's."""
-        if self._dynalite is not None:
-            return self._dynalite.endpoint_url
+        """Where the tables are: the ``tables`` service's URL if given, else the backend's."""
+        if self._tables is not None:
+            return self._tables.endpoint_url
         return self.endpoint_url
 
     @property
@@ -299,7 +324,7 @@ class LocalFleet(Service):
         children = [self._backend, self._simulator, *(slot.process for slot in self.workers)]
         pids = [child.pid for child in children if child is not None and child.alive()]
         pids += [pid for function in self._functions.values() if (pid := function.pid)]
-        if self._dynalite is not None and (pid := self._dynalite.pid):
+        if self._tables is not None and (pid := self._tables.pid):
             pids.append(pid)
         return pids
 
@@ -308,8 +333,8 @@ class LocalFleet(Service):
         from urllib.parse import urlsplit
 
         endpoint = self._resources.endpoint_url if self._resources else None
-        dynalite = self._dynalite.endpoint_url if self._dynalite else None
-        urls = [self._api.url if self._api else None, endpoint, dynalite, self.simulator_url]
+        tables = self._tables.endpoint_url if self._tables else None
+        urls = [self._api.url if self._api else None, endpoint, tables, self.simulator_url]
         return [port for url in urls if url and (port := urlsplit(url).port)]
 
     # ------------------------------------------------------------------ start
@@ -322,8 +347,8 @@ class LocalFleet(Service):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start_backend()
-            if self.dynamodb == "dynalite":
-                self._start_dynalite()
+            if self.tables is not None:
+                self._start_tables(self.tables)
             self._start_simulator()
             self._start_functions()
             self._start_event_sources()
@@ -375,19 +400,19 @@ class LocalFleet(Service):
             conditions=self.stack.conditions,
         )
 
-    def _start_dynalite(self) -> None:
-        """dynalite, holding tables shaped like the ones the backend made from template.yaml."""
-        self._progress("starting DynamoDB on dynalite (SQS stays on moto)")
-        resources = self.resources
-        self._dynalite = Dynalite().start()
-        moto = local_client("dynamodb", resources.endpoint_url, resources.region)
-        self._dynalite.clone_tables(moto, resources.tables.values())
+    def _start_tables(self, tables: TablesService) -> None:
+        """The ``tables`` service, holding tables shaped like the ones the backend made from
+        template.yaml."""
+        self._progress(f"starting DynamoDB on {tables.name} (SQS stays on moto)")
+        self._tables = tables
+        tables.start()
+        tables.create_tables(self.resources)
 
     def _local_env(self) -> dict[str, str]:
-        """:meth:`_base_env` pointed at the local resources (the tables on dynalite if asked)."""
+        """:meth:`_base_env` pointed at the local resources (the tables on ``tables`` if given)."""
         env = {**self._base_env(), **self.resources.env()}
-        if self._dynalite is not None:
-            env["AWS_ENDPOINT_URL_DYNAMODB"] = self._dynalite.endpoint_url
+        if self._tables is not None:
+            env["AWS_ENDPOINT_URL_DYNAMODB"] = self._tables.endpoint_url
         return env
 
     def _parameter_overrides(self) -> dict[str, Any]:
@@ -446,11 +471,13 @@ class LocalFleet(Service):
         notifier_spec = self.stack.function(STREAM_NOTIFIER)
         if not notifier_spec.streams:
             raise FleetError("template.yaml gives the stream notifier no DynamoDB event source")
-        if self._dynalite is None:
+        if self._tables is None:
             self._progress("starting the DynamoDB Streams poller")
             self._start_stream_poller(notifier_spec.streams[0])
         else:
-            self._progress("dynalite has no Streams: STOP reaches workers at their next renewal")
+            self._progress(
+                f"{self._tables.name} has no Streams: STOP reaches workers at their next renewal"
+            )
         self._progress("starting the reconcile schedule")
         self._scheduler = ReconcileScheduler(
             self._functions[RECONCILER].invoke,
@@ -674,10 +701,10 @@ class LocalFleet(Service):
         metadata, self._metadata = self._metadata, None
         if metadata is not None:
             metadata.stop()
-        dynalite, self._dynalite = self._dynalite, None
-        if dynalite is not None:
-            self._progress("stopping dynalite")
-            dynalite.stop()
+        tables, self._tables = self._tables, None
+        if tables is not None:
+            self._progress(f"stopping {tables.name}")
+            tables.stop()
         self._started = False
 
     def abort(self) -> None:

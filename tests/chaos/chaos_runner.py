@@ -22,7 +22,7 @@ Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET
 ``WSFLEET_CHAOS_WORKERS``, ``WSFLEET_CHAOS_STREAMS``, ``WSFLEET_CHAOS_SECONDS``,
 ``WSFLEET_CHAOS_RATE``. Standalone::
 
-    WSFLEET_CHAOS_SEED=7 python tests/chaos/chaos_runner.py
+    WSFLEET_CHAOS_SEED=7 PYTHONPATH=. python tests/chaos/chaos_runner.py  # from the repository root
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from chaos_history import (
 )
 from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
 
-from wsfleet_local.waiting import WaitTimeout, wait_until
+from bench.waiting import WaitTimeout, wait_until
 
 __all__ = ["DEFAULT_SEED", "ChaosConfig", "ChaosReport", "run_chaos"]
 

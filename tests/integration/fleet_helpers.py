@@ -3,7 +3,7 @@
 Reusable by the worker integration tests, the chaos suite and local tooling:
 
 * :func:`wait_until` - poll a condition with a generous deadline (the only kind of timing a
-  test may rely on; :mod:`wsfleet_local.waiting`'s, re-exported here);
+  test may rely on; :mod:`bench.waiting`'s, re-exported here);
 * :class:`WorkerProcess` - ``python -m wsfleet_worker`` as a child process with its own log
   file, signals (SIGTERM/SIGKILL/SIGSTOP/SIGCONT), and parsers for its JSON log and EMF lines;
 * :class:`StoreDriver` - drives the store a fleet of workers shares, not the workers: boto3
@@ -44,6 +44,7 @@ import boto3
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from bench.waiting import wait_until
 from bench.worker_capacity import json_lines, value
 from wsfleet.control import StopCommand
 from wsfleet.hint_sender import HintSender
@@ -61,7 +62,6 @@ from wsfleet.store import DynamoDBLeaseStore, IndexEntry
 from wsfleet.upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 from wsfleet_local.procs import spawn as spawn_child
 from wsfleet_local.simulator import SimulatorThread
-from wsfleet_local.waiting import wait_until
 
 __all__ = [
     "FAST_WORKER_ENV",

@@ -31,6 +31,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
+from bench.waiting import wait_until
 from wsfleet_local.backend import (
     HEALTH_PATH,
     BackendError,
@@ -42,7 +43,6 @@ from wsfleet_local.backend import (
     provision_resources,
 )
 from wsfleet_local.procs import pid_alive, spawn
-from wsfleet_local.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

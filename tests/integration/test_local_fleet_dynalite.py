@@ -1,4 +1,4 @@
-"""LocalFleet with its tables on dynalite (``dynamodb="dynalite"``), SQS still on moto.
+"""LocalFleet with its tables on dynalite (``tables=Dynalite()``), SQS still on moto.
 
 The benchmarks use this mode to separate wsfleet's own cost from the serialised moto
 server's. These tests check that the whole path really runs on dynalite: START through the
@@ -16,10 +16,10 @@ import boto3
 import pytest
 from fleet_helpers import wait_until
 
+from bench import dynalite
 from wsfleet.record import ConnectionRecord, connection_pk
-from wsfleet_local import dynalite
 from wsfleet_local.client import ApiClient, scan_table
-from wsfleet_local.fleet import FleetError, FleetTimings, LocalFleet
+from wsfleet_local.fleet import FleetTimings, LocalFleet
 from wsfleet_local.procs import pid_alive
 
 pytestmark = [
@@ -48,15 +48,15 @@ def cmdline(pid: int) -> str:
 
 
 def test_an_unknown_dynamodb_backend_is_refused():
-    with pytest.raises(FleetError, match="dynamodb must be one of"):
-        LocalFleet(workers=0, dynamodb="cassandra")
+    with pytest.raises(ValueError, match="dynamodb must be one of"):
+        dynalite.tables_service("cassandra")
 
 
 def test_streams_and_hand_off_run_on_dynalite(tmp_path):
     timings = FleetTimings(lease_seconds=4.0, heartbeat_seconds=1.0)
     # Checkpoints every second: the test waits for them (the default is every 10 minutes).
     with LocalFleet(
-        workers=1, timings=timings, run_dir=tmp_path, dynamodb="dynalite",
+        workers=1, timings=timings, run_dir=tmp_path, tables=dynalite.Dynalite(),
         extra_worker_env={"CHECKPOINT_SECONDS": "1"},
     ) as fleet:
         assert fleet.dynamodb_endpoint_url != fleet.endpoint_url

@@ -25,6 +25,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect as sync_connect
 
+# The shared waits under this file's names: ``wait_until`` is awaited (the tests run inside the
+# simulator's event loop), ``wait_until_sync`` polls from a plain thread.
+from bench.waiting import wait_until as wait_until_sync, wait_until_async as wait_until
 from wsfleet_local.simulator import (
     InvalidRequest,
     SessionRecord,
@@ -38,10 +41,6 @@ from wsfleet_local.simulator import (
     frame_data,
     hostile_frame_data,
 )
-
-# The shared waits under this file's names: ``wait_until`` is awaited (the tests run inside the
-# simulator's event loop), ``wait_until_sync`` polls from a plain thread.
-from wsfleet_local.waiting import wait_until as wait_until_sync, wait_until_async as wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,8 +13,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
+from bench.waiting import wait_until_async
 from wsfleet_local.simulator import SimulatorClient, SimulatorThread, UpstreamSimulator
-from wsfleet_local.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -31,11 +31,11 @@ from fleet_helpers import FAST_WORKER_ENV, StoreDriver
 from websockets.asyncio.server import ServerConnection, serve
 from worker_doubles import Logger
 
+from bench.waiting import wait_until_async
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
 from wsfleet.record import connection_pk
 from wsfleet_local.simulator import SimulatorThread
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 
@@ -109,7 +109,7 @@ def gaps(requests: list[Request]) -> list[int]:
     return [b.at_ms - a.at_ms for a, b in itertools.pairwise(requests)]
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+#: The shared poll (bench.waiting), bounded by LIMIT.
 until = functools.partial(wait_until_async, timeout=LIMIT)
 
 

@@ -16,8 +16,8 @@ import boto3
 import pytest
 from fleet_helpers import queue_depth
 
+from bench.waiting import wait_until_async
 from wsfleet.hints import Hint
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 from wsfleet_worker.poller import HintPoller
@@ -38,7 +38,7 @@ def send(sqs, url: str, *pks: str) -> None:
         sqs.send_message(QueueUrl=url, MessageBody=Hint(pk).body())
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+#: The shared poll (bench.waiting), bounded by LIMIT.
 until = functools.partial(wait_until_async, timeout=LIMIT)
 
 

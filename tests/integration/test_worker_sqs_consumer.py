@@ -18,7 +18,7 @@ import boto3
 import pytest
 from fleet_helpers import queue_depth
 
-from wsfleet_local.waiting import wait_until_async
+from bench.waiting import wait_until_async
 from wsfleet_worker.offload import Offloader
 from wsfleet_worker.sqs_consumer import Message, QueueConsumer
 
@@ -50,7 +50,7 @@ class Receives:
         return getattr(self._client, name)
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
+#: The shared poll (bench.waiting), bounded by LIMIT.
 until = functools.partial(wait_until_async, timeout=LIMIT)
 
 

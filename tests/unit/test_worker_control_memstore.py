@@ -20,12 +20,12 @@ from typing import Any
 from memory_sqs import MemorySqs
 from worker_doubles import Logger
 
+from bench.waiting import wait_until_async
 from wsfleet.clock import now_ms
 from wsfleet.control import WORKER_ID_TAG, StopCommand
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import WorkerRecord, connection_pk
 from wsfleet.settings import Settings
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.control_channel import ControlChannel
 from wsfleet_worker.observability import WorkerMetrics
@@ -37,7 +37,7 @@ WAIT = 10.0
 WORKER = "w1"
 PREFIX = "test-ctl-"
 
-#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+#: The shared poll (bench.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
 
 

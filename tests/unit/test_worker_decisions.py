@@ -26,6 +26,7 @@ from typing import Any
 from worker_doubles import Logger, sync
 
 import wsfleet_worker.worker as worker_module
+from bench.waiting import wait_until_async
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import StoreError
 from wsfleet.hints import Hint
@@ -34,7 +35,6 @@ from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.messages import Message, MessageStore, PutResult
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_pk
 from wsfleet.settings import Settings
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.liveness import FenceCause
@@ -47,7 +47,7 @@ from wsfleet_worker.worker import EXIT_LEASE_LOST, Worker
 WAIT = 10.0
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+#: The shared poll (bench.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
 
 

@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
+from bench.waiting import wait_until_async
 from wsfleet.messages import Message, PutResult, seq_sk
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.flusher import MAX_BATCH_BYTES, MessageFlusher, QueuedFrame
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
@@ -88,7 +88,7 @@ def frame(owner: Owner, seq: int) -> QueuedFrame:
     return QueuedFrame(message, owner)
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+#: The shared poll (bench.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
 
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 import pytest
 from worker_doubles import sync
 
+from bench.waiting import wait_until_async
 from wsfleet.clock import now_ms
 from wsfleet.exceptions import StoreError
 from wsfleet.lease import TimerAction, WorkerLeaseTimer
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import WorkerRecord
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.liveness import FenceCause, WorkerLiveness
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
@@ -72,7 +72,7 @@ class Logger:
         return lambda message, *a, **k: self.lines.append((level, message))
 
 
-#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+#: The shared poll (bench.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
 
 

@@ -22,11 +22,11 @@ from typing import Any
 from memory_sqs import MemorySqs
 from worker_doubles import Logger
 
+from bench.waiting import wait_until_async
 from wsfleet.exceptions import StoreError
 from wsfleet.hints import Hint
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import ConnectionRecord, connection_pk
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
 from wsfleet_worker.parts import WorkerParts
@@ -37,7 +37,7 @@ from wsfleet_worker.taking import LeaseTaker
 WAIT = 10.0
 WORKER = "w1"
 
-#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+#: The shared poll (bench.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
 
 

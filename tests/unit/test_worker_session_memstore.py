@@ -27,11 +27,11 @@ from websockets.exceptions import ConnectionClosedError
 from websockets.frames import Close
 from worker_doubles import Logger, sync
 
+from bench.waiting import wait_until_async
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.messages import Guard, Message, MessageStore, PutResult
 from wsfleet.record import ConnectionRecord, DesiredState, connection_pk
 from wsfleet.settings import Settings
-from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.observability import WorkerMetrics
@@ -42,7 +42,7 @@ from wsfleet_worker.session_rules import ExitReason
 WAIT = 10.0
 WORKER = "w1"
 
-#: The shared poll (wsfleet_local.waiting), bounded by WAIT.
+#: The shared poll (bench.waiting), bounded by WAIT.
 until = functools.partial(wait_until_async, timeout=WAIT)
 
 

@@ -4,19 +4,22 @@ wsfleet's safety rests on DynamoDB's conditional writes. The embedded backend is
 test suite that only ever ran against moto could pass because of one of moto's quirks. dynalite
 (LevelDB-backed, written from DynamoDB's documented behaviour, in Node.js) is a second
 opinion: the LeaseStore and race tests run against it too (bench/dynalite_plugin.py), with SQS
-still on moto. dynalite has no Streams and no SQS.
+still on moto. dynalite has no Streams and no SQS. :class:`Dynalite` is also a
+:class:`wsfleet_local.fleet.TablesService`: ``LocalFleet(tables=Dynalite())`` keeps the fleet's
+tables on it, which is how the benchmarks' ``-dynalite`` runs leave the serialised moto server
+out of the K = 100 figures.
 
 Install (once; outside the repository, nothing is committed)::
 
-    python -m wsfleet_local.dynalite --install      # npm install dynalite into the cache dir
+    python -m bench.dynalite --install      # npm install dynalite into the cache dir
 
 ``DYNALITE_HOME`` overrides the install directory (default ``~/.cache/wsfleet/dynalite``).
 
 Example::
 
     with Dynalite() as dynalite:
-        dynalite.clone_tables(moto_client, ["t1-ConnectionsTable"])
-        client = boto3.client("dynamodb", endpoint_url=dynalite.endpoint_url)
+        dynalite.create_tables(resources)  # the tables the embedded backend made
+        client = dynalite.client()
 """
 
 from __future__ import annotations
@@ -32,18 +35,30 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
 from wsfleet.exceptions import WsfleetError
+from wsfleet_local.backend import Resources, local_client
+from wsfleet_local.procs import ChildFailed, ChildProcess, Service, spawn
 
-from .procs import ChildFailed, ChildProcess, Service, spawn
-
-__all__ = ["DYNALITE_VERSION", "Dynalite", "DynaliteError", "dynalite_home", "install", "main"]
+__all__ = [
+    "DYNALITE_VERSION",
+    "DYNAMODB_BACKENDS",
+    "Dynalite",
+    "DynaliteError",
+    "dynalite_home",
+    "install",
+    "main",
+    "tables_service",
+]
 
 DYNALITE_VERSION = "4.0.0"
 START_TIMEOUT_SECONDS = 30.0
+#: Where a bench run keeps its tables: the embedded moto server, or dynalite (SQS is moto's
+#: either way).
+DYNAMODB_BACKENDS = ("moto", "dynalite")
 
 
 class DynaliteError(WsfleetError):
@@ -93,11 +108,15 @@ def _free_port(host: str) -> int:
 
 
 class Dynalite(Service):
-    """A dynalite server (in memory) in a child process on 127.0.0.1.
+    """A dynalite server (in memory) in a child process on 127.0.0.1; a
+    :class:`wsfleet_local.fleet.TablesService`.
 
     The child is spawned like the local fleet's own (:func:`wsfleet_local.procs.spawn`): in its
     own session and killed with this process, so an interrupted run leaves no node behind.
     """
+
+    #: In the fleet's progress lines.
+    name = "dynalite"
 
     def __init__(
         self, home: Path | None = None, *, host: str = "127.0.0.1", log_path: Path | None = None
@@ -122,8 +141,7 @@ class Dynalite(Service):
     def start(self) -> Self:
         if not available(self.home):
             raise DynaliteError(
-                f"dynalite is not installed in {self.home} (python -m wsfleet_local.dynalite "
-                "--install)"
+                f"dynalite is not installed in {self.home} (python -m bench.dynalite --install)"
             )
         self.port = _free_port(self.host)
         command = [str(_binary(self.home)), "--host", self.host, "--port", str(self.port),
@@ -161,23 +179,31 @@ class Dynalite(Service):
             child.stop(signal.SIGTERM, 10)
 
     def client(self, region: str = "us-east-1") -> Any:
-        from .backend import local_client
-
         return local_client("dynamodb", self.endpoint_url, region)
 
-    def clone_tables(self, source: Any, table_names: Iterable[str]) -> None:
-        """Create tables here shaped like ``source``'s (keys, GSIs, billing; no streams).
+    def create_tables(self, resources: Resources) -> None:
+        """Create here the tables of ``resources`` shaped as the backend made them (keys, GSIs,
+        billing; no streams).
 
         Copying the definitions from the backend the template was provisioned into keeps one
         source of truth (template.yaml) without a second template reader.
         """
-        target = self.client()
-        for name in table_names:
+        source = local_client("dynamodb", resources.endpoint_url, resources.region)
+        target = self.client(resources.region)
+        for name in resources.tables.values():
             description = source.describe_table(TableName=name)["Table"]
             target.create_table(**create_table_request(description))
             target.get_waiter("table_exists").wait(
                 TableName=name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 100}
             )
+
+
+def tables_service(dynamodb: str) -> Dynalite | None:
+    """``LocalFleet``'s ``tables`` for a bench run's ``dynamodb`` setting (one of
+    :data:`DYNAMODB_BACKENDS`): None leaves the tables on the embedded moto server."""
+    if dynamodb not in DYNAMODB_BACKENDS:
+        raise ValueError(f"dynamodb must be one of {', '.join(DYNAMODB_BACKENDS)}")
+    return Dynalite() if dynamodb == "dynalite" else None
 
 
 def create_table_request(description: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +239,7 @@ def create_table_request(description: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wsfleet_local.dynalite")
+    parser = argparse.ArgumentParser(prog="python -m bench.dynalite")
     parser.add_argument("--install", action="store_true", help="npm install dynalite")
     parser.add_argument("--check", action="store_true", help="start it once and stop it")
     args = parser.parse_args(argv)
