@@ -150,6 +150,26 @@ async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwe
     await _drain(worker)
 
 
+@sync
+async def test_the_heartbeat_reports_how_many_connections_may_move():
+    # GIVEN a connection moved here a moment ago and one that never moved
+    store = MovingStore()
+    store.start("m", "wss://up.example/m")
+    worker = make_worker(store)
+    session = connect(worker, store, "m")
+    session.finish(ExitReason.REBALANCED)
+    await asyncio.wait([worker._session_tasks[session.pk]], timeout=10)
+    worker._start_session(store.acquire(session.pk, "w1"))
+    connect(worker, store, "plain")
+    # WHEN the worker renews its lease
+    assert worker.liveness.timer is not None
+    await worker.liveness._renew(worker.liveness.timer, now_ms())
+    # THEN its item says it holds two, of which one may move (the reconciler plans with it)
+    item = store.get_workers(["w1"])["w1"]
+    assert (item.connection_count, item.movable_count) == (2, 1)
+    await _drain(worker)
+
+
 def test_placement_defers_a_worker_above_its_share_of_the_fleet():
     store = MovingStore()
     worker = make_worker(store, max_connections=10, rebalance_placement_seconds=0.5)

@@ -182,11 +182,7 @@ class Rebalancer:
         moves = view.moves_from(self.worker_id)
         if not moves:
             return 0
-        running = {
-            pk: s.record.rebalanced_at_ms
-            for pk, s in self._sessions.items()
-            if s.reason is None and pk not in self._destinations
-        }
+        running = self._running()
         target = view.targets.get(self.worker_id, len(running))
         budget = min(sum(m.count for m in moves), len(running) - target)
         chosen = iter(choose_to_give(running, budget, now_ms=now, dwell_ms=self._dwell_ms))
@@ -194,6 +190,12 @@ class Rebalancer:
         for move in moves:
             destination = _Destination(move.taker, view.queues.get(move.taker, ""))
             plan += [(pk, destination) for pk in itertools.islice(chosen, move.count)]
+        if len(plan) < budget:
+            # the rest moved within the dwell: the heartbeat's movable count tells the planner
+            self._logger.info(
+                "rebalancing: fewer connections movable than the plan asks",
+                extra={"asked": budget, "movable": len(plan), "dwell_ms": self._dwell_ms},
+            )
         if not plan:
             return 0
         self._logger.info(
@@ -205,6 +207,22 @@ class Rebalancer:
         self.given += given
         self._metrics.count("RebalanceGiven", given)
         return given
+
+    def _running(self) -> dict[str, int | None]:
+        """pk -> ``rebalanced_at_ms`` of the sessions that could be given (not ending)."""
+        return {
+            pk: s.record.rebalanced_at_ms
+            for pk, s in self._sessions.items()
+            if s.reason is None and pk not in self._destinations
+        }
+
+    def movable(self) -> int:
+        """How many connections a plan could ask of this worker now: those not moved within
+        the dwell time. Each heartbeat reports it, so the reconciler plans only moves that can
+        happen (a giver whose connections all just moved is not named again and again)."""
+        running = self._running()
+        now = self._clock()
+        return len(choose_to_give(running, len(running), now_ms=now, dwell_ms=self._dwell_ms))
 
     async def _give(self, plan: list[tuple[str, _Destination]]) -> int:
         """End the chosen sessions ``HANDOFF_WAVE`` at a time, each wave once the previous
