@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from test_worker_decisions import Outbox, Store, connect, make_worker, sync
+from test_worker_decisions import Outbox, Store, connect, make_worker, sync, until
 
 from wsfleet.clock import now_ms
 from wsfleet.control import HandoffHint
@@ -168,6 +168,23 @@ async def test_the_heartbeat_reports_how_many_connections_may_move():
     item = store.get_workers(["w1"])["w1"]
     assert (item.connection_count, item.movable_count) == (2, 1)
     await _drain(worker)
+
+
+@sync
+async def test_the_first_view_is_read_at_start_so_placement_works_from_the_start():
+    # GIVEN a view in the store and a worker that reads it every minute
+    store = MovingStore()
+    store.put_fleet_view(plan())
+    worker = make_worker(store, rebalance_seconds=60.0)
+    # WHEN its rebalancer starts
+    task = asyncio.create_task(worker.rebalancer.run())
+    try:
+        # THEN it has the view at once, not a minute later (a START burst on a new fleet
+        # would otherwise go to whoever polls first)
+        await until(lambda: worker.rebalancer.view is not None, "the view read at start")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_placement_defers_a_worker_above_its_share_of_the_fleet():

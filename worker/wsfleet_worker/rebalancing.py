@@ -1,8 +1,8 @@
 """Rebalancer: a worker's part of evening the fleet out, and where new work should go.
 
-Every ``REBALANCE_SECONDS`` the worker reads the one ``FLEET#view`` item the reconciler writes
-each pass (:mod:`wsfleet.rebalance`): one eventually consistent GetItem, however large the
-fleet. If the view's plan is new and asks this worker to give:
+At start and every ``REBALANCE_SECONDS`` the worker reads the one ``FLEET#view`` item the
+reconciler writes each pass (:mod:`wsfleet.rebalance`): one eventually consistent GetItem,
+however large the fleet. If the view's plan is new and asks this worker to give:
 
 * it gives at most what the plan says, and never below its target share as it stands now
   (its own count is live; the view's may be a heartbeat old);
@@ -152,7 +152,9 @@ class Rebalancer:
         cancelled; nothing while the worker drains or is fenced)."""
         loop = asyncio.get_running_loop()
         interval = self._interval_ms / 1000
-        next_at = loop.time()
+        # The first read at once: placement needs the fleet's load from the start (a burst
+        # of STARTs on a fleet that just started went to whoever polled first).
+        next_at = loop.time() - interval
         while True:
             # On a fixed grid, however long a hand-off took: every plan is read within
             # REBALANCE_SECONDS of its making (run_once acts on no older one).
