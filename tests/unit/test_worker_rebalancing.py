@@ -129,31 +129,9 @@ def test_connections_moved_within_the_dwell_time_are_not_chosen():
     ]
 
 
-@sync
-async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwell():
-    # GIVEN a connection a peer moved here a moment ago (the item says so)
-    store = MovingStore()
-    store.start("m", "wss://up.example/m")
-    worker = make_worker(store)
-    session = connect(worker, store, "m")
-    session.finish(ExitReason.REBALANCED)
-    await asyncio.wait([worker._session_tasks[session.pk]], timeout=10)
-    record = store.acquire(session.pk, "w1")
-    worker._start_session(record)
-    connect(worker, store, "plain")
-    # WHEN a plan asks for both
-    store.put_fleet_view(plan(Move("w1", "w2", 2), targets={"w1": 0}))
-    given = await worker.rebalancer.run_once()
-    # THEN only the one that never moved goes
-    assert given == 1
-    assert worker.sessions[session.pk].reason is None
-    await _drain(worker)
-
-
-@sync
-async def test_the_heartbeat_reports_how_many_connections_may_move():
-    # GIVEN a connection moved here a moment ago and one that never moved
-    store = MovingStore()
+async def _one_moved_one_not(store: MovingStore) -> tuple[Any, str]:
+    """A worker holding a connection a peer moved here a moment ago (the item says so) and
+    one that never moved; and the moved one's pk."""
     store.start("m", "wss://up.example/m")
     worker = make_worker(store)
     session = connect(worker, store, "m")
@@ -161,6 +139,28 @@ async def test_the_heartbeat_reports_how_many_connections_may_move():
     await asyncio.wait([worker._session_tasks[session.pk]], timeout=10)
     worker._start_session(store.acquire(session.pk, "w1"))
     connect(worker, store, "plain")
+    return worker, session.pk
+
+
+@sync
+async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwell():
+    # GIVEN a connection a peer moved here a moment ago and one that never moved
+    store = MovingStore()
+    worker, moved = await _one_moved_one_not(store)
+    # WHEN a plan asks for both
+    store.put_fleet_view(plan(Move("w1", "w2", 2), targets={"w1": 0}))
+    given = await worker.rebalancer.run_once()
+    # THEN only the one that never moved goes
+    assert given == 1
+    assert worker.sessions[moved].reason is None
+    await _drain(worker)
+
+
+@sync
+async def test_the_heartbeat_reports_how_many_connections_may_move():
+    # GIVEN a connection moved here a moment ago and one that never moved
+    store = MovingStore()
+    worker, _ = await _one_moved_one_not(store)
     # WHEN the worker renews its lease
     assert worker.liveness.timer is not None
     await worker.liveness._renew(worker.liveness.timer, now_ms())
