@@ -46,6 +46,7 @@ from .harness import BenchTimeout, by_stream, percentiles, records_by_id, wait_u
 __all__ = [
     "Profile",
     "audit",
+    "audit_streams",
     "fleet_for_bench",
     "run_disruption",
     "run_stop_latency",
@@ -59,14 +60,11 @@ EXIT_EVENT_TARGET_SECONDS = 2.0
 
 def store_worker(fleet: Any, worker_id: str) -> Any:
     """The worker item of ``worker_id`` (consistent read), or None."""
-    import boto3
-
     from wsfleet.store import DynamoDBLeaseStore
 
-    client = boto3.client(
-        "dynamodb", endpoint_url=fleet.dynamodb_endpoint_url, region_name=fleet.resources.region,
-        aws_access_key_id="testing", aws_secret_access_key="testing",
-    )  # fmt: skip
+    from .harness import aws_client
+
+    client = aws_client("dynamodb", fleet.dynamodb_endpoint_url, fleet.resources.region)
     return DynamoDBLeaseStore(client, fleet.resources.connections_table).get_worker(
         worker_id, consistent=True
     )
@@ -84,40 +82,46 @@ class Profile:
     MEDIUM = "medium"
 
 
+#: Each profile's FleetTimings (those not named keep FleetTimings' defaults).
+_PROFILE_TIMINGS: dict[str, dict[str, float]] = {
+    Profile.DEFAULT: {
+        "lease_seconds": 20.0,
+        "heartbeat_seconds": 5.0,
+        "lease_safety_margin_seconds": 2.0,
+        "reconcile_pass_seconds": 10.0,
+        "drain_timeout_seconds": 20.0,
+        "queue_wait_seconds": 20,
+        "checkpoint_seconds": 600.0,
+        "sweep_seconds": 30.0,
+    },
+    Profile.MEDIUM: {
+        "lease_seconds": 8.0,
+        "heartbeat_seconds": 2.0,
+        "lease_safety_margin_seconds": 1.0,
+        "reconcile_pass_seconds": 2.0,
+        "drain_timeout_seconds": 10.0,
+        "queue_wait_seconds": 2,
+    },
+    Profile.SHORT: {
+        "lease_seconds": 4.0,
+        "heartbeat_seconds": 1.0,
+        "lease_safety_margin_seconds": 1.0,
+        "reconcile_pass_seconds": 1.0,
+        "drain_timeout_seconds": 10.0,
+        "queue_wait_seconds": 2,
+    },
+}
+
+
 def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = None) -> Any:
+    """The profile's timings (an unknown profile runs SHORT), for ``max_connections`` each."""
     from wsfleet_local.fleet import FleetTimings
 
-    if profile == Profile.DEFAULT:
-        return FleetTimings(
-            lease_seconds=20.0,
-            heartbeat_seconds=5.0,
-            lease_safety_margin_seconds=2.0,
-            reconcile_pass_seconds=10.0,
-            drain_timeout_seconds=20.0,
-            queue_wait_seconds=queue_wait if queue_wait is not None else 20,
-            checkpoint_seconds=600.0,
-            sweep_seconds=30.0,
-            max_connections=max_connections,
-            rebalance_max_moves=0,  # nothing moves but what the disruption moves
-        )
-    if profile == Profile.MEDIUM:
-        return FleetTimings(
-            lease_seconds=8.0,
-            heartbeat_seconds=2.0,
-            lease_safety_margin_seconds=1.0,
-            reconcile_pass_seconds=2.0,
-            drain_timeout_seconds=10.0,
-            queue_wait_seconds=queue_wait if queue_wait is not None else 2,
-            max_connections=max_connections,
-            rebalance_max_moves=0,  # nothing moves but what the disruption moves
-        )
+    timings = dict(_PROFILE_TIMINGS.get(profile, _PROFILE_TIMINGS[Profile.SHORT]))
+    if queue_wait is not None:
+        timings["queue_wait_seconds"] = queue_wait
     return FleetTimings(
-        lease_seconds=4.0,
-        heartbeat_seconds=1.0,
-        lease_safety_margin_seconds=1.0,
-        reconcile_pass_seconds=1.0,
-        drain_timeout_seconds=10.0,
-        queue_wait_seconds=queue_wait if queue_wait is not None else 2,
+        **timings,
         max_connections=max_connections,
         rebalance_max_moves=0,  # nothing moves but what the disruption moves
     )
@@ -232,8 +236,12 @@ def stop_all(fleet: Any, ids: list[str], timeout: float = 120) -> None:
     wait_until(settled, timeout=timeout, interval=0.5, message="every stream STOPPED and released")
 
 
-def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
-    """Loss and duplicates over ``ids`` (see wsfleet_local.audit), summed."""
+def audit_streams(
+    fleet: Any, ids: list[str], records: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Each stream's :class:`wsfleet_local.audit.StreamAudit`: every seq up to its record's
+    checkpoint (``records`` if given, else the table's now) against the messages table and the
+    upstream's session log."""
     from wsfleet.messages import MessageStore
     from wsfleet.record import connection_pk
     from wsfleet_local.audit import audit_stream
@@ -243,22 +251,28 @@ def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
     messages = MessageStore(
         aws_client("dynamodb", fleet.dynamodb_endpoint_url), fleet.resources.messages_table
     )
-    records = records_by_id(fleet)
+    records = records if records is not None else records_by_id(fleet)
     sessions = by_stream(fleet.simulator.sessions())
-    totals = {"streams": len(ids), "checkpointed": 0, "stored": 0, "lost": 0,
-              "wrong_content": 0, "stale_epoch": 0, "overlapping_sessions": 0,
-              "replay_gaps": 0, "streams_with_problems": []}  # fmt: skip
-    for stream_id in ids:
-        record = records[stream_id]
-        result = audit_stream(
+    return {
+        stream_id: audit_stream(
             stream_id,
-            final_seq=record.last_seq,
+            final_seq=records[stream_id].last_seq,
             ended=False,
-            checkpointed=record.last_seq,
+            checkpointed=records[stream_id].last_seq,
             items=messages.read_all(connection_pk(stream_id)),
             sessions=sessions.get(stream_id, []),
         )
-        totals["checkpointed"] += record.last_seq
+        for stream_id in ids
+    }
+
+
+def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
+    """Loss and duplicates over ``ids`` (:func:`audit_streams`), summed."""
+    totals = {"streams": len(ids), "checkpointed": 0, "stored": 0, "lost": 0,
+              "wrong_content": 0, "stale_epoch": 0, "overlapping_sessions": 0,
+              "replay_gaps": 0, "streams_with_problems": []}  # fmt: skip
+    for stream_id, result in audit_streams(fleet, ids).items():
+        totals["checkpointed"] += result.checkpointed
         totals["stored"] += result.stored
         totals["lost"] += result.lost
         totals["wrong_content"] += len(result.corrupt)

@@ -22,9 +22,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -33,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import create_connections, emf_documents, value
+from worker_capacity import (
+    create_connections,
+    emf_documents,
+    print_result,
+    serve_upstream,
+    status_kb,
+    value,
+    worker_env,
+)
 
 from wsfleet_local.waiting import wait_until
 
@@ -46,17 +52,8 @@ MIN_MIB_PER_CONNECTION = 1.0
 CJK = "\u8a9e"  # 3 bytes of UTF-8
 
 
-def status_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field}")
-
-
 def serve(frame_bytes: int) -> None:
     """The flooding upstream: prints its URL, then streams max-size frames to every client."""
-    import websockets
-
     chars = (frame_bytes - 64) // len(CJK.encode())
 
     async def handler(ws: Any) -> None:
@@ -67,13 +64,7 @@ def serve(frame_bytes: int) -> None:
             await ws.send(json.dumps({"seq": seq, "data": data}, ensure_ascii=False))
             seq += 1
 
-    async def main() -> None:
-        async with websockets.serve(handler, "127.0.0.1", 0, max_size=None) as server:
-            port = server.sockets[0].getsockname()[1]
-            print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
-            await asyncio.Future()
-
-    asyncio.run(main())
+    serve_upstream(handler, max_size=None)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -98,26 +89,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
         sqs = local_client("sqs", resources.endpoint_url, resources.region)
         log_path = workdir / "worker.log"
-        worker_env = {
-            **os.environ,
-            **resources.env(),
-            "WORKER_ID": "flood-worker",
-            "MAX_CONNECTIONS": str(args.connections),
-            "LEASE_SECONDS": str(args.lease),
-            "HEARTBEAT_EVERY": str(args.heartbeat),
-            "LEASE_SAFETY_MARGIN_SECONDS": "2",
-            "WORKER_METRICS_FLUSH_SECONDS": "2",
-            "WORKER_HINT_WAIT_SECONDS": "1",
-            "WORKER_CONTROL_WAIT_SECONDS": "5",
-            "HEALTH_FILE": str(workdir / "health"),
-            "CONTROL_QUEUE_PREFIX": f"flood-{uuid.uuid4().hex[:6]}-",
-            # The flooding upstream is ws:// on 127.0.0.1: without these the worker refuses
-            # every connection (InvalidUpstreamUrl) and the run floods nothing.
-            "ALLOW_INSECURE_WS": "true",
-            "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1",
-            "PYTHONUNBUFFERED": "1",
-        }
-        worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=worker_env,
+        env = worker_env(
+            resources.env(),
+            workdir,
+            "flood",
+            WORKER_ID="flood-worker",
+            MAX_CONNECTIONS=str(args.connections),
+            LEASE_SECONDS=str(args.lease),
+            HEARTBEAT_EVERY=str(args.heartbeat),
+            LEASE_SAFETY_MARGIN_SECONDS="2",
+            WORKER_METRICS_FLUSH_SECONDS="2",
+        )
+        worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=env,
                        log_path=log_path)  # fmt: skip
         wait_until(lambda: len(emf_documents(log_path)) >= 2, timeout=120, interval=0.5,
                    message="the idle worker")  # fmt: skip
@@ -194,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.frame_bytes)
         return 0
     result = run(args)
-    print(json.dumps(result, indent=2))
+    print_result(result, json_only=args.json_only)
     return 0 if result["target_met"] else 1
 
 

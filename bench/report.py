@@ -37,6 +37,15 @@ def _error_rows(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return [f"- `{name}` failed: {r['error']}" for name, r in items if "error" in r]
 
 
+def _section(
+    title: str, intro: str, header: Sequence[str], rows: list[Any], items: list[Any]
+) -> str:
+    """A section: its title, what the bench did, its table (or "(not run)"), then one line per
+    run that failed."""
+    parts = [title, "", intro, "", _table(header, rows) if rows else "(not run)"]
+    return "\n".join(parts + _error_rows(items))
+
+
 def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kind: str) -> str:
     rows = []
     for _, r in items:
@@ -225,16 +234,13 @@ def _capacity_section(document: dict[str, Any]) -> str:
               "ramp (s)", "held at end", "RSS KB/conn", "RSS idle / peak (MB)", "CPU % of a core",
               "msg/s", "CPU ms/msg", "max renew lateness steady (ms)",
               "incl. ramp (ms)", "limit: half lease (ms)", "self-fenced / lost", "target met"]
-    parts = ["## 6. Capacity: one worker process", "",
-             "bench/worker_capacity.py (wrapped), at the production lease (20 s / heartbeat "
+    intro = ("bench/worker_capacity.py (wrapped), at the production lease (20 s / heartbeat "
              "5 s): in v2 a worker renews one item per heartbeat whatever it holds, so the "
              "renewal lateness is the worker lease's (`RenewLatenessMs`). The embedded backend "
              "serialises every request (a few hundred writes/s), so the frame rate is chosen "
              "for it to sustain; a run is met only if every connection streams (at least half "
-             "the offered frames stored).", "",
-             _table(header, rows) if rows else "(not run)"]  # fmt: skip
-    parts += _error_rows(items)
-    return "\n".join(parts)
+             "the offered frames stored).")  # fmt: skip
+    return _section("## 6. Capacity: one worker process", intro, header, rows, items)
 
 
 def _flood_section(document: dict[str, Any]) -> str:
@@ -252,17 +258,15 @@ def _flood_section(document: dict[str, Any]) -> str:
     header = ["connections", "frame bytes", "flood (s)", "budget worker / session (MiB)",
               "RSS idle (MiB)", "peak RSS (MiB)", "task memory (MiB)", "frames written",
               "written (MiB)", "max renew lateness (ms)", "leases lost", "target met"]
-    parts = ["## 6b. Memory under a flood of maximum-size frames", "",
-             "bench/frame_flood.py (wrapped; `python -m bench --only flood`). An upstream sends "
+    intro = ("bench/frame_flood.py (wrapped; `python -m bench --only flood`). An upstream sends "
              "every connection frames of the largest accepted size as fast as TCP lets it; one "
              "worker with its default byte budgets (WORKER_QUEUE_BYTES, "
              "WORKER_SESSION_QUEUE_BYTES) stores them on the moto server. Peak RSS is the "
              "worker's VmHWM over the whole run. For comparison, the same run (50 connections, "
              "60 s) against the worker before the byte budgets (commit 1b1a72f, caps in frames "
-             "only) peaked at 3,133 MiB, three times the task's memory.", "",
-             _table(header, rows) if rows else "(not run)"]  # fmt: skip
-    parts += _error_rows(items)
-    return "\n".join(parts)
+             "only) peaked at 3,133 MiB, three times the task's memory.")  # fmt: skip
+    return _section("## 6b. Memory under a flood of maximum-size frames", intro, header, rows,
+                    items)  # fmt: skip
 
 
 def _shapes_section(document: dict[str, Any]) -> str:
@@ -276,8 +280,7 @@ def _shapes_section(document: dict[str, Any]) -> str:
     header = ["stream (shape)", "upstream sessions", "frames stored", "frames lost",
               "gapped resumes reported", "gap frames reported", "401s"]
     met = ", ".join(_met(r.get("target_met")) for _, r in items if "error" not in r)
-    parts = ["## 6d. Upstream shapes through a crash and a hand-off (issue #13)", "",
-             "bench/shapes.py (`python -m bench --only shapes`). One stream per simulator shape "
+    intro = ("bench/shapes.py (`python -m bench --only shapes`). One stream per simulator shape "
              "(plain replay, header-authenticated with a Secrets Manager credential by "
              "reference, subscribe-to-resume, live-only without replay) on a local fleet, "
              "short lease profile: worker 0 SIGKILLed, then its successors SIGTERMed with a "
@@ -285,10 +288,9 @@ def _shapes_section(document: dict[str, Any]) -> str:
              "final checkpoint not stored. Reported: the record's resume_gaps / gap_frames "
              "(what `GET /connections/{id}` shows). Expected: the replaying shapes 0 and 0; "
              "live-only loses what was produced while nobody listened and reports exactly "
-             f"that. Target met: {met or '(not run)'}.", "",
-             _table(header, rows) if rows else "(not run)"]  # fmt: skip
-    parts += _error_rows(items)
-    return "\n".join(parts)
+             f"that. Target met: {met or '(not run)'}.")  # fmt: skip
+    return _section("## 6d. Upstream shapes through a crash and a hand-off (issue #13)", intro,
+                    header, rows, items)  # fmt: skip
 
 
 def _throughput_section(document: dict[str, Any]) -> str:
@@ -395,8 +397,7 @@ def _reconcile_section(document: dict[str, Any]) -> str:
     header = ["scenario", "items", "orphans", "setup", "first pass", "of it: query", "claims",
               "sends", "hints sent", "warm 2nd pass", "cold 2nd pass", "hints re-sent",
               "queue depth"]  # fmt: skip
-    parts = ["## 7. Reconciler pass time", "",
-             "bench/reconcile_pass.py (wrapped): real `Reconciler.run_pass` (lease model v2) "
+    intro = ("bench/reconcile_pass.py (wrapped): real `Reconciler.run_pass` (lease model v2) "
              "over N connection items on the embedded backend; `steady`: every worker alive, "
              "1% of the connections free and STARTED past the grace (a lost hint). A v2 pass "
              "reads the worker items (gsi_workers + BatchGetItem), gsi_owner of lapsed workers "
@@ -405,10 +406,8 @@ def _reconcile_section(document: dict[str, Any]) -> str:
              "ledger skips the claims; cold 2nd pass: a new container, every claim refused by "
              "DynamoDB, nothing re-sent. moto's GSI query still reads the whole table per page, "
              "so on moto a pass grows with the table; the figures show where its time goes, "
-             "not production latency.",
-             "", _table(header, rows) if rows else "(not run)"]  # fmt: skip
-    parts += _error_rows(items)
-    return "\n".join(parts)
+             "not production latency.")  # fmt: skip
+    return _section("## 7. Reconciler pass time", intro, header, rows, items)
 
 
 def _compat_section(document: dict[str, Any]) -> str:
@@ -480,19 +479,15 @@ def _rebalance_section(document: dict[str, Any]) -> str:
     header = ["run", "connections, workers", "held before", "held after", "even after",
               "moves", "moved twice", "gap p50 / p99 / max", "reconnect p50 / max",
               "lost / overlaps", "target met"]
-    parts = ["## 6d. Rebalancing after a scale-out",
-             "",
-             "bench/rebalance_bench.py (`python -m bench --only rebalance`). Production "
+    intro = ("bench/rebalance_bench.py (`python -m bench --only rebalance`). Production "
              "cadences (lease 20 s, heartbeat 5 s, reconcile pass 10 s, REBALANCE_SECONDS 10, "
              "REBALANCE_MAX_MOVES 20 per giver and plan, band 10 %). Three workers hold the "
              "connections; three more join; measured from just before the first joins until "
              "every worker holds its share +/- 10 %, then 30 s more (nothing else may move). "
              "Gap: the old upstream session's close to the new one's first frame, per move "
              "(reconnect: to the new one's open). Then every stream is STOPped and the messages "
-             "table audited.", "",
-             _table(header, rows) if rows else "(not run)"]
-    parts += _error_rows(items)
-    return "\n".join(parts)
+             "table audited.")  # fmt: skip
+    return _section("## 6d. Rebalancing after a scale-out", intro, header, rows, items)
 
 
 def _targets(document: dict[str, Any]) -> str:

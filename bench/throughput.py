@@ -51,7 +51,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_capacity import cpu_seconds, create_connections, value
+from worker_capacity import (
+    cpu_seconds,
+    create_connections,
+    print_result,
+    serve_upstream,
+    value,
+    worker_env,
+)
 
 from wsfleet_local.procs import ChildProcess, spawn
 from wsfleet_local.waiting import wait_until
@@ -71,7 +78,6 @@ def serve(rate: float) -> None:
     upstream, not the worker, set the pace. Without a rate a session writes whenever its
     socket's buffer is below 256 KiB: as fast as the worker reads.
     """
-    import websockets
 
     def framed(text: str) -> bytes:
         payload = text.encode()
@@ -99,13 +105,7 @@ def serve(rate: float) -> None:
             ahead = sent / rate - (time.monotonic() - started) if rate > 0 else 0.0
             await asyncio.sleep(max(0.0, ahead))
 
-    async def main() -> None:
-        async with websockets.serve(handler, "127.0.0.1", 0, compression=None) as server:
-            port = server.sockets[0].getsockname()[1]
-            print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
-            await asyncio.Future()
-
-    asyncio.run(main())
+    serve_upstream(handler, compression=None)
 
 
 # ---------------------------------------------------------------------------- measurement
@@ -357,24 +357,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def hint() -> None:
             sender.send_many(Hint(f"CONN#{i}") for i in ids)
 
-        base_env = {
-            **os.environ,
-            **resources.env(),
-            "AWS_ENDPOINT_URL_DYNAMODB": dynalite.endpoint_url,
-            "MAX_CONNECTIONS": str(args.connections),
-            "LEASE_SECONDS": "30",
-            "HEARTBEAT_EVERY": "10",
-            "LEASE_SAFETY_MARGIN_SECONDS": "3",
-            "WORKER_METRICS_FLUSH_SECONDS": "1",
-            "WORKER_HINT_WAIT_SECONDS": "1",
-            "WORKER_CONTROL_WAIT_SECONDS": "5",
-            "ALLOW_INSECURE_WS": "true",
-            "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1",
-            "HEALTH_FILE": str(workdir / "health"),
-            "CONTROL_QUEUE_PREFIX": f"tp-{uuid.uuid4().hex[:6]}-",
-            "POWERTOOLS_LOG_LEVEL": "WARNING",
-            "PYTHONUNBUFFERED": "1",
-        }
+        base_env = worker_env(
+            resources.env(),
+            workdir,
+            "tp",
+            AWS_ENDPOINT_URL_DYNAMODB=dynalite.endpoint_url,
+            MAX_CONNECTIONS=str(args.connections),
+            LEASE_SECONDS="30",
+            HEARTBEAT_EVERY="10",
+            LEASE_SAFETY_MARGIN_SECONDS="3",
+            WORKER_METRICS_FLUSH_SECONDS="1",
+            POWERTOOLS_LOG_LEVEL="WARNING",
+        )
         base_env.pop("WSFLEET_PROFILE", None)
         base_env.update(dict(setting.split("=", 1) for setting in args.worker_env))
         others = {"upstream": upstream.pid, "dynalite": dynalite.pid}
@@ -508,10 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.rate)
         return 0
-    result = run(args)
-    print(json.dumps(result, indent=2))
-    if not args.json_only:
-        print(table(result))
+    print_result(run(args), json_only=args.json_only, table=table)
     return 0
 
 

@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,12 @@ from wsfleet_local.waiting import WaitTimeout, wait_until
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def rss_kb(pid: int) -> int:
+def status_kb(pid: int, field: str) -> int:
+    """A memory figure of ``/proc/<pid>/status`` in KiB (``VmRSS`` now, ``VmHWM`` its peak)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -58,15 +61,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
 
-def emf_documents(path: Path) -> list[dict[str, Any]]:
+def json_lines(path: Path, prefix: str = "{") -> list[dict[str, Any]]:
+    """The JSON objects a process printed one a line (the lines starting with ``prefix``),
+    skipping a line that does not parse (cut short by a kill, say)."""
     documents = []
     for line in path.read_text(errors="replace").splitlines():
-        if line.startswith('{"_aws"'):
+        if line.startswith(prefix):
             try:
                 documents.append(json.loads(line))
             except ValueError:
                 continue
     return documents
+
+
+def emf_documents(path: Path) -> list[dict[str, Any]]:
+    """The worker's EMF documents (Powertools prints ``_aws`` first)."""
+    return json_lines(path, '{"_aws"')
 
 
 def value(document: dict[str, Any], name: str) -> float:
@@ -83,6 +93,51 @@ def wait_for(condition: Any, timeout: float, what: str, interval: float = 0.5) -
         print(f"warning: timed out waiting for {what}; measuring anyway", file=sys.stderr)
         return False
     return True
+
+
+def worker_env(
+    resources_env: Mapping[str, str], workdir: Path, prefix: str, **settings: str
+) -> dict[str, str]:
+    """The environment of one ``python -m wsfleet_worker`` on the embedded backend against an
+    upstream on loopback, with the run's own ``settings`` (lease, capacity...) on top."""
+    return {
+        **os.environ,
+        **resources_env,
+        "WORKER_HINT_WAIT_SECONDS": "1",
+        "WORKER_CONTROL_WAIT_SECONDS": "5",
+        "HEALTH_FILE": str(workdir / "health"),
+        "CONTROL_QUEUE_PREFIX": f"{prefix}-{uuid.uuid4().hex[:6]}-",
+        # The upstream is ws:// on 127.0.0.1: without these the worker refuses every
+        # connection (InvalidUpstreamUrl) and the run measures nothing.
+        "ALLOW_INSECURE_WS": "true",
+        "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1",
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+
+
+def serve_upstream(handler: Callable[[Any], Any], **options: Any) -> None:
+    """A bench's own upstream process: serve ``handler`` on 127.0.0.1, print the URL as one JSON
+    line (what ``ChildProcess.read_json_line`` waits for), then serve until a signal ends it."""
+    import websockets
+
+    async def main() -> None:
+        async with websockets.serve(handler, "127.0.0.1", 0, **options) as server:
+            port = server.sockets[0].getsockname()[1]
+            print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
+            await asyncio.Future()
+
+    asyncio.run(main())
+
+
+def print_result(
+    result: Any, *, json_only: bool, table: Callable[[Any], str] | None = None
+) -> None:
+    """A run's result as JSON (what bench/wrapped.py reads) and, unless ``json_only``, its
+    table for a person."""
+    print(json.dumps(result, indent=2))
+    if table is not None and not json_only:
+        print(table(result))
 
 
 def create_connections(dynamodb: Any, table: str, ids: list[str], sim_url: str) -> None:
@@ -129,7 +184,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         sim_url = simulator.read_json_line(60)["url"]
         resources = backend.create_resources(f"cap-{uuid.uuid4().hex[:6]}")
-        env = resources.env()
         dynamodb = local_client("dynamodb", resources.endpoint_url, resources.region)
         sqs = local_client("sqs", resources.endpoint_url, resources.region)
         store = DynamoDBLeaseStore(
@@ -137,32 +191,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
 
         log_path = workdir / "worker.log"
-        worker_env = {
-            **os.environ,
-            **env,
-            "WORKER_ID": "capacity-worker",
-            "MAX_CONNECTIONS": str(args.connections),
-            "LEASE_SECONDS": str(args.lease),
-            "HEARTBEAT_EVERY": str(args.heartbeat),
-            "LEASE_SAFETY_MARGIN_SECONDS": str(args.margin),
-            "MESSAGE_FLUSH_MS": "100",
-            "WORKER_METRICS_FLUSH_SECONDS": str(args.metrics_every),
-            "WORKER_HINT_WAIT_SECONDS": "1",
-            "WORKER_CONTROL_WAIT_SECONDS": "5",
-            "HEALTH_FILE": str(workdir / "health"),
-            "CONTROL_QUEUE_PREFIX": f"cap-{uuid.uuid4().hex[:6]}-",
-            # The simulator is ws:// on 127.0.0.1: without these the worker refuses it.
-            "ALLOW_INSECURE_WS": "true",
-            "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1",
-            "POWERTOOLS_LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-        }
-        worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=worker_env,
+        env = worker_env(
+            resources.env(),
+            workdir,
+            "cap",
+            WORKER_ID="capacity-worker",
+            MAX_CONNECTIONS=str(args.connections),
+            LEASE_SECONDS=str(args.lease),
+            HEARTBEAT_EVERY=str(args.heartbeat),
+            LEASE_SAFETY_MARGIN_SECONDS=str(args.margin),
+            MESSAGE_FLUSH_MS="100",
+            WORKER_METRICS_FLUSH_SECONDS=str(args.metrics_every),
+            POWERTOOLS_LOG_LEVEL="INFO",
+        )
+        worker = spawn("worker", [sys.executable, "-m", "wsfleet_worker"], env=env,
                        log_path=log_path)  # fmt: skip
         wait_until(lambda: len(emf_documents(log_path)) >= 2, timeout=120, interval=0.5,
                    message="the idle worker")  # fmt: skip
         time.sleep(args.metrics_every)
-        idle_rss = rss_kb(worker.pid)
+        idle_rss = status_kb(worker.pid, "VmRSS")
 
         t0 = time.monotonic()
         ids = [f"cap{i:05d}" for i in range(args.connections)]
@@ -195,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu_start, wall_start, ts_start = cpu_seconds(worker.pid), time.monotonic(), time.time()
         rss_samples = []
         while time.monotonic() - wall_start < args.window:
-            rss_samples.append(rss_kb(worker.pid))
+            rss_samples.append(status_kb(worker.pid, "VmRSS"))
             time.sleep(1.0)
         cpu_used = cpu_seconds(worker.pid) - cpu_start
         window_s = time.monotonic() - wall_start
@@ -226,10 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         worker.send_signal(signal.SIGTERM)
         exit_code = worker.wait(120)  # None: still draining after 120 s
         drain_s = time.monotonic() - drain_start
-        drained = [
-            json.loads(line) for line in log_path.read_text().splitlines()
-            if '"message":"drained"' in line
-        ]
+        drained = [line for line in json_lines(log_path) if line.get("message") == "drained"]
         peak_rss = max(rss_samples)
         return {
             "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
@@ -324,10 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
-    result = run(args)
-    print(json.dumps(result, indent=2))
-    if not args.json_only:
-        print(table(result))
+    print_result(run(args), json_only=args.json_only, table=table)
     return 0
 
 

@@ -92,6 +92,7 @@ from wsfleet.settings import Settings
 from wsfleet.store import LeaseStore
 from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
 from wsfleet.upstream_url import InvalidUpstreamUrl, redact_url, validate_ws_url
+from wsfleet.views import connection_view
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -107,12 +108,10 @@ __all__ = [
     "StartRequest",
     "UnreadableJson",
     "app",
-    "connection_view",
     "decode_next_token",
     "dependencies",
     "encode_next_token",
     "lambda_handler",
-    "lease_view",
     "parse_json",
     "read_request",
     "reset_dependencies",
@@ -215,7 +214,7 @@ class StartRequest(BaseModel):
 
 
 # ---------------------------------------------------------------------- response models
-# Documentation only (docs/openapi.json): the routes build plain dicts (connection_view), and
+# Documentation only (docs/openapi.json): the routes build plain dicts (wsfleet.views), and
 # tests/integration/test_router.py checks that every view validates against these models.
 class LeaseView(BaseModel):
     """Who holds the connection. A connection has no expiry of its own: it is ``held`` while
@@ -310,46 +309,9 @@ class ApiError(Exception):
         self.field = field
 
 
-# ---------------------------------------------------------------------- views (pure)
-def lease_view(record: ConnectionRecord, owner: WorkerRecord | None, now: int) -> dict[str, Any]:
-    """The ``lease`` object of a connection view.
-
-    A connection carries no expiry of its own (lease model v2): it is alive while its owner's
-    worker lease is, so ``owner`` is that worker's item (None when free, or when the item is
-    gone) and state and time left come from :func:`wsfleet.lease.lease_state` and
-    :func:`wsfleet.lease.lease_expires_in_ms`.
-    """
-    return {
-        "state": lease_rules.lease_state(record, owner, now).value,
-        "owner": record.lease_owner or None,
-        "epoch": record.lease_epoch,
-        "expires_in_ms": lease_rules.lease_expires_in_ms(record, owner, now),
-    }
-
-
-def connection_view(
-    record: ConnectionRecord, owner: WorkerRecord | None, now: int
-) -> dict[str, Any]:
-    """The JSON shape of one connection (``ws_url`` redacted: query values masked); ``owner``
-    is the worker item of ``record.lease_owner`` (see :func:`lease_view`)."""
-    return {
-        "connection_id": record.connection_id,
-        "desired_state": record.desired_state.value,
-        "ws_url": redact_url(record.ws_url),
-        "resume": record.resume,
-        "last_seq": record.last_seq,
-        "lease": lease_view(record, owner, now),
-        "stop_reason": record.stop_reason,
-        "last_error": record.last_error,
-        # Crash-loop breaker: failures counted at checkpoint at_seq (FAILED once it tripped).
-        "failures": {"count": record.failure_count, "at_seq": record.failure_seq},
-        "upstream": record.upstream.to_view(),
-        "gaps": {"resumes": record.resume_gaps, "frames": record.gap_frames},
-        "created_at_ms": record.created_at_ms,
-        "updated_at_ms": record.updated_at_ms,
-    }
-
-
+# ---------------------------------------------------------------------- views
+# The views themselves are pure and shared with the CLI (wsfleet.views); the router only reads
+# the owner's worker item they need.
 def _owner_of(store: LeaseStore, record: ConnectionRecord) -> WorkerRecord | None:
     """The owner's worker item: one GetItem, and only when the connection is owned."""
     return store.get_worker(record.lease_owner) if record.lease_owner else None

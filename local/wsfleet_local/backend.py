@@ -12,12 +12,10 @@ This module keeps the threads and serialises the backend instead:
 
 * every request runs under one global lock (:class:`SerializedMotoApp`), which makes each
   API call atomic, as it is on AWS;
-* an SQS ``ReceiveMessage`` long poll is the one exception: it is served as a series of
-  short polls (``WaitTimeSeconds=0``) under the lock, sleeping a few tens of milliseconds
-  between attempts *outside* the lock, until a message arrives or the requested wait (or
-  the queue's ``ReceiveMessageWaitTimeSeconds``) runs out. Both SQS wire protocols are
-  handled: JSON (``X-Amz-Target: AmazonSQS.ReceiveMessage``, what boto3 >= 1.34 speaks)
-  and query (form body ``Action=ReceiveMessage``);
+* an SQS ``ReceiveMessage`` long poll is the one exception: moto serves it as scans of the
+  queue with a wait in between, and that wait is made to release the lock until an SQS
+  write lands (or 100 ms pass), so each scan is atomic and a waiting
+  poll blocks nobody;
 * connections are kept alive (werkzeug's dev server closes each one after a response), so
   a boto3 call costs no TCP handshake and no new server thread.
 
@@ -33,7 +31,7 @@ ones. Command line::
     python -m wsfleet_local.backend [--host 127.0.0.1] [--port 0] [--create-resources PREFIX]
 
 prints one JSON line (``{"endpoint_url": ...}`` plus ``"env"``/``"resources"`` when asked)
-to stdout once the server answers, then serves until SIGTERM/SIGINT
+to stdout once the server listens, then serves until SIGTERM/SIGINT
 (:func:`wsfleet_local.procs.serve_until_stopped`, which every local child uses).
 """
 
@@ -48,15 +46,12 @@ import re
 import signal
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -70,7 +65,7 @@ from .procs import (
     serve_until_stopped,
     spawn,
 )
-from .stack import StackResolver, Unresolvable
+from .stack import StackResolver, Unresolvable, cfn_string
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer
@@ -100,13 +95,10 @@ DEFAULT_REGION = "us-east-1"
 LOCAL_ACCESS_KEY = "testing"
 LOCAL_SECRET_KEY = "testing"
 
-#: Pause between two short polls of an emulated long poll, spent outside the global lock.
-#: An emulated long poll re-polls at once when an SQS write lands (see SerializedMotoApp) and
-#: otherwise every this often, for messages that become visible by themselves (DelaySeconds,
-#: an expired visibility timeout).
+#: A waiting long poll re-scans its queue at once when an SQS write lands (see
+#: SerializedMotoApp) and otherwise every this often, for messages that become visible by
+#: themselves (DelaySeconds, an expired visibility timeout).
 LONG_POLL_INTERVAL_SECONDS = 0.1
-#: SQS caps WaitTimeSeconds at 20; out-of-range values go to moto untouched, which rejects them.
-SQS_MAX_WAIT_SECONDS = 20
 
 #: How long start() waits for the child's ready line (cold moto imports take 1-3 s).
 START_TIMEOUT_SECONDS = 60.0
@@ -132,7 +124,7 @@ class TemplateError(BackendError):
 
 
 # =============================================================================================
-# The server: moto behind one lock, long polls emulated outside it.
+# The server: moto behind one lock, released while a long poll waits.
 # =============================================================================================
 
 WSGIEnviron = dict[str, Any]
@@ -147,35 +139,6 @@ class _Reply:
     status: str
     headers: list[tuple[str, str]]
     body: bytes
-
-    @property
-    def ok(self) -> bool:
-        return self.status.startswith("200")
-
-
-@dataclass(frozen=True)
-class _ReceiveRequest:
-    """A ReceiveMessage call, decoded just enough to re-issue it as short polls."""
-
-    is_json: bool
-    params: dict[str, Any] | list[tuple[str, str]]  # JSON object, or ordered form pairs
-    queue_url: str
-    wait_seconds: int | None  # None: the request gave none, the queue attribute applies
-
-    def short_poll_body(self) -> bytes:
-        """The same request with ``WaitTimeSeconds=0``: moto then returns at once."""
-        if isinstance(self.params, dict):
-            return json.dumps({**self.params, "WaitTimeSeconds": 0}).encode()
-        pairs = [(k, v) for k, v in self.params if k != "WaitTimeSeconds"]
-        return urlencode([*pairs, ("WaitTimeSeconds", "0")]).encode()
-
-    def has_messages(self, reply: _Reply) -> bool:
-        if self.is_json:
-            try:
-                return bool(json.loads(reply.body or b"{}").get("Messages"))
-            except ValueError:
-                return False
-        return b"<Message>" in reply.body
 
 
 def _materialise(app: WSGIApp, environ: WSGIEnviron) -> _Reply:
@@ -218,56 +181,6 @@ def _read_body(environ: WSGIEnviron) -> bytes:
     return body
 
 
-def _with_body(environ: WSGIEnviron, body: bytes) -> WSGIEnviron:
-    """A copy of ``environ`` carrying ``body``, with a matching CONTENT_LENGTH."""
-    copy = dict(environ)
-    copy["wsgi.input"] = io.BytesIO(body)
-    copy["CONTENT_LENGTH"] = str(len(body))
-    return copy
-
-
-def _parse_wait(raw: Any) -> int | None:
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None
-
-
-def _as_receive_request(environ: WSGIEnviron) -> _ReceiveRequest | None:
-    """Recognise an SQS ReceiveMessage in either protocol; anything else gives None.
-
-    Only bodies that could be one (JSON with the SQS target, or a form post) are read.
-    """
-    target = environ.get("HTTP_X_AMZ_TARGET", "")
-    if target == "AmazonSQS.ReceiveMessage":
-        try:
-            params = json.loads(_read_body(environ) or b"{}")
-        except ValueError:
-            return None
-        if not isinstance(params, dict):
-            return None
-        return _ReceiveRequest(
-            is_json=True,
-            params=params,
-            queue_url=str(params.get("QueueUrl", "")),
-            wait_seconds=_parse_wait(params.get("WaitTimeSeconds")),
-        )
-    if target or environ.get("REQUEST_METHOD") != "POST":
-        return None
-    if not environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
-        return None
-    pairs = parse_qsl(_read_body(environ).decode("utf-8", "replace"), keep_blank_values=True)
-    form = dict(pairs)
-    if form.get("Action") != "ReceiveMessage":
-        return None
-    return _ReceiveRequest(
-        is_json=False,
-        params=pairs,
-        queue_url=form.get("QueueUrl", ""),
-        wait_seconds=_parse_wait(form.get("WaitTimeSeconds")),
-    )
-
-
 def _is_sqs_request(environ: WSGIEnviron) -> bool:
     """An SQS call in either protocol (JSON target, or a query-protocol form post)."""
     target = environ.get("HTTP_X_AMZ_TARGET", "")
@@ -278,28 +191,6 @@ def _is_sqs_request(environ: WSGIEnviron) -> bool:
     )
 
 
-def _queue_default_wait_seconds(environ: WSGIEnviron, queue_url: str) -> int:
-    """The queue's ReceiveMessageWaitTimeSeconds, read from moto's backend (caller holds the lock).
-
-    moto picks the region from the SigV4 credential scope and the account from the access key;
-    the queue URL carries the account it was created in. A queue that cannot be found gives 0:
-    the request becomes a single short poll, and moto reports the missing queue.
-    """
-    from moto.core.models import DEFAULT_ACCOUNT_ID
-    from moto.sqs.models import sqs_backends
-
-    path = [part for part in urlsplit(queue_url).path.split("/") if part]
-    name = path[-1] if path else queue_url
-    account = path[-2] if len(path) >= 2 else os.environ.get("MOTO_ACCOUNT_ID", DEFAULT_ACCOUNT_ID)
-    scope = re.search(r"Credential=[^/]+/\d+/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
-    region = scope.group(1) if scope else DEFAULT_REGION
-    try:
-        queue = sqs_backends[account][region].queues.get(name)
-        return int(getattr(queue, "receive_message_wait_time_seconds", 0) or 0)
-    except (KeyError, TypeError, ValueError):
-        return 0
-
-
 class _Dispatcher(Protocol):
     """moto's DomainDispatcherApplication as used here: routes a request to a service's app."""
 
@@ -307,13 +198,18 @@ class _Dispatcher(Protocol):
 
 
 class SerializedMotoApp:
-    """WSGI middleware: each request runs alone against moto; long polls yield between tries.
+    """WSGI middleware: each request runs alone against moto; long polls wait outside the lock.
 
     Holding one lock per request is what makes a conditional write atomic (moto's backends
     are plain dicts). The response is read to the end inside the lock, because WSGI bodies
-    may be lazy. An SQS long poll would hold the lock for up to 20 s, so it is replaced by
-    short polls with the lock released in between. Picking moto's per-service app (routing,
-    thread-safe on its own) happens before the lock, so the lock covers moto's work only.
+    may be lazy. Picking moto's per-service app (routing, thread-safe on its own) happens
+    before the lock, so the lock covers moto's work only.
+
+    moto serves an SQS long poll itself (both wire protocols, the queue's default wait, the
+    20 s cap): it scans the queue and, finding nothing, calls ``Queue.wait_for_messages``
+    between scans. Making an app replaces that one method (process-wide): it releases the lock,
+    sleeps until an SQS write lands or the poll interval passes, and takes the lock back, so
+    every scan is atomic and a waiting poll blocks nobody.
 
     Example (in-process; :func:`serve` does this for you)::
 
@@ -327,61 +223,52 @@ class SerializedMotoApp:
         *,
         poll_interval_seconds: float = LONG_POLL_INTERVAL_SECONDS,
     ) -> None:
+        from moto.sqs.models import Queue
+
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._poll_interval_seconds = poll_interval_seconds
-        # Bumped after every SQS request that is not a receive, so idle long polls re-poll
-        # right after a send instead of spinning: idle workers cost nearly nothing.
+        # Bumped after every SQS request, so a waiting long poll re-scans right after a send
+        # (or a message made visible again) instead of spinning: idle workers cost nearly nothing.
         self._sqs_changed = threading.Condition()
         self._sqs_generation = 0
+
+        def wait_for_messages(queue: Queue, timeout: float) -> None:
+            self._wait_unlocked(timeout)
+
+        # moto calls it between two scans of a long poll, with our lock held (in __call__).
+        # Without it (another moto), a long poll would hold the lock for its whole wait.
+        if not callable(getattr(Queue, "wait_for_messages", None)):
+            raise BackendError("moto.sqs Queue has no wait_for_messages to release the lock in")
+        Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign]
 
     def __call__(self, environ: WSGIEnviron, start_response: StartResponse) -> list[bytes]:
         if environ.get("PATH_INFO") == HEALTH_PATH:
             start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
             return [b"ok"]
-        receive = _as_receive_request(environ)
-        if receive is not None:
-            reply = self._long_poll(environ, receive)
-        else:
-            reply = self._call_locked(environ)
-            if _is_sqs_request(environ):
-                with self._sqs_changed:
-                    self._sqs_generation += 1
-                    self._sqs_changed.notify_all()
+        service_app = self._dispatcher.get_application(environ)
+        with self._lock:
+            reply = _materialise(service_app, environ)
+        if _is_sqs_request(environ):
+            with self._sqs_changed:
+                self._sqs_generation += 1
+                self._sqs_changed.notify_all()
         start_response(reply.status, reply.headers)
         return [reply.body]
 
-    def _call_locked(self, environ: WSGIEnviron) -> _Reply:
-        service_app = self._dispatcher.get_application(environ)
-        with self._lock:
-            return _materialise(service_app, environ)
-
-    def _long_poll(self, environ: WSGIEnviron, receive: _ReceiveRequest) -> _Reply:
-        wait_seconds = receive.wait_seconds
-        if wait_seconds is None:
-            with self._lock:
-                wait_seconds = _queue_default_wait_seconds(environ, receive.queue_url)
-        if not 0 <= wait_seconds <= SQS_MAX_WAIT_SECONDS:
-            return self._call_locked(environ)  # moto rejects it before it would wait
-
-        deadline = time.monotonic() + wait_seconds
-        body = receive.short_poll_body()
-        while True:
-            generation = self._sqs_generation
-            reply = self._call_locked(_with_body(environ, body))
-            remaining = deadline - time.monotonic()
-            if not reply.ok or receive.has_messages(reply) or remaining <= 0:
-                return reply
-            self._wait_for_sqs_write(
-                after=generation, timeout_seconds=min(self._poll_interval_seconds, remaining)
-            )
-
-    def _wait_for_sqs_write(self, *, after: int, timeout_seconds: float) -> None:
-        """Block until an SQS write moves the generation past ``after``, or the timeout passes."""
-        with self._sqs_changed:
-            self._sqs_changed.wait_for(
-                lambda: self._sqs_generation != after, timeout=timeout_seconds
-            )
+    def _wait_unlocked(self, timeout: float) -> None:
+        """Wait for an SQS write without the lock. The generation is read before the lock is
+        released, so a write that lands in between still ends the wait."""
+        generation = self._sqs_generation
+        self._lock.release()
+        try:
+            with self._sqs_changed:
+                self._sqs_changed.wait_for(
+                    lambda: self._sqs_generation != generation,
+                    timeout=min(self._poll_interval_seconds, timeout),
+                )
+        finally:
+            self._lock.acquire()
 
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -453,13 +340,6 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[BaseWSGIServer, threa
     Returns the werkzeug server (``server.port`` is the bound port) and its thread. Stop with
     ``server.shutdown(); server.server_close()``. The moto state is this process's global state;
     prefer :class:`EmbeddedBackend` unless you need everything in one process.
-
-    Example::
-
-        server, thread = serve(port=0)
-        endpoint_url = f"http://127.0.0.1:{server.port}"
-        ...
-        server.shutdown(); server.server_close()
     """
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
@@ -633,18 +513,11 @@ _QUEUE_ATTRIBUTES = (
 
 def _queue_attributes(properties: Mapping[str, Any]) -> dict[str, str]:
     """CreateQueue attributes from AWS::SQS::Queue properties (resolved), as SQS strings."""
-    attributes: dict[str, str] = {}
-    for key in _QUEUE_ATTRIBUTES:
-        if key not in properties:
-            continue
-        value = properties[key]
-        if isinstance(value, dict):
-            attributes[key] = json.dumps(value)
-        elif isinstance(value, bool):
-            attributes[key] = "true" if value else "false"
-        else:
-            attributes[key] = str(value)
-    return attributes
+    return {
+        key: json.dumps(value) if isinstance(value, dict) else cfn_string(value)
+        for key, value in properties.items()
+        if key in _QUEUE_ATTRIBUTES
+    }
 
 
 _PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
@@ -700,13 +573,7 @@ class Resources:
         }
 
     def env(self) -> dict[str, str]:
-        """Environment variables that point wsfleet code (and boto3) at these resources.
-
-        Example::
-
-            >>> backend.create_resources("t1").env()["CONNECTIONS_TABLE"]
-            't1-ConnectionsTable'
-        """
+        """Environment variables that point wsfleet code (and boto3) at these resources."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_DEFAULT_REGION": self.region,
@@ -774,7 +641,6 @@ def provision_resources(
     tables: dict[str, str] = {}
     queues: dict[str, str] = {}
     attributes: dict[tuple[str, str], str] = {}  # GetAtt values of what exists so far
-    stream_arns: dict[str, str] = {}
     try:
         for logical_id in _creation_order(wanted):
             definition = wanted[logical_id]
@@ -807,7 +673,6 @@ def provision_resources(
                 tables[logical_id] = name
                 attributes[(logical_id, "Arn")] = description["TableArn"]
                 if description.get("LatestStreamArn"):
-                    stream_arns[logical_id] = description["LatestStreamArn"]
                     attributes[(logical_id, "StreamArn")] = description["LatestStreamArn"]
             else:
                 name = _physical_name(
@@ -836,7 +701,8 @@ def provision_resources(
         HINT_DLQ_ID: queues,
     }
     missing = [logical_id for logical_id, made in required.items() if logical_id not in made]
-    if missing or CONNECTIONS_TABLE_ID not in stream_arns:
+    stream_arn = attributes.get((CONNECTIONS_TABLE_ID, "StreamArn"))
+    if missing or stream_arn is None:
         raise TemplateError(f"template lacks {missing or 'a stream on ConnectionsTable'}")
     return Resources(
         endpoint_url=endpoint_url,
@@ -845,7 +711,7 @@ def provision_resources(
         messages_table=tables[MESSAGES_TABLE_ID],
         hint_queue_url=queues[HINT_QUEUE_ID],
         hint_dlq_url=queues[HINT_DLQ_ID],
-        stream_arn=stream_arns[CONNECTIONS_TABLE_ID],
+        stream_arn=stream_arn,
         tables=tables,
         queues=queues,
         attributes={f"{key[0]}.{key[1]}": value for key, value in attributes.items()},
@@ -855,19 +721,6 @@ def provision_resources(
 # =============================================================================================
 # The child process and its handle.
 # =============================================================================================
-
-
-def _wait_until_answers(endpoint_url: str, timeout_seconds: float) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        try:
-            with urllib.request.urlopen(endpoint_url + HEALTH_PATH, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError) as exc:
-            if time.monotonic() > deadline:
-                raise BackendError(f"backend at {endpoint_url} does not answer: {exc}") from exc
-        time.sleep(0.05)
 
 
 class EmbeddedBackend(Service):
@@ -912,14 +765,13 @@ class EmbeddedBackend(Service):
         return self._child.pid if self._child is not None else None
 
     def start(self) -> EmbeddedBackend:
-        """Start the child, wait until it answers, and return self (which is also usable later)."""
+        """Start the child, wait for its ready line, and return self (also usable later)."""
         if self._child is not None:
             raise BackendError("backend already started")
         command = [
             sys.executable, "-m", "wsfleet_local.backend",
             "--host", self.host, "--port", str(self.port), "--exit-on-stdin-eof",
         ]  # fmt: skip
-        # The child answers before it prints its line (main() waits for its health path).
         self._child = spawn(
             "backend", command, stdin_pipe=True, capture_stdout=True, inherit_stderr=True
         )
@@ -945,11 +797,6 @@ class EmbeddedBackend(Service):
         """Create the template's tables and queues named ``<prefix>-<LogicalId>``.
 
         Use a distinct prefix per caller for isolated resources (see :func:`provision_resources`).
-
-        Example::
-
-            >>> backend.create_resources("t-3f9a").messages_table
-            't-3f9a-MessagesTable'
         """
         return provision_resources(
             self.endpoint_url, prefix, region=self.region, template_path=self.template_path
@@ -978,8 +825,9 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
     with StopSignals() as stop:
         server, thread = serve(args.host, args.port)
         try:
+            # make_server has bound and listens: a request sent after the ready line is queued
+            # by the kernel and served once the thread runs, so there is nothing to wait for.
             endpoint_url = f"http://{args.host}:{server.port}"
-            _wait_until_answers(endpoint_url, START_TIMEOUT_SECONDS)
             ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
             if args.create_resources:
                 resources = provision_resources(

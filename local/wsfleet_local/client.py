@@ -10,7 +10,8 @@ the region taken from the ``*.execute-api.<region>.amazonaws.com`` host unless g
 worked out) or :func:`read_table` (a scan of the table, for ``--table``, which needs only
 ``dynamodb:Scan`` and so also works when the API is down). A connection item carries no expiry
 (lease model v2): its lease state comes from its owner's ``WORKER#`` item, which the same
-scan returns, through the one set of rules the router uses (:func:`wsfleet.lease.lease_state`).
+scan returns, and the row is built from the very view the router answers with
+(:func:`wsfleet.views.connection_view`), so both sources show the same thing.
 
 :func:`build_upstream` turns ``wsfleet start``'s options (``-H``, ``--secret-ref``,
 ``--subscribe``, ...) into a START's ``upstream`` object and checks it with the router's own
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wsfleet import lease as lease_rules
 from wsfleet.exceptions import InvalidUpstreamOptions, WsfleetError
 from wsfleet.record import (
     CONNECTION_PREFIX,
@@ -46,6 +46,7 @@ from wsfleet.record import (
     WorkerRecord,
 )
 from wsfleet.upstream_options import parse_upstream_options
+from wsfleet.views import connection_view
 
 __all__ = [
     "ApiClient",
@@ -316,8 +317,11 @@ def build_upstream(
     if subprotocols:
         put("subprotocols", list(subprotocols))
     if secret_ref is None:
-        for option, given in (("--secret-in", secret_in), ("--secret-format", secret_format),
-                              ("--secret-json-key", secret_json_key)):
+        for option, given in (
+            ("--secret-in", secret_in),
+            ("--secret-format", secret_format),
+            ("--secret-json-key", secret_json_key),
+        ):
             if given is not None:
                 raise UpstreamUsageError("needs --secret-ref", option)
     else:
@@ -382,7 +386,8 @@ class ConnectionRow:
 
     @classmethod
     def from_api(cls, view: Mapping[str, Any]) -> ConnectionRow:
-        """From the router's connection view (GET /connections[/id])."""
+        """From a connection view: the router's (GET /connections[/id]) or one built from a
+        scanned record with the same function (:func:`read_table`)."""
         lease = view.get("lease") or {}
         return cls(
             connection_id=str(view["connection_id"]),
@@ -397,27 +402,6 @@ class ConnectionRow:
             failures=int((view.get("failures") or {}).get("count") or 0),
             gap_resumes=int((view.get("gaps") or {}).get("resumes") or 0),
             gap_frames=int((view.get("gaps") or {}).get("frames") or 0),
-        )
-
-    @classmethod
-    def from_record(
-        cls, record: ConnectionRecord, owner: WorkerRecord | None, now_ms: int
-    ) -> ConnectionRow:
-        """From a connection record and its owner's worker item (None when free or gone),
-        with the lease rules the router applies."""
-        return cls(
-            connection_id=record.connection_id,
-            desired_state=str(record.desired_state),
-            owner=record.lease_owner or None,
-            epoch=record.lease_epoch,
-            lease_state=lease_rules.lease_state(record, owner, now_ms).value,
-            lease_left_ms=lease_rules.lease_expires_in_ms(record, owner, now_ms),
-            last_seq=record.last_seq,
-            stop_reason=record.stop_reason,
-            last_error=record.last_error,
-            failures=record.failure_count,
-            gap_resumes=record.resume_gaps,
-            gap_frames=record.gap_frames,
         )
 
     @property
@@ -452,7 +436,8 @@ def read_table(
     rows = []
     for item in connection_items:
         record = ConnectionRecord.from_item(item)
-        rows.append(ConnectionRow.from_record(record, workers.get(record.lease_owner), now_ms))
+        view = connection_view(record, workers.get(record.lease_owner), now_ms)
+        rows.append(ConnectionRow.from_api(view))
     return rows, workers
 
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from .stack import LOCAL_ACCOUNT_ID
+
 __all__ = [
     "FUNCTIONS_DIR_ENV",
     "FUNCTION_NAMES",
@@ -120,7 +122,7 @@ class LambdaContext:
     def __post_init__(self) -> None:
         if not self.invoked_function_arn:
             self.invoked_function_arn = (
-                f"arn:aws:lambda:us-east-1:123456789012:function:{self.function_name}"
+                f"arn:aws:lambda:us-east-1:{LOCAL_ACCOUNT_ID}:function:{self.function_name}"
             )
         if not self.log_group_name:
             self.log_group_name = f"/aws/lambda/{self.function_name}"

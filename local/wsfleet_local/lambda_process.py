@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -127,17 +128,16 @@ class FunctionProcess:
         )
         try:
             ready = child.read_json_line(START_TIMEOUT_SECONDS)
-        except ChildFailed:
+            if not ready.get("ready"):
+                error = ready.get("error") or {}
+                raise FunctionError(
+                    self.name,
+                    error.get("errorType", "Runtime.ImportModuleError"),
+                    error.get("errorMessage", repr(ready)),
+                )
+        except BaseException:
             child.stop(timeout_seconds=1)
             raise
-        if not ready.get("ready"):
-            child.stop(timeout_seconds=1)
-            error = ready.get("error") or {}
-            raise FunctionError(
-                self.name,
-                error.get("errorType", "Runtime.ImportModuleError"),
-                error.get("errorMessage", repr(ready)),
-            )
         self._child = child
 
     def invoke(self, event: Any, *, timeout_seconds: float | None = None) -> Any:
@@ -156,17 +156,11 @@ class FunctionProcess:
                 child.popen.stdin.write(request.encode())
                 child.popen.stdin.flush()
                 line = child.read_json_line(timeout + TIMEOUT_GRACE_SECONDS)
-            except ChildTimeout as exc:
+            except (ChildFailed, OSError) as exc:  # OSError: a broken pipe, the environment died
                 self._discard_locked()
                 self.errors += 1
-                raise FunctionTimeout(self.name, timeout) from exc
-            except ChildFailed as exc:
-                self._discard_locked()
-                self.errors += 1
-                raise FunctionError(self.name, "Runtime.ExitError", str(exc)) from exc
-            except OSError as exc:  # broken pipe: the environment died between invocations
-                self._discard_locked()
-                self.errors += 1
+                if isinstance(exc, ChildTimeout):
+                    raise FunctionTimeout(self.name, timeout) from exc
                 raise FunctionError(self.name, "Runtime.ExitError", str(exc)) from exc
         if "error" in line:
             self.errors += 1
@@ -193,10 +187,8 @@ class FunctionProcess:
         if child is None:
             return
         child.close_stdin()
-        if child.wait(timeout_seconds) is None:
-            child.stop(timeout_seconds=1)
-        else:
-            child.stop()
+        child.wait(timeout_seconds)
+        child.stop(timeout_seconds=1)  # SIGTERM only if EOF did not end it; always reaps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,8 +221,7 @@ def _serve(name: str, handler_path: str, memory_mb: int, replies: Any) -> int:
         context = lambda_context(name, timeout_ms=int(request["timeout_ms"]), memory_mb=memory_mb)
         started = time.monotonic()
         try:
-            reply = {"result": handler(request["event"], context)}
-            text = json.dumps(reply)
+            text = json.dumps({"result": handler(request["event"], context)})
         except Exception as exc:
             traceback.print_exc()
             text = json.dumps({"error": _error(exc)})
@@ -249,20 +240,15 @@ def _serve(name: str, handler_path: str, memory_mb: int, replies: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m wsfleet_local.lambda_process NAME [HANDLER [MEMORY_MB]]`` (FunctionProcess runs
     it)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print(
-            "usage: python -m wsfleet_local.lambda_process NAME [HANDLER [MEMORY_MB]]",
-            file=sys.stderr,
-        )
-        return 2
-    name = args[0]
-    handler = args[1] if len(args) > 1 else "app.lambda_handler"
-    memory_mb = int(args[2]) if len(args) > 2 else 256
+    parser = argparse.ArgumentParser(prog="python -m wsfleet_local.lambda_process")
+    parser.add_argument("name", help="the directory under functions/")
+    parser.add_argument("handler", nargs="?", default="app.lambda_handler")
+    parser.add_argument("memory_mb", nargs="?", type=int, default=256)
+    args = parser.parse_args(argv)
     # Keep the real stdout for replies; everything the handler prints goes to stderr (the log).
     replies = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
-    return _serve(name, handler, memory_mb, replies)
+    return _serve(args.name, args.handler, args.memory_mb, replies)
 
 
 if __name__ == "__main__":

@@ -65,32 +65,25 @@ class ReconcileScheduler:
         self.region = region
         self.invocations = 0
         self.failures = 0
-        self.last_result: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def build_event(self, now: float) -> dict[str, Any]:
-        """The event of one scheduled run at wall time ``now``."""
-        return scheduler_event(
-            schedule_name=self.schedule_name,
-            event_id=str(uuid.uuid4()),
-            now=now,
-            region=self.region,
-            template=self.event_template,
-        )
 
     def run_once(self) -> Any:
         """One scheduled invocation now; its result, or None if the function failed (logged)."""
         self.invocations += 1
+        event = scheduler_event(
+            schedule_name=self.schedule_name,
+            event_id=str(uuid.uuid4()),
+            now=time.time(),
+            region=self.region,
+            template=self.event_template,
+        )
         try:
-            self.last_result = self.invoke(
-                self.build_event(time.time()), timeout_seconds=self.invocation_timeout_seconds
-            )
+            return self.invoke(event, timeout_seconds=self.invocation_timeout_seconds)
         except FunctionError as exc:
             self.failures += 1
             logger.warning("scheduled reconcile failed: %s", exc)
             return None
-        return self.last_result
 
     def start(self) -> ReconcileScheduler:
         self._thread = threading.Thread(target=self._run, name="wsfleet-scheduler", daemon=True)

@@ -2,15 +2,15 @@
 
 The local runtime invokes the same handlers AWS does, and it must wire them the same way: the
 routes API Gateway exposes, the environment each function gets, the stream event source's
-FilterCriteria and retry settings, the reconciler's schedule. Rather than restating any of
-that in Python, :func:`read_stack` extracts it from the template (parsed by
+FilterCriteria and retry settings, the task exit function's EventBridge rule. Rather than
+restating any of that in Python, :func:`read_stack` extracts it from the template (parsed by
 :func:`wsfleet_local.backend.load_template`, which turns ``!Ref`` into ``{"Ref": ...}``), and
 :class:`StackResolver` evaluates the intrinsic functions in environment variables against the
 locally created resources, including the template's ``Conditions`` (``Fn::If`` with
 ``AWS::NoValue`` leaves a variable or a list entry out, as CloudFormation does). The embedded
-backend's provisioner
-(:func:`wsfleet_local.backend.provision_resources`) uses the same resolver for the properties
-of the tables and queues it creates, so both read the template's intrinsics one way.
+backend's provisioner (:func:`wsfleet_local.backend.provision_resources`) uses the same
+resolver for the properties of the tables and queues it creates, so both read the template's
+intrinsics one way.
 
 Pure: a template dict in, dataclasses out. No boto3, no files except through the loader.
 
@@ -37,11 +37,11 @@ __all__ = [
     "FunctionSpec",
     "Route",
     "RuleSource",
-    "ScheduleSource",
     "StackResolver",
     "StackSpec",
     "StreamSource",
     "Unresolvable",
+    "cfn_string",
     "read_stack",
 ]
 
@@ -58,13 +58,6 @@ class _NoValue:
     """What ``Ref AWS::NoValue`` resolves to: the property, map entry or list item is left
     out. :meth:`StackResolver.resolve` drops it from maps and lists; only a top-level value
     can come back as it (then the caller leaves the variable unset, as CloudFormation does)."""
-
-    _instance: _NoValue | None = None
-
-    def __new__(cls) -> _NoValue:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
 
     def __repr__(self) -> str:
         return "NO_VALUE"
@@ -116,7 +109,6 @@ class StreamSource:
     maximum_retry_attempts: int = -1  # -1: retry until the record expires (AWS default)
     bisect_batch_on_function_error: bool = False
     report_batch_item_failures: bool = False
-    maximum_batching_window_seconds: float = 0.0
     maximum_record_age_seconds: float = -1  # -1: no limit (AWS default)
     filter_criteria: Mapping[str, Any] | None = None
     on_failure_destination: Any = None  # unresolved, e.g. {"Fn::GetAtt": ["StopDLQ", "Arn"]}
@@ -131,19 +123,10 @@ class StreamSource:
 
 
 @dataclass(frozen=True)
-class ScheduleSource:
-    """A schedule that invokes a function (``Events: {Type: ScheduleV2 | Schedule}``)."""
-
-    expression: str
-    input: Any = None  # the target Input, unresolved (a JSON string when set)
-
-
-@dataclass(frozen=True)
 class RuleSource:
     """An EventBridge rule that invokes a function (``Events: {Type: EventBridgeRule}``)."""
 
     pattern: Mapping[str, Any]  # unresolved (may hold !GetAtt)
-    rule_name: Any = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +141,6 @@ class FunctionSpec:
     environment: Mapping[str, Any]  # Globals merged with the function's own; unresolved
     routes: tuple[Route, ...] = ()
     streams: tuple[StreamSource, ...] = ()
-    schedules: tuple[ScheduleSource, ...] = ()
     rules: tuple[RuleSource, ...] = ()
 
 
@@ -196,10 +178,12 @@ def _function_name(properties: Mapping[str, Any], logical_id: str) -> str:
 
 def _events(
     properties: Mapping[str, Any],
-) -> tuple[list[Route], list[StreamSource], list[ScheduleSource]]:
+) -> tuple[list[Route], list[StreamSource], list[RuleSource]]:
+    """The function's API routes, stream sources and EventBridge rules (schedules are left to
+    :class:`wsfleet_local.scheduler.ReconcileScheduler`, which runs on a local cadence)."""
     routes: list[Route] = []
     streams: list[StreamSource] = []
-    schedules: list[ScheduleSource] = []
+    rules: list[RuleSource] = []
     for event in (properties.get("Events") or {}).values():
         kind = event.get("Type")
         props = event.get("Properties") or {}
@@ -217,9 +201,6 @@ def _events(
                         props.get("BisectBatchOnFunctionError", False)
                     ),
                     report_batch_item_failures="ReportBatchItemFailures" in types,
-                    maximum_batching_window_seconds=float(
-                        props.get("MaximumBatchingWindowInSeconds", 0)
-                    ),
                     maximum_record_age_seconds=float(props.get("MaximumRecordAgeInSeconds", -1)),
                     filter_criteria=props.get("FilterCriteria"),
                     on_failure_destination=(
@@ -229,19 +210,9 @@ def _events(
                     ),
                 )
             )
-        elif kind in ("ScheduleV2", "Schedule"):
-            expression = props.get("ScheduleExpression") or props.get("Schedule")
-            schedules.append(ScheduleSource(expression=expression, input=props.get("Input")))
-    return routes, streams, schedules
-
-
-def _rules(properties: Mapping[str, Any]) -> tuple[RuleSource, ...]:
-    return tuple(
-        RuleSource(pattern=(event.get("Properties") or {}).get("Pattern") or {},
-                   rule_name=(event.get("Properties") or {}).get("RuleName"))
-        for event in (properties.get("Events") or {}).values()
-        if event.get("Type") in ("EventBridgeRule", "CloudWatchEvent")
-    )  # fmt: skip
+        elif kind in ("EventBridgeRule", "CloudWatchEvent"):
+            rules.append(RuleSource(pattern=props.get("Pattern") or {}))
+    return routes, streams, rules
 
 
 def read_stack(template: Mapping[str, Any]) -> StackSpec:
@@ -254,7 +225,7 @@ def read_stack(template: Mapping[str, Any]) -> StackSpec:
             continue
         properties = resource.get("Properties") or {}
         own_env = ((properties.get("Environment") or {}).get("Variables")) or {}
-        routes, streams, schedules = _events(properties)
+        routes, streams, rules = _events(properties)
         name = _function_name(properties, logical_id)
         functions[name] = FunctionSpec(
             name=name,
@@ -267,8 +238,7 @@ def read_stack(template: Mapping[str, Any]) -> StackSpec:
             environment={**global_env, **own_env},
             routes=tuple(routes),
             streams=tuple(streams),
-            schedules=tuple(schedules),
-            rules=_rules(properties),
+            rules=tuple(rules),
         )
     return StackSpec(
         functions=functions,
@@ -373,7 +343,7 @@ class StackResolver:
             if key == "Fn::Equals":
                 left, right = argument
                 # CloudFormation compares strings: a Number parameter's 20 equals "20".
-                return _env_string(self.resolve(left)) == _env_string(self.resolve(right))
+                return cfn_string(self.resolve(left)) == cfn_string(self.resolve(right))
             if key == "Fn::Not":
                 (only,) = argument
                 return not self._truth(only, seen)
@@ -480,11 +450,12 @@ class StackResolver:
                 continue
             if value is NO_VALUE:  # Fn::If chose AWS::NoValue: the variable is not declared
                 continue
-            resolved[name] = _env_string(value)
+            resolved[name] = cfn_string(value)
         return resolved
 
 
-def _env_string(value: Any) -> str:
+def cfn_string(value: Any) -> str:
+    """A resolved scalar as CloudFormation passes it on: ``true``/``false``, ``20`` for 20.0."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():

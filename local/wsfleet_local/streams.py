@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -139,16 +139,7 @@ class _Shard:
     parent_id: str | None
     iterator: str | None = None
     iterator_at: float = 0.0
-    closed: bool = False
     last_sequence: str | None = None
-
-
-@dataclass
-class _State:
-    shards: dict[str, _Shard] = field(default_factory=dict)
-    finished: set[str] = field(default_factory=set)
-    described_at: float = 0.0
-    first_listing: bool = True
 
 
 class StreamPoller:
@@ -183,7 +174,10 @@ class StreamPoller:
         self.stats = PollerStats()
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait  # returns True when stopping
-        self._state = _State()
+        self._shards: dict[str, _Shard] = {}  # the open ones
+        self._finished: set[str] = set()  # closed shards, read to their end
+        self._described_at = 0.0
+        self._first_listing = True
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -222,49 +216,39 @@ class StreamPoller:
     def poll_once(self) -> bool:
         """Read each open shard once and deliver what it holds. True if any record was read."""
         now = time.monotonic()
-        state = self._state
-        if now - state.described_at >= DESCRIBE_EVERY_SECONDS:
+        if now - self._described_at >= DESCRIBE_EVERY_SECONDS:
             self._refresh_shards(now)
         busy = False
-        for shard in list(state.shards.values()):
+        for shard in list(self._shards.values()):
             if self._stop.is_set():
                 break
-            if shard.closed or not self._ready(shard):
-                continue
-            busy |= self._poll_shard(shard)
+            # A child shard waits until its parent is drained (order across a split).
+            if shard.parent_id not in self._shards:
+                busy |= self._poll_shard(shard)
         return busy
 
-    def _ready(self, shard: _Shard) -> bool:
-        """A child shard waits until its parent is drained (order across a split)."""
-        parent = shard.parent_id
-        return parent is None or parent not in self._state.shards or parent in self._state.finished
-
     def _refresh_shards(self, now: float) -> None:
-        state = self._state
         shards: list[dict[str, Any]] = []
-        start: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"StreamArn": self.stream_arn}
-            if start:
-                kwargs["ExclusiveStartShardId"] = start
+        kwargs: dict[str, Any] = {"StreamArn": self.stream_arn}
+        while True:  # DescribeStream pages by hand: botocore has no paginator for it
             description = self.client.describe_stream(**kwargs)["StreamDescription"]
             shards.extend(description.get("Shards", []))
-            start = description.get("LastEvaluatedShardId")
-            if not start:
+            if not description.get("LastEvaluatedShardId"):
                 break
+            kwargs["ExclusiveStartShardId"] = description["LastEvaluatedShardId"]
         for item in shards:
             shard_id = item["ShardId"]
-            if shard_id in state.shards or shard_id in state.finished:
+            if shard_id in self._shards or shard_id in self._finished:
                 continue
             shard = _Shard(shard_id=shard_id, parent_id=item.get("ParentShardId"))
             # Shards present when the mapping starts use StartingPosition; later ones are new
             # (children of a split) and are read from their beginning.
-            position = self.source.starting_position if state.first_listing else "TRIM_HORIZON"
+            position = self.source.starting_position if self._first_listing else "TRIM_HORIZON"
             shard.iterator = self._iterator(shard_id, position)
             shard.iterator_at = now
-            state.shards[shard_id] = shard
-        state.first_listing = False
-        state.described_at = now
+            self._shards[shard_id] = shard
+        self._first_listing = False
+        self._described_at = now
 
     def _iterator(self, shard_id: str, position: str, sequence: str | None = None) -> str:
         kwargs: dict[str, Any] = {
@@ -295,9 +279,9 @@ class StreamPoller:
             self._deliver(shard, records)
             shard.last_sequence = str(records[-1]["dynamodb"]["SequenceNumber"])
         if next_iterator is None:
-            shard.closed = True
-            self._state.finished.add(shard.shard_id)
-            self._state.described_at = 0.0  # look for its children now
+            del self._shards[shard.shard_id]
+            self._finished.add(shard.shard_id)
+            self._described_at = 0.0  # look for its children now
             return bool(records)
         # An empty page's next iterator is the same position: keep the old one for a while, so
         # an idle poll loop does not mint a new iterator every 150 ms (moto keeps them all).

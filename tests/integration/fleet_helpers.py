@@ -10,6 +10,9 @@ Reusable by the worker integration tests, the chaos suite and local tooling:
   clients bound to one set of resources (explicit endpoint, so it works in module-scoped
   fixtures without monkeypatching), with the operations tests need: start a connection and
   hint it, act as the reconciler, read records and stored messages;
+* :func:`streaming` - wait until a worker streams a connection;
+* :func:`queue_depth` - a queue's visible and in-flight message counts;
+* :class:`UpstreamThread` - a scripted WebSocket upstream for what the simulator does not play;
 * :func:`check_stream` - the loss/duplicate check: every seq ``1..upto`` stored exactly once
   with the simulator's content for it;
 * pytest fixtures for tests that each want a fleet of their own (``sim``, ``fleet``,
@@ -24,26 +27,36 @@ checkpoints every 0.5 s, a sweep every 2 s).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import json
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from websockets.asyncio.server import ServerConnection, serve
 
+from bench.worker_capacity import json_lines, value
+from wsfleet.control import StopCommand
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
 from wsfleet.lease import is_worker_alive
 from wsfleet.messages import MessageStore
-from wsfleet.record import INDEX_SHARDS, ConnectionRecord, connection_id_from_pk, connection_pk
+from wsfleet.record import (
+    INDEX_SHARDS,
+    ConnectionRecord,
+    DesiredState,
+    connection_id_from_pk,
+    connection_pk,
+)
 from wsfleet.store import DynamoDBLeaseStore, IndexEntry
 from wsfleet.upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 from wsfleet_local.procs import spawn as spawn_child
@@ -55,12 +68,15 @@ __all__ = [
     "SIMULATOR_RATE",
     "StoreDriver",
     "StreamCheck",
+    "UpstreamThread",
     "WorkerProcess",
     "check_stream",
     "fleet",
+    "queue_depth",
     "resume_problems",
     "sim",
     "spawn",
+    "streaming",
     "wait_until",
 ]
 
@@ -162,14 +178,7 @@ class WorkerProcess:
 
     def records(self) -> list[dict[str, Any]]:
         """Every JSON line of stdout (log records and EMF documents)."""
-        lines = []
-        for line in self.output().splitlines():
-            if line.startswith("{"):
-                try:
-                    lines.append(json.loads(line))
-                except ValueError:
-                    continue
-        return lines
+        return json_lines(self.log_path)
 
     def logs(self, message: str | None = None) -> list[dict[str, Any]]:
         """Log records (optionally only those with this ``message``)."""
@@ -180,12 +189,7 @@ class WorkerProcess:
 
     def metric_total(self, name: str) -> float:
         """Sum of a counter over every EMF document printed so far."""
-        total = 0.0
-        for document in self.records():
-            if "_aws" in document and name in document:
-                value = document[name]
-                total += sum(value) if isinstance(value, list) else value
-        return total
+        return float(sum(value(doc, name) for doc in self.records() if "_aws" in doc))
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.output().splitlines()[-lines:])
@@ -232,6 +236,23 @@ class StoreDriver:
         assert record is not None, f"no record for {connection_id}"
         return record
 
+    def wait_for_state(
+        self,
+        connection_id: str,
+        state: DesiredState,
+        *,
+        timeout: float,
+        message: str | Callable[[], str] | None = None,
+    ) -> ConnectionRecord:
+        """The connection's record once it reaches ``state`` (a bounded wait, never a timing
+        assertion); ``message`` says what the workers did if it never does."""
+        record: ConnectionRecord = wait_until(
+            lambda: (r := self.record(connection_id)).desired_state is state and r,
+            timeout=timeout,
+            message=message or (lambda: f"not {state.value}: {self.record(connection_id)}"),
+        )
+        return record
+
     def hint_orphans(self) -> list[str]:
         """One reconciler pass, as lease model v2 reads: the connections of every worker whose
         lease is over (gsi_workers, then gsi_owner), and every STARTED connection left free
@@ -257,8 +278,86 @@ class StoreDriver:
     def stored_seqs(self, connection_id: str) -> list[int]:
         return [item["seq"] for item in self.stored(connection_id) if "seq" in item]
 
+    def send_stop(self, worker_id: str, pk: str, epoch: int) -> None:
+        """A StopCommand on the worker's control queue, as the stream notifier sends it."""
+        queue_url = self.worker_item(worker_id).control_queue_url
+        self.sqs.send_message(QueueUrl=queue_url, MessageBody=StopCommand(pk, epoch).body())
+
     def purge_hints(self) -> None:
         self.sqs.purge_queue(QueueUrl=self.hint_queue_url)
+
+
+def streaming(fleet: StoreDriver, stream_id: str, worker: WorkerProcess) -> ConnectionRecord:
+    """Wait until frames of ``stream_id`` are stored (no renewal needed for that); its record,
+    owned by ``worker``."""
+    wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
+    record = fleet.record(stream_id)
+    assert record.lease_owner == worker.worker_id
+    return record
+
+
+def queue_depth(sqs: Any, queue_url: str) -> tuple[int, int]:
+    """(visible, in flight) messages of the queue: SQS's approximate counts, exact on moto."""
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return (
+        int(attributes["ApproximateNumberOfMessages"]),
+        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+    )
+
+
+class UpstreamThread:
+    """A WebSocket upstream on 127.0.0.1 in a daemon thread, for what the simulator does not
+    play (an oversize frame on every connection, a fixed hostile script): ``handler`` serves
+    each connection, and :attr:`connections` counts them.
+
+    Example::
+
+        with UpstreamThread(send_script) as upstream:
+            fleet.start("s", upstream.url("s"))
+    """
+
+    def __init__(self, handler: Callable[[ServerConnection], Awaitable[None]]) -> None:
+        self.handler = handler
+        self.port = 0
+        self.connections = 0
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Future[None] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> UpstreamThread:
+        self._thread.start()
+        assert self._ready.wait(10), "the upstream did not start"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set_result, None)
+        self._thread.join(10)
+
+    def url(self, name: str) -> str:
+        return f"ws://127.0.0.1:{self.port}/{name}"
+
+    async def _serve(self, ws: ServerConnection) -> None:
+        self.connections += 1
+        await self.handler(ws)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def main() -> None:
+            self._stop = self._loop.create_future()
+            # max_size=None: what the worker sends back is not under test, its own limit is.
+            async with serve(self._serve, "127.0.0.1", 0, max_size=None) as server:
+                self.port = server.sockets[0].getsockname()[1]
+                self._ready.set()
+                await self._stop
+
+        self._loop.run_until_complete(main())
+        self._loop.close()
 
 
 @dataclass

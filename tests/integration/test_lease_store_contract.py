@@ -13,9 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from lease_helpers import FakeClock, register as register_worker
+from lease_helpers import FakeClock, make_store, register as register_worker
 
-from wsfleet.aws import dynamodb_client
 from wsfleet.exceptions import (
     ConnectionNotFound,
     ConnectionStopped,
@@ -48,23 +47,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def make_store(request: pytest.FixtureRequest, clock: FakeClock, **kwargs: Any) -> LeaseStore:
-    if request.param == "dynamodb":
-        aws = request.getfixturevalue("aws")
-        return DynamoDBLeaseStore(
-            dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock, **kwargs
-        )
-    return InMemoryLeaseStore(lease_ms=LEASE_MS, clock=clock, **kwargs)
-
-
 @pytest.fixture(params=["dynamodb", "memory"])
 def store(request: pytest.FixtureRequest, clock: FakeClock) -> LeaseStore:
-    return make_store(request, clock)
+    return make_store(request, clock, lease_ms=LEASE_MS)
 
 
 @pytest.fixture(params=["dynamodb", "memory"])
 def ttl_store(request: pytest.FixtureRequest, clock: FakeClock) -> LeaseStore:
-    return make_store(request, clock, stopped_retention_ms=86_400_000)
+    return make_store(request, clock, lease_ms=LEASE_MS, stopped_retention_ms=86_400_000)
 
 
 def raw_item(store: LeaseStore, pk: str) -> dict[str, Any]:

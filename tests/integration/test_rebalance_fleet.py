@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import boto3
 import pytest
 from fleet_helpers import wait_until
 
-from wsfleet.messages import MessageStore
+from bench.fleet_bench import audit_streams
 from wsfleet.rebalance import WorkerLoad, in_band
-from wsfleet.record import ConnectionRecord, connection_pk
-from wsfleet_local.audit import audit_stream
+from wsfleet.record import ConnectionRecord
+from wsfleet_local.backend import local_client
 from wsfleet_local.client import ApiClient, scan_table
 from wsfleet_local.fleet import FleetTimings, LocalFleet
 
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.integration
 
 CONNECTIONS = 12
 BAND_PERCENT = 10.0
-
-
-def _client(fleet: LocalFleet) -> Any:
-    return boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
-    ).client("dynamodb", endpoint_url=fleet.dynamodb_endpoint_url)
 
 
 def _records(dynamodb: Any, fleet: LocalFleet) -> dict[str, ConnectionRecord]:
@@ -49,7 +42,7 @@ def _loads(records: dict[str, ConnectionRecord], workers: list[str]) -> list[Wor
 def test_a_joining_worker_evens_the_spread_out_with_nothing_lost_or_moved_twice(tmp_path):
     timings = FleetTimings(lease_seconds=4.0, heartbeat_seconds=1.0, rebalance_seconds=1.0)
     with LocalFleet(workers=2, timings=timings, run_dir=tmp_path, rate=20) as fleet:
-        dynamodb = _client(fleet)
+        dynamodb = local_client("dynamodb", fleet.dynamodb_endpoint_url)
         api = ApiClient(fleet.api_url)
         ids = [f"rb{i:02d}" for i in range(CONNECTIONS)]
         for stream_id in ids:
@@ -87,16 +80,5 @@ def test_a_joining_worker_evens_the_spread_out_with_nothing_lost_or_moved_twice(
             if moves:
                 assert after[stream_id].rebalanced_at_ms is not None
         # AND no frame was lost or stored twice, and no two sessions of a stream overlapped
-        messages = MessageStore(dynamodb, fleet.resources.messages_table)
-        sessions = fleet.simulator.sessions()
-        for stream_id in ids:
-            record = after[stream_id]
-            result = audit_stream(
-                stream_id,
-                final_seq=record.last_seq,
-                ended=False,
-                checkpointed=record.last_seq,
-                items=messages.read_all(connection_pk(stream_id)),
-                sessions=[s for s in sessions if s.stream_id == stream_id],
-            )
+        for result in audit_streams(fleet, ids, after).values():
             assert (result.lost, result.duplicated) == (0, 0), result

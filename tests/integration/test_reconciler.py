@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lambda_helpers import control_queue, drain_queue
 
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
-from wsfleet.control import WORKER_ID_TAG, control_queue_name
+from wsfleet.control import control_queue_name
 from wsfleet.control_janitor import ControlQueueJanitor
 from wsfleet.exceptions import ConfigurationError, StoreError
 from wsfleet.hint_sender import HintSender
@@ -124,12 +125,7 @@ class Rig:
     def register(self, worker_id: str, *, expires_in_ms: int, queue: bool = False) -> WorkerRecord:
         """A worker item whose lease ends ``expires_in_ms`` from now (optionally with a control
         queue, created and tagged the way the worker does it)."""
-        url = ""
-        if queue:
-            url = self.sqs.create_queue(
-                QueueName=control_queue_name(self.prefix, worker_id),
-                tags={WORKER_ID_TAG: worker_id},
-            )["QueueUrl"]
+        url = control_queue(self.sqs, self.prefix, worker_id) if queue else ""
         now = self.clock()
         worker = WorkerRecord(
             worker_id=worker_id,
@@ -153,18 +149,7 @@ class Rig:
 
     def hints(self) -> list[Hint]:
         """Receive (and delete) every hint visible now (delayed ones are not)."""
-        hints: list[Hint] = []
-        while True:
-            messages = self.sqs.receive_message(
-                QueueUrl=self.aws.hint_queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
-            ).get("Messages", [])
-            if not messages:
-                return hints
-            for message in messages:
-                hints.append(Hint.parse(message["Body"]))
-                self.sqs.delete_message(
-                    QueueUrl=self.aws.hint_queue_url, ReceiptHandle=message["ReceiptHandle"]
-                )
+        return [Hint.parse(body) for body in drain_queue(self.sqs, self.aws.hint_queue_url)]
 
     def sent(self) -> dict[str, int]:
         """pk -> DelaySeconds of every hint the last pass sent."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lambda_helpers import drain_queue, fresh_function
 
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
@@ -22,7 +23,7 @@ from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet.record import DesiredState, WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
-from wsfleet_local.handler_loader import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context
 
 pytestmark = [
     pytest.mark.integration,
@@ -127,13 +128,13 @@ def emitted_metrics(stdout: str) -> dict[str, float]:
 @pytest.fixture
 def router(aws, monkeypatch: pytest.MonkeyPatch):
     """The router module with fresh dependencies pointed at this test's resources."""
-    monkeypatch.setenv("ALLOWED_UPSTREAM_HOSTS", "example.com,127.0.0.1")
-    monkeypatch.setenv("ALLOW_INSECURE_WS", "true")
-    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "wsfleet-router")
-    module = load_function("router")
-    module.reset_dependencies()
-    yield module
-    module.reset_dependencies()
+    yield from fresh_function(
+        "router",
+        monkeypatch,
+        ALLOWED_UPSTREAM_HOSTS="example.com,127.0.0.1",
+        ALLOW_INSECURE_WS="true",
+        POWERTOOLS_SERVICE_NAME="wsfleet-router",
+    )
 
 
 @pytest.fixture
@@ -147,19 +148,7 @@ def hints(aws):
     client = sqs_client()
 
     def drain() -> list[Hint]:
-        received: list[Hint] = []
-        while True:
-            reply = client.receive_message(
-                QueueUrl=aws.hint_queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
-            )
-            messages = reply.get("Messages", [])
-            if not messages:
-                return received
-            for message in messages:
-                received.append(Hint.parse(message["Body"]))
-                client.delete_message(
-                    QueueUrl=aws.hint_queue_url, ReceiptHandle=message["ReceiptHandle"]
-                )
+        return [Hint.parse(body) for body in drain_queue(client, aws.hint_queue_url)]
 
     return drain
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
+from lambda_helpers import fresh_function
 
-from wsfleet_local.handler_loader import lambda_context, load_function
+from wsfleet_local.handler_loader import lambda_context
 
 pytestmark = [
     pytest.mark.integration,
@@ -70,12 +71,12 @@ FUZZ = settings(
 @pytest.fixture
 def router(aws, monkeypatch: pytest.MonkeyPatch):
     """The router module with fresh dependencies pointed at this test's resources."""
-    monkeypatch.setenv("ALLOWED_UPSTREAM_HOSTS", "example.com")
-    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "wsfleet-router")
-    module = load_function("router")
-    module.reset_dependencies()
-    yield module
-    module.reset_dependencies()
+    yield from fresh_function(
+        "router",
+        monkeypatch,
+        ALLOWED_UPSTREAM_HOSTS="example.com",
+        POWERTOOLS_SERVICE_NAME="wsfleet-router",
+    )
 
 
 # ---------------------------------------------------------------------- strategies

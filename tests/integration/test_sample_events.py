@@ -19,10 +19,11 @@ from urllib.parse import urlsplit
 import boto3
 import pytest
 from boto3.dynamodb.types import TypeDeserializer
+from lambda_helpers import control_queue, drain_queue
 
 from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
-from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
+from wsfleet.control import StopCommand
 from wsfleet.hints import Hint
 from wsfleet.record import ConnectionRecord, WorkerRecord, index_keys
 from wsfleet.store import DynamoDBLeaseStore
@@ -124,9 +125,7 @@ def live_worker(worker_id: str, *, queue_deleted: bool = False) -> str:
     """A worker item alive for a minute from now, with its control queue (env.json's prefix)."""
     prefix = ENV_JSON["StreamNotifierFunction"]["CONTROL_QUEUE_PREFIX"]
     sqs = boto3.client("sqs")
-    url = sqs.create_queue(
-        QueueName=control_queue_name(prefix, worker_id), tags={WORKER_ID_TAG: worker_id}
-    )["QueueUrl"]
+    url = control_queue(sqs, prefix, worker_id)
     if queue_deleted:
         sqs.delete_queue(QueueUrl=url)
     now = now_ms()
@@ -144,15 +143,7 @@ def live_worker(worker_id: str, *, queue_deleted: bool = False) -> str:
 
 
 def drain(queue_url: str) -> list[str]:
-    sqs = boto3.client("sqs")
-    bodies: list[str] = []
-    while messages := sqs.receive_message(
-        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
-    ).get("Messages", []):
-        for message in messages:
-            bodies.append(message["Body"])
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
-    return bodies
+    return drain_queue(boto3.client("sqs"), queue_url)
 
 
 def failed_ids(response: dict[str, Any]) -> list[str]:

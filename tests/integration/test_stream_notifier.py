@@ -16,10 +16,11 @@ from typing import Any
 
 import boto3
 import pytest
+from lambda_helpers import control_queue, drain_queue
 
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
-from wsfleet.control import WORKER_ID_TAG, StopCommand, control_queue_name
+from wsfleet.control import StopCommand
 from wsfleet.record import WorkerRecord
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet_local.events import lambda_stream_record, stream_batch_event
@@ -82,9 +83,7 @@ def register_worker(
 ) -> str:
     """A worker item with a real control queue (deleted again if ``deleted``); returns its URL."""
     sqs = boto3.client("sqs")
-    url = sqs.create_queue(
-        QueueName=control_queue_name(prefix, worker_id), tags={WORKER_ID_TAG: worker_id}
-    )["QueueUrl"]
+    url = control_queue(sqs, prefix, worker_id)
     if deleted:
         sqs.delete_queue(QueueUrl=url)
     store.register_worker(
@@ -101,17 +100,7 @@ def register_worker(
 
 def drain(queue_url: str) -> list[str]:
     """Every message body currently in the queue (received and deleted)."""
-    sqs = boto3.client("sqs")
-    bodies: list[str] = []
-    while True:
-        messages = sqs.receive_message(
-            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
-        ).get("Messages", [])
-        if not messages:
-            return bodies
-        for message in messages:
-            bodies.append(message["Body"])
-            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    return drain_queue(boto3.client("sqs"), queue_url)
 
 
 def stream_event(aws: Any) -> dict[str, Any]:

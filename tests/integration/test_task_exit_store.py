@@ -9,12 +9,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from lease_helpers import FakeClock
+from lease_helpers import FakeClock, make_store, register as register_worker
 
 from wsfleet.aws import dynamodb_client
 from wsfleet.exceptions import LeaseLost, WorkerDead
 from wsfleet.lease import Lease
-from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import WorkerRecord
 from wsfleet.store import DynamoDBLeaseStore, LeaseStore
 from wsfleet.task_exit import ContainerStop, ExitKill
@@ -34,28 +33,13 @@ def clock() -> FakeClock:
 
 @pytest.fixture(params=["dynamodb", "memory"])
 def store(request: pytest.FixtureRequest, clock: FakeClock) -> LeaseStore:
-    if request.param == "dynamodb":
-        aws = request.getfixturevalue("aws")
-        return DynamoDBLeaseStore(
-            dynamodb_client(), aws.connections_table, lease_ms=LEASE_MS, clock=clock
-        )
-    return InMemoryLeaseStore(lease_ms=LEASE_MS, clock=clock)
+    return make_store(request, clock, lease_ms=LEASE_MS)
 
 
 def register(
     store: LeaseStore, clock: FakeClock, worker_id: str, **identity: Any
 ) -> WorkerRecord:
-    worker = WorkerRecord(
-        worker_id=worker_id,
-        control_queue_url=f"http://q/{worker_id}",
-        started_at_ms=clock.now,
-        heartbeat_at_ms=clock.now,
-        expires_at_ms=clock.now + LEASE_MS,
-        capacity=100,
-        **identity,
-    )
-    store.register_worker(worker)
-    return worker
+    return register_worker(store, clock, worker_id, lease_ms=LEASE_MS, **identity)
 
 
 def stop(clock: FakeClock, **changes: Any) -> ContainerStop:

@@ -19,10 +19,10 @@ import boto3
 import fleet_helpers
 import pytest
 from fleet_helpers import wait_until
+from lambda_helpers import fresh_function
 from test_router import api_event, invoke
 
 from wsfleet.record import DesiredState
-from wsfleet_local.handler_loader import load_function
 
 pytestmark = [
     pytest.mark.integration,
@@ -64,14 +64,14 @@ def visible_messages(sqs: Any) -> list[str]:
 
 @pytest.fixture
 def router(aws, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("ALLOWED_UPSTREAM_HOSTS", "127.0.0.1")
-    monkeypatch.setenv("ALLOW_INSECURE_WS", "true")
-    monkeypatch.setenv("UPSTREAM_SECRET_PREFIXES", PREFIX)
-    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "wsfleet-router")
-    module = load_function("router")
-    module.reset_dependencies()
-    yield module
-    module.reset_dependencies()
+    yield from fresh_function(
+        "router",
+        monkeypatch,
+        ALLOWED_UPSTREAM_HOSTS="127.0.0.1",
+        ALLOW_INSECURE_WS="true",
+        UPSTREAM_SECRET_PREFIXES=PREFIX,
+        POWERTOOLS_SERVICE_NAME="wsfleet-router",
+    )
 
 
 def test_a_planted_secret_is_found_only_in_the_upstream_handshake(

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from fleet_helpers import FAST_WORKER_ENV, StoreDriver, WorkerProcess, wait_until
-from websockets.asyncio.server import ServerConnection, serve
+from fleet_helpers import FAST_WORKER_ENV, StoreDriver, UpstreamThread, WorkerProcess, wait_until
+from websockets.asyncio.server import ServerConnection
 
 from wsfleet.record import ConnectionRecord, DesiredState
-from wsfleet_local.handler_loader import load_function
+from wsfleet.views import connection_view
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.session import Session
 from wsfleet_worker.worker import Worker
@@ -32,56 +31,19 @@ MAX_FAILURES = 3
 POISON_SEQ = 3
 
 
-class PoisonUpstream:
-    """A thread running an upstream that always follows its good frames with an oversize one."""
-
-    def __init__(self) -> None:
-        self.connects = 0
-        self.port = 0
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Future[None] | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    async def _handler(self, ws: ServerConnection) -> None:
-        self.connects += 1
-        path = ws.request.path if ws.request is not None else ""
-        from_seq = int(path.partition("from_seq=")[2] or 1)
-        for seq in range(from_seq, POISON_SEQ):
-            await ws.send(json.dumps({"seq": seq, "data": "ok"}))
-        await ws.send(json.dumps({"seq": POISON_SEQ, "data": "x" * (4 * MAX_FRAME_BYTES)}))
-        await ws.wait_closed()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def main() -> None:
-            self._stop = self._loop.create_future()
-            async with serve(self._handler, "127.0.0.1", 0, max_size=None) as server:
-                self.port = server.sockets[0].getsockname()[1]
-                self._ready.set()
-                await self._stop
-
-        self._loop.run_until_complete(main())
-        self._loop.close()
-
-    def __enter__(self) -> PoisonUpstream:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set_result, None)
-        self._thread.join(5)
-
-    def url(self, stream: str) -> str:
-        return f"ws://127.0.0.1:{self.port}/{stream}"
+async def poison_upstream(ws: ServerConnection) -> None:
+    """An upstream that always follows its good frames with an oversize one."""
+    path = ws.request.path if ws.request is not None else ""
+    from_seq = int(path.partition("from_seq=")[2] or 1)
+    for seq in range(from_seq, POISON_SEQ):
+        await ws.send(json.dumps({"seq": seq, "data": "ok"}))
+    await ws.send(json.dumps({"seq": POISON_SEQ, "data": "x" * (4 * MAX_FRAME_BYTES)}))
+    await ws.wait_closed()
 
 
 @pytest.fixture
-def upstream() -> Iterator[PoisonUpstream]:
-    with PoisonUpstream() as running:
+def upstream() -> Iterator[UpstreamThread]:
+    with UpstreamThread(poison_upstream) as running:
         yield running
 
 
@@ -97,8 +59,9 @@ def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_
     try:
         # WHEN a connection is started on an upstream that always sends the oversize frame
         fleet.start("poison", upstream.url("poison"))
-        record = wait_until(
-            lambda: (r := fleet.record("poison")).desired_state is DesiredState.FAILED and r,
+        record = fleet.wait_for_state(
+            "poison",
+            DesiredState.FAILED,
             timeout=60,
             message=lambda: f"{fleet.record('poison')}\n"
             + "\n---\n".join(w.tail(30) for w in workers),
@@ -113,9 +76,9 @@ def test_an_oversize_frame_at_one_checkpoint_ends_failed(backend, upstream, tmp_
         assert record.last_seq == POISON_SEQ - 1  # the good frames before it are kept
         # AND the churn was bounded: one epoch per failure at most, and no reconnect after
         assert record.lease_epoch <= MAX_FAILURES
-        assert upstream.connects == MAX_FAILURES
+        assert upstream.connections == MAX_FAILURES
         # AND the router's view shows it, and the listing by state finds it
-        view = load_function("router").connection_view(record, None, 0)
+        view = connection_view(record, None, 0)
         assert view["desired_state"] == "FAILED"
         assert view["failures"] == {"count": MAX_FAILURES, "at_seq": record.failure_seq}
         listed = fleet.store.list_connections(DesiredState.FAILED).records
@@ -173,5 +136,5 @@ def test_a_session_crashing_at_one_checkpoint_ends_failed(aws, upstream, monkeyp
     assert (record.stop_reason, record.last_error) == ("crashed", "crashed")
     assert (record.failure_count, record.failure_seq) == (MAX_FAILURES, 0)
     assert record.lease_epoch == MAX_FAILURES
-    assert upstream.connects == MAX_FAILURES
+    assert upstream.connections == MAX_FAILURES
     assert record.lease_owner == ""

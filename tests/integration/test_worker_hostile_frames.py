@@ -9,16 +9,14 @@ over it. Assertions are on the messages table and the connection record.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import threading
 from collections.abc import Iterator
 
 import fleet_helpers
 import pytest
-import websockets
-from fleet_helpers import wait_until
+from fleet_helpers import UpstreamThread, wait_until
+from websockets.asyncio.server import ServerConnection
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -44,50 +42,16 @@ NON_ASCII = [{"seq": 1, "data": "one"}, {"seq": 2, "data": UNDER}, {"seq": 3, "d
 SCRIPTS = {"/hostile": HOSTILE, "/non-ascii": NON_ASCII}
 
 
-class ScriptedUpstream:
+async def send_script(ws: ServerConnection) -> None:
     """Sends the path's script on each connection, then waits for the client to leave."""
-
-    def __init__(self) -> None:
-        self.port = 0
-        self.connections = 0
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Future[None] | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> ScriptedUpstream:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set_result, None)
-        self._thread.join(10)
-
-    def url(self, name: str) -> str:
-        return f"ws://127.0.0.1:{self.port}/{name}"
-
-    async def _handler(self, ws: websockets.ServerConnection) -> None:
-        self.connections += 1
-        for frame in SCRIPTS[ws.request.path.partition("?")[0]]:
-            await ws.send(json.dumps(frame, ensure_ascii=False))
-        await ws.wait_closed()
-
-    def _run(self) -> None:
-        async def main() -> None:
-            self._stop = self._loop.create_future()
-            async with websockets.serve(self._handler, "127.0.0.1", 0, max_size=None) as server:
-                self.port = server.sockets[0].getsockname()[1]
-                self._ready.set()
-                await self._stop
-
-        self._loop.run_until_complete(main())
+    for frame in SCRIPTS[ws.request.path.partition("?")[0]]:
+        await ws.send(json.dumps(frame, ensure_ascii=False))
+    await ws.wait_closed()
 
 
 @pytest.fixture
-def upstream() -> Iterator[ScriptedUpstream]:
-    with ScriptedUpstream() as running:
+def upstream() -> Iterator[UpstreamThread]:
+    with UpstreamThread(send_script) as running:
         yield running
 
 

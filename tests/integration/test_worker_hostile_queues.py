@@ -15,11 +15,9 @@ import json
 
 import fleet_helpers
 import pytest
-from fleet_helpers import StoreDriver, WorkerProcess, wait_until
+from fleet_helpers import queue_depth, streaming, wait_until
 
-from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
-from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,21 +32,6 @@ POISON = [
     '{"type": "STOP", "pk": "CONN#x", "epoch": ' + "9" * 5000 + "}",  # int digit limit
     "x" * 200_000,  # near the SQS maximum
 ]
-
-
-def queue_empty(fleet: StoreDriver, queue_url: str) -> bool:
-    attributes = fleet.sqs.get_queue_attributes(
-        QueueUrl=queue_url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return all(int(v) == 0 for v in attributes.values())
-
-
-def streaming(fleet: StoreDriver, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
-    wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
-    record = fleet.record(stream_id)
-    assert record.lease_owner == worker.worker_id
-    return record
 
 
 def test_poison_on_both_queues_is_counted_deleted_and_survived(fleet, sim, spawn):
@@ -70,13 +53,15 @@ def test_poison_on_both_queues_is_counted_deleted_and_survived(fleet, sim, spawn
         timeout=60,
         message=worker.tail,
     )
-    wait_until(lambda: queue_empty(fleet, control_url), timeout=30, message=worker.tail)
-    wait_until(lambda: queue_empty(fleet, fleet.hint_queue_url), timeout=30, message=worker.tail)
+    wait_until(lambda: queue_depth(fleet.sqs, control_url) == (0, 0), timeout=30,
+               message=worker.tail)  # fmt: skip
+    wait_until(lambda: queue_depth(fleet.sqs, fleet.hint_queue_url) == (0, 0), timeout=30,
+               message=worker.tail)  # fmt: skip
     assert worker.is_running(), worker.tail()
 
     # AND it still acquires and streams a connection started afterwards
     fleet.start("after-poison", sim.url_for("after-poison"))
-    streaming(fleet, sim, "after-poison", worker)
+    streaming(fleet, "after-poison", worker)
     assert worker.is_running()
 
     # AND the logs carry excerpts, never a whole hostile body
@@ -89,13 +74,10 @@ def test_a_forged_stop_does_not_end_a_live_stream(fleet, sim, spawn):
     # GIVEN a connection streaming on a worker
     worker = spawn(**SLOW_HEARTBEAT)
     fleet.start("forged", sim.url_for("forged"))
-    record = streaming(fleet, sim, "forged", worker)
-    queue_url = fleet.worker_item(worker.worker_id).control_queue_url
+    record = streaming(fleet, "forged", worker)
 
     # WHEN a well-formed STOP with the live epoch arrives, but the record was never stopped
-    fleet.sqs.send_message(
-        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch).body()
-    )
+    fleet.send_stop(worker.worker_id, record.pk, record.lease_epoch)
 
     # THEN the worker checks the record, counts the STOP as unconfirmed and keeps streaming
     received = wait_until(lambda: worker.logs("STOP command received"), timeout=30,
@@ -113,9 +95,7 @@ def test_a_forged_stop_does_not_end_a_live_stream(fleet, sim, spawn):
 
     # AND a real STOP (the record says STOPPED) still closes it through the control channel
     fleet.store.stop(connection_pk("forged"))
-    fleet.sqs.send_message(
-        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch).body()
-    )
+    fleet.send_stop(worker.worker_id, record.pk, record.lease_epoch)
     wait_until(lambda: not sim.sessions("forged")[0].is_open, timeout=30, message=worker.tail)
     finished = wait_until(
         lambda: next(

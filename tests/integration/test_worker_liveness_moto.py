@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from fleet_helpers import FAST_WORKER_ENV, StoreDriver
 from websockets.asyncio.server import ServerConnection, serve
+from worker_doubles import Logger
 
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.clock import now_ms
@@ -108,22 +109,6 @@ def gaps(requests: list[Request]) -> list[int]:
     return [b.at_ms - a.at_ms for a, b in itertools.pairwise(requests)]
 
 
-class Logger:
-    """Keeps the worker's log lines (one Powertools logger per service and process only)."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Callable[..., None]:
-        def log(message: str, *args: Any, extra: Any = None, **kwargs: Any) -> None:
-            self.lines.append((level, message, extra or {}))
-
-        return log
-
-    def find(self, message: str) -> list[dict[str, Any]]:
-        return [extra for _, text, extra in self.lines if text == message]
-
-
 #: The shared poll (wsfleet_local.waiting), bounded by LIMIT.
 until = functools.partial(wait_until_async, timeout=LIMIT)
 
@@ -148,6 +133,7 @@ def run_worker(
     async def main() -> int:
         dynamodb = dynamodb_client(max_pool_connections=16)
         log = RequestLog(dynamodb)
+        # A recording logger: Powertools keeps one logger per service and process only.
         worker = Worker.from_config(
             config, dynamodb=dynamodb, sqs=sqs_client(max_pool_connections=16), logger=Logger()
         )

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import boto3
 import pytest
+from fleet_helpers import queue_depth
 
 from wsfleet.hints import Hint
 from wsfleet_local.waiting import wait_until_async
@@ -35,17 +36,6 @@ def sqs_client(aws):
 def send(sqs, url: str, *pks: str) -> None:
     for pk in pks:
         sqs.send_message(QueueUrl=url, MessageBody=Hint(pk).body())
-
-
-def queue_depth(sqs, url: str) -> tuple[int, int]:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"]),
-        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
-    )
 
 
 #: The shared poll (wsfleet_local.waiting), bounded by LIMIT.

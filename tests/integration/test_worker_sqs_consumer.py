@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 import pytest
+from fleet_helpers import queue_depth
 
 from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.offload import Offloader
@@ -93,17 +94,6 @@ def new_queue(aws) -> tuple[Any, str, str]:
     return sqs, name, sqs.create_queue(QueueName=name)["QueueUrl"]
 
 
-def depth(sqs: Any, url: str) -> tuple[int, int]:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return (
-        int(attributes["ApproximateNumberOfMessages"]),
-        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
-    )
-
-
 def test_a_failing_receive_is_logged_retried_and_recovers(aws):
     # GIVEN a consumer whose queue is gone (every receive fails)
     sqs, name, url = new_queue(aws)
@@ -118,7 +108,7 @@ def test_a_failing_receive_is_logged_retried_and_recovers(aws):
             sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")
         # THEN the same consumer receives and deletes them
         await until(lambda: len(handled) == 3, "the three messages")
-        await until(lambda: depth(sqs, url) == (0, 0), "the deletes")
+        await until(lambda: queue_depth(sqs, url) == (0, 0), "the deletes")
         assert sorted(m["Body"] for m in handled) == ["m0", "m1", "m2"]
         assert "test message delete failed" not in logger.warnings
 
@@ -135,7 +125,7 @@ def test_a_batch_that_arrives_after_stop_is_given_back(aws):
         # WHEN it is stopped, and a message arrives for that poll
         consumer.stop()
         sqs.send_message(QueueUrl=url, MessageBody="late")
-        await until(lambda: depth(sqs, url)[0] == 1 or handled, "the poll to settle")
+        await until(lambda: queue_depth(sqs, url)[0] == 1 or handled, "the poll to settle")
 
     consume(aws, url, scenario, wait_seconds=5)  # the poll outlasts the send
     # THEN the message was not handled, and is visible again at once (not in flight until its

@@ -62,8 +62,9 @@ def test_a_redirect_to_a_refused_host_stores_nothing_and_stops_visibly(
 
     fleet.start("evil", allowed_sim.url_for("evil"))
 
-    record = wait_until(
-        lambda: (r := fleet.record("evil")).desired_state is DesiredState.STOPPED and r,
+    record = fleet.wait_for_state(
+        "evil",
+        DesiredState.STOPPED,
         timeout=60,
         message=lambda: f"not stopped: {fleet.record('evil')}\n{worker.tail(30)}",
     )

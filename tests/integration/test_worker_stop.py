@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import fleet_helpers
 import pytest
-from fleet_helpers import StoreDriver, WorkerProcess, check_stream, wait_until
+from fleet_helpers import StoreDriver, WorkerProcess, check_stream, streaming, wait_until
 
-from wsfleet.control import StopCommand
 from wsfleet.record import DesiredState, connection_pk
-from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -30,14 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
 
 SLOW_HEARTBEAT = fleet_helpers.SLOW_HEARTBEAT_ENV
-
-
-def streaming(fleet: StoreDriver, sim: SimulatorThread, stream_id: str, worker: WorkerProcess):
-    """Wait until frames of ``stream_id`` are stored (no renewal needed for that)."""
-    wait_until(lambda: len(fleet.stored_seqs(stream_id)) >= 5, timeout=60, message=worker.tail)
-    record = fleet.record(stream_id)
-    assert record.lease_owner == worker.worker_id
-    return record
 
 
 def session_finished(worker: WorkerProcess, stream_id: str) -> dict:
@@ -63,21 +53,16 @@ def assert_stopped_and_released(fleet: StoreDriver, stream_id: str) -> None:
 def test_stop_via_the_control_channel_closes_the_socket(fleet, sim, spawn):
     worker = spawn(**SLOW_HEARTBEAT)
     fleet.start("ctl", sim.url_for("ctl"))
-    record = streaming(fleet, sim, "ctl", worker)
-    queue_url = fleet.worker_item(worker.worker_id).control_queue_url
+    record = streaming(fleet, "ctl", worker)
 
     # A command for another epoch (an earlier owner's session) is ignored.
-    fleet.sqs.send_message(
-        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch + 7).body()
-    )
+    fleet.send_stop(worker.worker_id, record.pk, record.lease_epoch + 7)
     ignored = wait_until(lambda: worker.logs("STOP command received"), timeout=30)
     assert ignored[0]["applied"] is False
     assert sim.sessions("ctl")[0].is_open
 
     fleet.store.stop(connection_pk("ctl"))
-    fleet.sqs.send_message(
-        QueueUrl=queue_url, MessageBody=StopCommand(record.pk, record.lease_epoch).body()
-    )
+    fleet.send_stop(worker.worker_id, record.pk, record.lease_epoch)
 
     wait_until(lambda: not sim.sessions("ctl")[0].is_open, timeout=30, message=worker.tail)
     finished = session_finished(worker, "ctl")
@@ -93,7 +78,7 @@ def test_stop_without_control_channel_is_found_by_the_sweep(fleet, sim, spawn):
         WORKER_CONTROL_CHANNEL="false", CHECKPOINT_SECONDS="600", WORKER_SWEEP_SECONDS="1"
     )
     fleet.start("sw", sim.url_for("sw"))
-    streaming(fleet, sim, "sw", worker)
+    streaming(fleet, "sw", worker)
     assert fleet.worker_item(worker.worker_id).control_queue_url == ""
 
     # WHEN the connection is stopped (and no STOP command is sent anywhere)
@@ -114,7 +99,7 @@ def test_stop_without_control_channel_is_noticed_by_the_checkpoint_write(fleet, 
         WORKER_CONTROL_CHANNEL="false", CHECKPOINT_SECONDS="0.5", WORKER_SWEEP_SECONDS="600"
     )
     fleet.start("cp", sim.url_for("cp"))
-    streaming(fleet, sim, "cp", worker)
+    streaming(fleet, "cp", worker)
 
     # WHEN the connection is stopped
     fleet.store.stop(connection_pk("cp"))

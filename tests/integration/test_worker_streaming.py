@@ -11,7 +11,14 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from fleet_helpers import StoreDriver, WorkerProcess, check_stream, resume_problems, wait_until
+from fleet_helpers import (
+    StoreDriver,
+    WorkerProcess,
+    check_stream,
+    queue_depth,
+    resume_problems,
+    wait_until,
+)
 
 from wsfleet.record import DesiredState
 from wsfleet_local.simulator import SimulatorThread
@@ -101,14 +108,11 @@ def test_resent_start_does_not_move_a_live_connection(fleet, sim, workers):
     for _ in range(3):  # the router re-hints on every START
         fleet.start("steady", sim.url_for("steady"))
 
-    def hints_consumed() -> bool:
-        attributes = fleet.sqs.get_queue_attributes(
-            QueueUrl=fleet.hint_queue_url,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
-        return all(value == "0" for value in attributes.values())
-
-    wait_until(hints_consumed, timeout=30, message="hints were not consumed")
+    wait_until(
+        lambda: queue_depth(fleet.sqs, fleet.hint_queue_url) == (0, 0),
+        timeout=30,
+        message="hints were not consumed",
+    )
     streamed_past(fleet, "steady", before.last_seq + 10, workers)
     after = fleet.record("steady")
     assert (after.lease_owner, after.lease_epoch) == (before.lease_owner, before.lease_epoch)
@@ -158,8 +162,9 @@ def test_upstream_normal_close_marks_the_connection_stopped(fleet, sim, workers)
     sim.open_stream("finite", max_seq=40)  # sends 1..40, then closes with 1000
     fleet.start("finite", sim.url_for("finite"))
 
-    record = wait_until(
-        lambda: (r := fleet.record("finite")).desired_state is DesiredState.STOPPED and r,
+    record = fleet.wait_for_state(
+        "finite",
+        DesiredState.STOPPED,
         timeout=30,
         message=lambda: logs_of(workers),
     )

@@ -158,8 +158,9 @@ def test_an_unreadable_secret_trips_the_breaker_and_the_worker_keeps_running(fle
     worker = spawn(WORKER_BREAKER_MAX_FAILURES="3")
     fleet.start("nosecret", sim.url_for("nosecret"),
                 upstream=options(credential={"ref": missing, "header": "Authorization"}))
-    record = wait_until(
-        lambda: (r := fleet.record("nosecret")).desired_state is DesiredState.FAILED and r,
+    record = fleet.wait_for_state(
+        "nosecret",
+        DesiredState.FAILED,
         timeout=120,
         message=lambda: worker.tail(30),
     )
@@ -181,8 +182,9 @@ def test_a_redirect_to_another_origin_is_refused_when_a_credential_rides_on_it(
         worker = spawn()
         fleet.start("r", sim.url_for("r"),
                     upstream=options(credential={"ref": arn, "header": "X-Api-Key"}))
-        record = wait_until(
-            lambda: (r := fleet.record("r")).desired_state is DesiredState.STOPPED and r,
+        record = fleet.wait_for_state(
+            "r",
+            DesiredState.STOPPED,
             timeout=60,
             message=lambda: worker.tail(30),
         )

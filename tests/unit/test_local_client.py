@@ -10,6 +10,7 @@ from wsfleet.aws import dynamodb_client
 from wsfleet.clock import now_ms
 from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore
+from wsfleet.views import connection_view
 from wsfleet_local.client import ApiClient, ConnectionRow, is_loopback_url, read_table
 
 
@@ -51,6 +52,11 @@ def owner(expires_at_ms: int = 5_000, **changes: Any) -> WorkerRecord:
     )
 
 
+def row_of(record: ConnectionRecord, owner: WorkerRecord | None, now_ms: int) -> ConnectionRow:
+    """The row ``wsfleet status --table`` shows: from the router's view of the record."""
+    return ConnectionRow.from_api(connection_view(record, owner, now_ms))
+
+
 def test_rows_from_the_api_view_and_from_a_record_agree():
     # GIVEN a connection owned by w1, whose worker lease runs until 5 000
     record = ConnectionRecord(
@@ -61,7 +67,7 @@ def test_rows_from_the_api_view_and_from_a_record_agree():
         lease_owner="w1",
         lease_epoch=2,
     )
-    from_record = ConnectionRow.from_record(record, owner(), now_ms=1_000)
+    from_record = row_of(record, owner(), now_ms=1_000)
     view = {
         "connection_id": "a",
         "desired_state": "STARTED",
@@ -73,11 +79,11 @@ def test_rows_from_the_api_view_and_from_a_record_agree():
     assert from_record.streaming
     # AND it is expired once the owner's lease lapsed, was killed, or its item is gone
     for worker, now in ((owner(), 6_000), (owner(dead_at_ms=900), 1_000), (None, 1_000)):
-        expired = ConnectionRow.from_record(record, worker, now_ms=now)
+        expired = row_of(record, worker, now_ms=now)
         assert (expired.lease_state, expired.lease_left_ms, expired.streaming) == (
             "expired", 0, False,
         )
-    free = ConnectionRow.from_record(record.with_changes(lease_owner=""), None, 0)
+    free = row_of(record.with_changes(lease_owner=""), None, 0)
     assert (free.lease_state, free.owner, free.lease_left_ms) == ("free", None, None)
 
 
@@ -117,7 +123,7 @@ def test_a_failed_connection_row_shows_the_reason_and_the_breaker_count():
         "stop_reason": reason, "last_error": reason, "failures": {"count": 5, "at_seq": 2},
     }
     # THEN both rows agree, are FAILED (not streaming) and say why and how often
-    row = ConnectionRow.from_record(record, None, now_ms=0)
+    row = row_of(record, None, now_ms=0)
     assert ConnectionRow.from_api(view) == row
     assert row.failed and not row.streaming
     assert row.note == f"{reason} (5 failures at one checkpoint)"

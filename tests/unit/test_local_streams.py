@@ -193,7 +193,7 @@ def test_starting_position_applies_to_shards_present_at_start(position):
 
 def test_an_idle_shard_keeps_its_iterator():
     p, _ = poller([], Recorder())
-    first = p._state.shards["shard-1"].iterator
+    first = p._shards["shard-1"].iterator
     for _ in range(3):
         p.poll_once()
-    assert p._state.shards["shard-1"].iterator == first
+    assert p._shards["shard-1"].iterator == first

@@ -1,4 +1,5 @@
-"""Router pieces that need no backend: views, page tokens, the body gate and error mapping.
+"""Router pieces that need no backend: page tokens, the body gate and error mapping (the
+connection views are wsfleet.views, tested in tests/unit/test_views.py).
 
 Routes that must fail before any I/O run here against stub dependencies whose store and hint
 sender raise if touched; everything that reaches DynamoDB is in
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from wsfleet.exceptions import ConnectionNotFound, StoreError
-from wsfleet.record import ConnectionRecord, DesiredState, WorkerRecord
+from wsfleet.record import ConnectionRecord, DesiredState
 from wsfleet.settings import Settings
 from wsfleet.store import StartResult
 from wsfleet_local.handler_loader import lambda_context, load_function
@@ -33,59 +34,6 @@ URL = "wss://stream.example.com/feed?token=abc"
 
 def record(**changes: Any) -> ConnectionRecord:
     return ConnectionRecord.new("c1", URL, NOW - 10).with_changes(**changes)
-
-
-# ---------------------------------------------------------------------- views
-def worker(**changes: Any) -> WorkerRecord:
-    """The owner's worker item: its lease runs to ``expires_at_ms``."""
-    fields: dict[str, Any] = {
-        "worker_id": "w1", "control_queue_url": "q://w1", "started_at_ms": 0,
-        "heartbeat_at_ms": NOW, "expires_at_ms": NOW + 1500,
-    }
-    return WorkerRecord(**{**fields, **changes})
-
-
-class TestLeaseView:
-    def test_free(self):
-        assert router.lease_view(record(), None, NOW) == {
-            "state": "free", "owner": None, "epoch": 0, "expires_in_ms": None,
-        }
-
-    def test_released_lease_is_free_but_keeps_its_epoch(self):
-        view = router.lease_view(record(lease_epoch=4), None, NOW)
-        assert (view["state"], view["epoch"]) == ("free", 4)
-
-    def test_held_while_the_owners_worker_lease_runs(self):
-        held = record(lease_owner="w1", lease_epoch=2)
-        assert router.lease_view(held, worker(), NOW) == {
-            "state": "held", "owner": "w1", "epoch": 2, "expires_in_ms": 1500,
-        }
-
-    @pytest.mark.parametrize(
-        "owner",
-        [worker(expires_at_ms=NOW - 1), worker(dead_at_ms=NOW - 5), None],
-        ids=["lapsed", "killed", "item-gone"],
-    )
-    def test_expired_once_the_owner_is_not_alive(self, owner):
-        stale = record(lease_owner="w1", lease_epoch=2)
-        assert router.lease_view(stale, owner, NOW) == {
-            "state": "expired", "owner": "w1", "epoch": 2, "expires_in_ms": 0,
-        }
-
-
-def test_connection_view_redacts_the_url_and_lists_every_field():
-    view = router.connection_view(record(last_seq=9, stop_reason=None), None, NOW)
-
-    assert view["ws_url"] == "wss://stream.example.com/feed?token=***"
-    assert view["connection_id"] == "c1"
-    assert view["desired_state"] == "STARTED"
-    assert view["last_seq"] == 9
-    assert list(view) == [
-        "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "failures", "upstream", "gaps", "created_at_ms",
-        "updated_at_ms",
-    ]
-    assert view["failures"] == {"count": 0, "at_seq": None}
 
 
 # ---------------------------------------------------------------------- page tokens

@@ -63,14 +63,12 @@ class Store(InMemoryLeaseStore):
         self.writes.append(("checkpoint", lease.pk))
         super().checkpoint(lease, last_seq)
 
-    def release(
-        self, lease: Lease, *, last_seq: int | None = None, stopped: bool = False
-    ) -> ConnectionRecord:
+    def release(self, lease: Lease, **options: Any) -> ConnectionRecord:
         self.writes.append(("release", lease.pk))
         if self.release_failures:
             self.release_failures -= 1
             raise StoreError("throttled")
-        return super().release(lease, last_seq=last_seq, stopped=stopped)
+        return super().release(lease, **options)
 
     def record_error(self, lease: Lease, message: str) -> None:
         self.writes.append(("record_error", lease.pk))

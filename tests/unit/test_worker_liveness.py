@@ -26,6 +26,7 @@ from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.liveness import FenceCause, WorkerLiveness
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
+from wsfleet_worker.parts import WorkerParts
 
 WAIT = 10.0  # generous bound for every convergence below
 
@@ -94,10 +95,13 @@ def make(
     )
     fences: list[FenceCause] = []
     metrics = WorkerMetrics("test", emit=lambda doc: None)
+    parts = WorkerParts(
+        worker_id="w1", leases=store, offloader=Offloader(io_threads=2, write_threads=1),
+        metrics=metrics, logger=Logger(), clock=clock,
+    )  # fmt: skip
     liveness = WorkerLiveness(
-        store, "w1", Offloader(io_threads=2, write_threads=1), metrics, Logger(),
-        lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, margin_ms=margin_ms,
-        connection_count=lambda: 7, on_fence=fences.append, clock=clock,
+        parts, lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, margin_ms=margin_ms,
+        connection_count=lambda: 7, on_fence=fences.append,
     )
     liveness.start(now)
     return liveness, store, clock, fences, metrics
@@ -230,10 +234,14 @@ async def test_fence_is_idempotent_and_ends_the_task():
 
 def test_nothing_may_be_written_before_the_lease_is_registered():
     clock = ShiftedClock()
+    parts = WorkerParts(
+        worker_id="w1", leases=InMemoryLeaseStore(clock=clock),
+        offloader=Offloader(io_threads=1, write_threads=1),
+        metrics=WorkerMetrics("test", emit=lambda doc: None), logger=Logger(), clock=clock,
+    )  # fmt: skip
     liveness = WorkerLiveness(
-        InMemoryLeaseStore(clock=clock), "w1", Offloader(io_threads=1, write_threads=1),
-        WorkerMetrics("test", emit=lambda doc: None), Logger(), lease_ms=400, heartbeat_ms=40,
-        margin_ms=100, connection_count=lambda: 0, on_fence=lambda cause: None, clock=clock,
+        parts, lease_ms=400, heartbeat_ms=40, margin_ms=100, connection_count=lambda: 0,
+        on_fence=lambda cause: None,
     )
     assert not liveness.may_write(clock()) and liveness.fence_at_ms == 0
     with pytest.raises(RuntimeError):

@@ -29,6 +29,7 @@ from wsfleet.record import ConnectionRecord, connection_pk
 from wsfleet_local.waiting import wait_until_async
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
+from wsfleet_worker.parts import WorkerParts
 from wsfleet_worker.poller import HintPoller
 from wsfleet_worker.sqs_consumer import QueueConsumer
 from wsfleet_worker.taking import LeaseTaker
@@ -85,9 +86,13 @@ class Rig:
         self.logger = Logger()
         self.offloader = Offloader(io_threads=2, write_threads=1)
         self.sessions: dict[str, Any] = {}
+        parts = WorkerParts(
+            worker_id=WORKER, leases=self.store, offloader=self.offloader, metrics=self.metrics,
+            logger=self.logger,
+        )  # fmt: skip
         self.taker = LeaseTaker(
-            self.store, WORKER, self.offloader, Alive(), Outbox(), self.metrics,  # type: ignore[arg-type]
-            self.logger, max_connections=max_connections, heartbeat_seconds=10.0,
+            parts, Alive(), Outbox(),  # type: ignore[arg-type]
+            max_connections=max_connections, heartbeat_seconds=10.0,
             sessions=self.sessions, session_tasks={}, start_session=self._start_session,
         )  # fmt: skip
         self.consumer = QueueConsumer(

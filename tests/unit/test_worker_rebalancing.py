@@ -15,26 +15,9 @@ from test_worker_decisions import Outbox, Store, connect, make_worker, sync, unt
 
 from wsfleet.clock import now_ms
 from wsfleet.control import HandoffHint
-from wsfleet.lease import Lease
 from wsfleet.rebalance import FleetView, Move
-from wsfleet.record import ConnectionRecord
 from wsfleet_worker.rebalancing import HANDOFF_COPY_DELAY_SECONDS, choose_to_give
 from wsfleet_worker.session_rules import ExitReason
-
-
-class MovingStore(Store):
-    """The decisions' store, passing ``moved`` on (the session sends it for a move)."""
-
-    def release(
-        self,
-        lease: Lease,
-        *,
-        last_seq: int | None = None,
-        stopped: bool = False,
-        moved: bool = False,
-    ) -> ConnectionRecord:
-        self.writes.append(("release", lease.pk))
-        return super(Store, self).release(lease, last_seq=last_seq, stopped=stopped, moved=moved)
 
 
 def plan(*moves: Move, at: int | None = None, targets: dict[str, int] | None = None) -> FleetView:
@@ -56,7 +39,7 @@ async def _drain(worker: Any) -> None:
 @sync
 async def test_a_giver_hands_off_its_part_with_an_addressed_hint_and_a_delayed_copy():
     # GIVEN a worker holding 6 connections and a plan asking it for 2 (its target is 4)
-    store = MovingStore()
+    store = Store()
     worker = make_worker(store)
     sessions = [connect(worker, store, f"c{i}") for i in range(6)]
     sent: list[tuple[str, HandoffHint]] = []
@@ -94,7 +77,7 @@ async def test_a_giver_hands_off_its_part_with_an_addressed_hint_and_a_delayed_c
 
 @sync
 async def test_never_below_the_target_as_it_stands_now_and_not_from_a_stale_plan():
-    store = MovingStore()
+    store = Store()
     worker = make_worker(store, rebalance_seconds=1.0)
     for i in range(5):
         connect(worker, store, f"c{i}")
@@ -109,7 +92,7 @@ async def test_never_below_the_target_as_it_stands_now_and_not_from_a_stale_plan
 
 @sync
 async def test_without_a_control_channel_the_copy_goes_out_at_once():
-    store = MovingStore()
+    store = Store()
     worker = make_worker(store)
     for i in range(3):
         connect(worker, store, f"c{i}")
@@ -129,7 +112,7 @@ def test_connections_moved_within_the_dwell_time_are_not_chosen():
     ]
 
 
-async def _one_moved_one_not(store: MovingStore) -> tuple[Any, str]:
+async def _one_moved_one_not(store: Store) -> tuple[Any, str]:
     """A worker holding a connection a peer moved here a moment ago (the item says so) and
     one that never moved; and the moved one's pk."""
     store.start("m", "wss://up.example/m")
@@ -145,7 +128,7 @@ async def _one_moved_one_not(store: MovingStore) -> tuple[Any, str]:
 @sync
 async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwell():
     # GIVEN a connection a peer moved here a moment ago and one that never moved
-    store = MovingStore()
+    store = Store()
     worker, moved = await _one_moved_one_not(store)
     # WHEN a plan asks for both
     store.put_fleet_view(plan(Move("w1", "w2", 2), targets={"w1": 0}))
@@ -159,7 +142,7 @@ async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwe
 @sync
 async def test_the_heartbeat_reports_how_many_connections_may_move():
     # GIVEN a connection moved here a moment ago and one that never moved
-    store = MovingStore()
+    store = Store()
     worker, _ = await _one_moved_one_not(store)
     # WHEN the worker renews its lease
     assert worker.liveness.timer is not None
@@ -173,7 +156,7 @@ async def test_the_heartbeat_reports_how_many_connections_may_move():
 @sync
 async def test_the_first_view_is_read_at_start_so_placement_works_from_the_start():
     # GIVEN a view in the store and a worker that reads it every minute
-    store = MovingStore()
+    store = Store()
     store.put_fleet_view(plan())
     worker = make_worker(store, rebalance_seconds=60.0)
     # WHEN its rebalancer starts
@@ -188,7 +171,7 @@ async def test_the_first_view_is_read_at_start_so_placement_works_from_the_start
 
 
 def test_placement_defers_a_worker_above_its_share_of_the_fleet():
-    store = MovingStore()
+    store = Store()
     worker = make_worker(store, max_connections=10, rebalance_placement_seconds=0.5)
     rebalancer = worker.rebalancer
     assert rebalancer.placement_delay() == 0  # no view yet
@@ -204,5 +187,5 @@ def test_placement_defers_a_worker_above_its_share_of_the_fleet():
 
 
 def test_rebalance_off_builds_no_rebalancer():
-    worker = make_worker(MovingStore(), rebalance=False)
+    worker = make_worker(Store(), rebalance=False)
     assert worker.rebalancer is None

@@ -17,6 +17,7 @@ Layout, sans-I/O core first:
 * :mod:`.taking` - the lease taker: free slots, acquire, hand back; :mod:`.outbox` - the
   hints this worker sends;
 * :mod:`.sweep` - the worker's own connections in gsi_owner against its sessions;
+* :mod:`.parts` - what every role above acts through (id, store, pools, metrics, clock);
 * :mod:`.worker` - builds the parts, start, run, graceful shutdown;
   :mod:`.health` - container health check.
 
@@ -25,8 +26,9 @@ Names resolve lazily so ``python -m wsfleet_worker.health`` does not import boto
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from wsfleet.lazy_exports import resolve_export
 
 _EXPORTS = {
     "CheckpointTracker": "checkpoint",
@@ -45,7 +47,4 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wsfleet_worker' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    return resolve_export(__name__, _EXPORTS, name)

@@ -32,16 +32,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
 
-from wsfleet.clock import Clock, now_ms
 from wsfleet.exceptions import WorkerDead
 from wsfleet.lease import TimerAction, WorkerLeaseTimer
-from wsfleet.store import LeaseStore
 
 from .connector import describe_error
-from .observability import WorkerMetrics
-from .offload import Offloader
+from .parts import WorkerParts, WorkerRole
 
 __all__ = ["FenceCause", "WorkerLiveness"]
 
@@ -53,7 +49,7 @@ class FenceCause(StrEnum):
     DEAD = "worker-dead"  # the renewal was refused: killed by a peer, or the item is gone
 
 
-class WorkerLiveness:
+class WorkerLiveness(WorkerRole):
     """Renews the worker lease on time and fences the whole worker when it cannot.
 
     :param connection_count: the ``connection_count`` each renewal writes (for operators).
@@ -65,11 +61,7 @@ class WorkerLiveness:
 
     def __init__(
         self,
-        leases: LeaseStore,
-        worker_id: str,
-        offloader: Offloader,
-        metrics: WorkerMetrics,
-        logger: Any,
+        parts: WorkerParts,
         *,
         lease_ms: int,
         heartbeat_ms: int,
@@ -77,20 +69,14 @@ class WorkerLiveness:
         connection_count: Callable[[], int],
         movable_count: Callable[[], int | None] = lambda: None,
         on_fence: Callable[[FenceCause], None],
-        clock: Clock = now_ms,
     ) -> None:
-        self._leases = leases
-        self.worker_id = worker_id
-        self._offloader = offloader
-        self._metrics = metrics
-        self._logger = logger
+        super().__init__(parts)
         self._lease_ms = lease_ms
         self._heartbeat_ms = heartbeat_ms
         self._margin_ms = margin_ms
         self._connection_count = connection_count
         self._movable_count = movable_count
         self._on_fence = on_fence
-        self._clock = clock
         self.timer: WorkerLeaseTimer | None = None
         self.cause: FenceCause | None = None
         self._wake = asyncio.Event()

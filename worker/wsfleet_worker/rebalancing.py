@@ -36,19 +36,15 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from wsfleet.clock import Clock, now_ms
 from wsfleet.control import HandoffHint
 from wsfleet.exceptions import WsfleetError
 from wsfleet.hints import Hint
 from wsfleet.rebalance import FleetView, defer_placement
-from wsfleet.store import LeaseStore
 
 from .connector import describe_error
-from .observability import WorkerMetrics
-from .offload import Offloader
 from .outbox import HintOutbox
+from .parts import WorkerParts, WorkerRole
 from .session import Session, SessionResult
 from .session_rules import ExitReason
 
@@ -91,7 +87,7 @@ def choose_to_give(
     return [pk for _, pk in sorted(eligible)[: max(0, count)]]
 
 
-class Rebalancer:
+class Rebalancer(WorkerRole):
     """One worker's rebalancing: reads the fleet view, gives its part, sends the hand-offs.
 
     :param sessions: the worker's sessions by pk (read only; sessions are ended via finish).
@@ -103,12 +99,8 @@ class Rebalancer:
 
     def __init__(
         self,
-        leases: LeaseStore,
-        worker_id: str,
-        offloader: Offloader,
+        parts: WorkerParts,
         outbox: HintOutbox,
-        metrics: WorkerMetrics,
-        logger: Any,
         *,
         sessions: Mapping[str, Session],
         session_tasks: Mapping[str, asyncio.Task[SessionResult]],
@@ -119,14 +111,9 @@ class Rebalancer:
         placement_seconds: float,
         send_handoffs: Callable[[str, list[HandoffHint]], Awaitable[set[str]]] | None,
         stopping: Callable[[], bool],
-        clock: Clock = now_ms,
     ) -> None:
-        self._leases = leases
-        self.worker_id = worker_id
-        self._offloader = offloader
+        super().__init__(parts)
         self._outbox = outbox
-        self._metrics = metrics
-        self._logger = logger
         self._sessions = sessions
         self._session_tasks = session_tasks
         self._capacity = capacity
@@ -137,7 +124,6 @@ class Rebalancer:
         self._send_handoffs = send_handoffs
         self._queued: dict[str, list[HandoffHint]] = {}  # by taker queue URL
         self._stopping = stopping
-        self._clock = clock
         #: The last view read (placement uses it between reads).
         self.view: FleetView | None = None
         self._done_plan_at_ms = 0

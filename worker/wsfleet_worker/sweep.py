@@ -11,19 +11,16 @@ Every action rests on a consistent read of the item; the index only says where t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from wsfleet.clock import Clock, now_ms
 from wsfleet.exceptions import LeaseError
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease, is_ours
 from wsfleet.record import DesiredState
-from wsfleet.store import IndexEntry, LeaseStore
+from wsfleet.store import IndexEntry
 
 from .liveness import WorkerLiveness
-from .observability import WorkerMetrics
-from .offload import Offloader
 from .outbox import HintOutbox
+from .parts import WorkerParts, WorkerRole
 from .session import Session
 from .session_rules import ExitReason
 from .taking import LeaseTaker
@@ -31,7 +28,7 @@ from .taking import LeaseTaker
 __all__ = ["OwnershipSweep"]
 
 
-class OwnershipSweep:
+class OwnershipSweep(WorkerRole):
     """One worker's sweep of its own connections (see the module docstring).
 
     :param sessions: the worker's live map of sessions by pk (read, never changed here).
@@ -42,32 +39,22 @@ class OwnershipSweep:
 
     def __init__(
         self,
-        leases: LeaseStore,
-        worker_id: str,
-        offloader: Offloader,
+        parts: WorkerParts,
         liveness: WorkerLiveness,
         taker: LeaseTaker,
         outbox: HintOutbox,
-        metrics: WorkerMetrics,
-        logger: Any,
         *,
         sessions: Mapping[str, Session],
         sweep_ms: int,
         stopping: Callable[[], bool],
-        clock: Clock = now_ms,
     ) -> None:
-        self._leases = leases
-        self.worker_id = worker_id
-        self._offloader = offloader
+        super().__init__(parts)
         self._liveness = liveness
         self._taker = taker
         self._outbox = outbox
-        self._metrics = metrics
-        self._logger = logger
         self._sessions = sessions
         self._sweep_ms = sweep_ms
         self._stopping = stopping
-        self._clock = clock
 
     async def run_once(self) -> None:
         """Compare what gsi_owner says this worker owns with the sessions it runs.

@@ -27,9 +27,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
 
-from wsfleet.clock import Clock, now_ms
 from wsfleet.exceptions import (
     ConnectionNotFound,
     ConnectionStopped,
@@ -40,13 +38,11 @@ from wsfleet.exceptions import (
 from wsfleet.hints import Hint
 from wsfleet.lease import Lease
 from wsfleet.record import ConnectionRecord, connection_id_from_pk
-from wsfleet.store import LeaseStore
 
 from .connector import describe_error
 from .liveness import WorkerLiveness
-from .observability import WorkerMetrics
-from .offload import Offloader
 from .outbox import HintOutbox
+from .parts import WorkerParts, WorkerRole
 from .session import Session, SessionResult
 
 __all__ = ["HintOutcome", "LeaseTaker"]
@@ -60,7 +56,7 @@ class HintOutcome(Enum):
     RETRY_LATER = "retry_later"  # store trouble: let the visibility timeout bring it back
 
 
-class LeaseTaker:
+class LeaseTaker(WorkerRole):
     """Takes connections on for one worker; see the module docstring.
 
     :param sessions: the worker's sessions by pk (read only here).
@@ -70,34 +66,24 @@ class LeaseTaker:
 
     def __init__(
         self,
-        leases: LeaseStore,
-        worker_id: str,
-        offloader: Offloader,
+        parts: WorkerParts,
         liveness: WorkerLiveness,
         outbox: HintOutbox,
-        metrics: WorkerMetrics,
-        logger: Any,
         *,
         max_connections: int,
         heartbeat_seconds: float,
         sessions: Mapping[str, Session],
         session_tasks: Mapping[str, asyncio.Task[SessionResult]],
         start_session: Callable[[ConnectionRecord], None],
-        clock: Clock = now_ms,
     ) -> None:
-        self._leases = leases
-        self.worker_id = worker_id
-        self._offloader = offloader
+        super().__init__(parts)
         self._liveness = liveness
         self._outbox = outbox
-        self._metrics = metrics
-        self._logger = logger
         self._max_connections = max_connections
         self._heartbeat_seconds = heartbeat_seconds
         self._sessions = sessions
         self._session_tasks = session_tasks
         self._start_session = start_session
-        self._clock = clock
         #: Connections being acquired now: they count against capacity, and the sweep
         #: leaves them alone (the index may show them ours before a session runs).
         self.acquiring: set[str] = set()

@@ -96,6 +96,7 @@ from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
 from .outbox import HintOutbox
+from .parts import WorkerParts
 from .poller import HintPoller
 from .rebalancing import Rebalancer
 from .session import Session, SessionContext, SessionResult
@@ -165,43 +166,37 @@ class Worker:
         self.sessions: dict[str, Session] = {}
         self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
         self._write_slots = max(1, config.io_threads // 2)
+        parts = WorkerParts(
+            worker_id=self.worker_id,
+            leases=leases,
+            offloader=offloader,
+            metrics=metrics,
+            logger=logger,
+            clock=clock,
+        )
         self.liveness = WorkerLiveness(
-            renewals,
-            self.worker_id,
-            offloader,
-            metrics,
-            logger,
+            replace(parts, leases=renewals),
             lease_ms=settings.lease_ms,
             heartbeat_ms=config.heartbeat_ms,
             margin_ms=settings.safety_margin_ms,
             connection_count=lambda: len(self.sessions),
             movable_count=lambda: self.rebalancer.movable() if self.rebalancer else None,
             on_fence=self._fence_all,
-            clock=clock,
         )
         self.taker = LeaseTaker(
-            leases,
-            self.worker_id,
-            offloader,
+            parts,
             self.liveness,
             outbox,
-            metrics,
-            logger,
             max_connections=settings.max_connections,
             heartbeat_seconds=settings.heartbeat_seconds,
             sessions=self.sessions,
             session_tasks=self._session_tasks,
             start_session=self._start_session,
-            clock=clock,
         )
         self.rebalancer = (
             Rebalancer(
-                leases,
-                self.worker_id,
-                offloader,
+                parts,
                 outbox,
-                metrics,
-                logger,
                 sessions=self.sessions,
                 session_tasks=self._session_tasks,
                 capacity=settings.max_connections,
@@ -211,7 +206,6 @@ class Worker:
                 placement_seconds=settings.rebalance_placement_seconds,
                 send_handoffs=self._send_handoffs,
                 stopping=lambda: self._stopping or self.liveness.fenced,
-                clock=clock,
             )
             if settings.rebalance
             else None
@@ -224,18 +218,13 @@ class Worker:
             placement=self.rebalancer.placement_delay if self.rebalancer else None,
         )
         self.ownership = OwnershipSweep(
-            leases,
-            self.worker_id,
-            offloader,
+            parts,
             self.liveness,
             self.taker,
             outbox,
-            metrics,
-            logger,
             sessions=self.sessions,
             sweep_ms=int(config.sweep_seconds * 1000),
             stopping=lambda: self._stopping,
-            clock=clock,
         )
         self._context = SessionContext(
             config=config,

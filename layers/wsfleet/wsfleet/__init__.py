@@ -6,8 +6,9 @@ source. Handlers and the worker import it; nothing here knows which of them is c
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from .lazy_exports import resolve_export
 
 # Exports resolve lazily: importing wsfleet.exceptions (e.g. from the simulator) must not drag
 # boto3 and botocore in, which costs ~12 MB and 0.2 s per process.
@@ -35,7 +36,4 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wsfleet' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    return resolve_export(__name__, _EXPORTS, name)

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .clock import Clock, now_ms
-from .exceptions import ConnectionNotFound, StoreError, WorkerDead
-from .lease import Lease, is_stale_checkpoint
+from .exceptions import StoreError, WorkerDead
+from .lease import Lease
 from .rebalance import FLEET_VIEW_PK, FleetView
 from .record import (
     INDEX_SHARDS,
@@ -39,22 +39,15 @@ from .record import (
     ConnectionRecord,
     DesiredState,
     WorkerRecord,
-    index_keys,
     worker_pk,
 )
 from .store import (
     ConnectionPage,
     IndexEntry,
     LeaseStore,
-    StartResult,
-    StopResult,
-    _raise_refusal,
     _Refused,
-    _restart_removals,
-    _restart_values,
 )
 from .task_exit import ContainerStop, ExitKill, exit_kill_outcome, ran_in
-from .upstream_options import DEFAULT_OPTIONS, UpstreamOptions
 
 __all__ = ["InMemoryLeaseStore"]
 
@@ -70,6 +63,16 @@ class _Failed(Exception):
     def __init__(self, old: _Item | None) -> None:
         super().__init__("condition failed")
         self.old = old
+
+
+@contextlib.contextmanager
+def _refused_with_record() -> Iterator[None]:
+    """A :class:`_Failed` connection write raised as the backends' primitives raise it:
+    :class:`_Refused` carrying the record as it stood."""
+    try:
+        yield
+    except _Failed as refused:
+        raise _Refused(_record(refused.old)) from refused
 
 
 def _is(item: _Item, name: str, value: Any) -> bool:
@@ -137,90 +140,29 @@ class InMemoryLeaseStore(LeaseStore):
         return {pk: ConnectionRecord.from_item(item) for pk, item in found.items() if item}
 
     # ------------------------------------------------------------------ API-side writes
-    def start(
-        self,
-        connection_id: str,
-        ws_url: str,
-        *,
-        resume: bool = True,
-        upstream: UpstreamOptions = DEFAULT_OPTIONS,
-    ) -> StartResult:
-        now = self._clock()
-        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
-            resume=resume, upstream=upstream
-        )
-        with self._lock:  # the read and the write below as one step, like the two conditions
-            current = _record(self._items.get(record.pk))
-            if current is None:
-                self._items[record.pk] = record.to_item()
-                return StartResult(record, created=True)
-            if current.desired_state is DesiredState.STARTED:
-                return StartResult(current)
-        # Outside the lock: it may kill the owner (see LeaseStore._owner_is_over).
-        owner_over = bool(current.lease_owner) and self._owner_is_over(current.lease_owner)
+    def _create(self, record: ConnectionRecord) -> None:
         with self._lock:
-            changed = _record(self._items.get(record.pk)) != current
-            if not changed:
-                return self._restart(current, ws_url, resume, upstream, now, owner_over)
-        # It changed meanwhile: again.
-        return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
+            if record.pk in self._items:
+                raise _Refused(_record(self._items[record.pk]))
+            self._items[record.pk] = record.to_item()
 
-    def _restart(
-        self,
-        current: ConnectionRecord,
-        ws_url: str,
-        resume: bool,
-        upstream: UpstreamOptions,
-        now: int,
-        owner_over: bool,
-    ) -> StartResult:
-        """STOPPED/FAILED -> STARTED (the caller holds the lock)."""
-        owner = "" if owner_over else current.lease_owner
-        keys, removed = index_keys(
-            current.pk, DesiredState.STARTED, owned=bool(owner), since_ms=now
-        )
-        if not owner:
-            removed = (*removed, "lease_owner")
-        item = {
-            **self._items[current.pk],
-            "desired_state": DesiredState.STARTED.value,
-            "ws_url": ws_url,
-            "updated_at_ms": now,
-            "resume": resume,
-            **_restart_values(current, ws_url, upstream),
-            **keys,
-        }
-        for name in (
-            "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
-            *_restart_removals(current, ws_url, upstream),
-            *removed,
-        ):
-            item.pop(name, None)
-        self._items[current.pk] = item
-        return StartResult(ConnectionRecord.from_item(item), restarted=True)
+    def _restart_write(
+        self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        # Stricter than DynamoDB's condition (nothing changed since ``current`` was read),
+        # which covers it: the state and the owner are part of the record.
+        with _refused_with_record():
+            item = self._update(current.pk, lambda old: _record(old) == current, set_values, remove)
+        return ConnectionRecord.from_item(item)
 
-    def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        now = self._clock()
-        keys, removed = index_keys(pk, DesiredState.STOPPED, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now)
-        try:
-            item = self._update(
-                pk,
-                lambda old: bool(old) and old["desired_state"] != DesiredState.STOPPED.value,
-                {
-                    "desired_state": DesiredState.STOPPED.value,
-                    "stop_reason": reason,
-                    "updated_at_ms": now,
-                    **keys,
-                    **({"expires_at": ttl} if ttl else {}),
-                },
-                removed,
-            )
-        except _Failed as refused:
-            if refused.old is None:
-                raise ConnectionNotFound(pk) from refused
-            return StopResult(ConnectionRecord.from_item(refused.old), stopped=False)
-        return StopResult(ConnectionRecord.from_item(item), stopped=True)
+    def _stop_write(
+        self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        def condition(old: _Item) -> bool:
+            return bool(old) and old["desired_state"] != DesiredState.STOPPED.value
+
+        with _refused_with_record():
+            return ConnectionRecord.from_item(self._update(pk, condition, set_values, remove))
 
     def list_connections(
         self, state: DesiredState, *, limit: int = 50, start_key: Mapping[str, Any] | None = None
@@ -257,7 +199,7 @@ class InMemoryLeaseStore(LeaseStore):
                 )
             return "lease_owner" not in old
 
-        try:
+        with _refused_with_record():
             item = self._update(
                 pk,
                 condition,
@@ -265,22 +207,16 @@ class InMemoryLeaseStore(LeaseStore):
                 (*_UNOWNED_KEYS, *_HINT_CLAIM),
                 add_epoch=True,
             )
-        except _Failed as refused:
-            raise _Refused(_record(refused.old)) from refused
         return ConnectionRecord.from_item(item)
 
-    def _holder_write(
+    def _holder_update(
         self,
         lease: Lease,
         set_values: Mapping[str, Any],
-        *,
-        remove: Iterable[str] = (),
-        last_seq: int | None = None,
-        started_only: bool = False,
+        remove: tuple[str, ...],
+        last_seq: int | None,
+        started_only: bool,
     ) -> ConnectionRecord:
-        """A write allowed only while owner and epoch are ours (and, with ``started_only``,
-        while STARTED); a ``last_seq`` that would move the checkpoint back is left out."""
-
         def condition(old: _Item) -> bool:
             return (
                 _is(old, "lease_owner", lease.owner)
@@ -290,16 +226,8 @@ class InMemoryLeaseStore(LeaseStore):
             )
 
         values = dict(set_values) if last_seq is None else {**set_values, "last_seq": last_seq}
-        removed = tuple(remove)
-        try:
-            return ConnectionRecord.from_item(self._update(lease.pk, condition, values, removed))
-        except _Failed as refused:
-            current = _record(refused.old)
-            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                return self._holder_write(
-                    lease, set_values, remove=removed, started_only=started_only
-                )
-            _raise_refusal(lease, current, refused)
+        with _refused_with_record():
+            return ConnectionRecord.from_item(self._update(lease.pk, condition, values, remove))
 
     # ------------------------------------------------------------------ worker items
     def register_worker(self, worker: WorkerRecord) -> None:
@@ -390,11 +318,7 @@ class InMemoryLeaseStore(LeaseStore):
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
         for item in self._scan(lambda item: _is(item, "lease_owner", owner)):
-            yield IndexEntry(
-                str(item["pk"]),
-                int(item.get("lease_epoch", 0)),
-                DesiredState(item["desired_state"]) if item.get("desired_state") else None,
-            )
+            yield IndexEntry.from_owner_index(item)
 
     def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
         items = self._scan(
@@ -402,12 +326,7 @@ class InMemoryLeaseStore(LeaseStore):
             and int(item["unowned_since_ms"]) < before_ms
         )
         for item in sorted(items, key=lambda item: int(item["unowned_since_ms"])):
-            yield IndexEntry(
-                str(item["pk"]),
-                int(item.get("lease_epoch", 0)),
-                DesiredState.STARTED,
-                int(item["unowned_since_ms"]),
-            )
+            yield IndexEntry.from_unowned_index(item)
 
     def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
         now = self._clock()

@@ -156,6 +156,11 @@ def _int(item: Mapping[str, Any], name: str, default: int = 0) -> int:
     return default if value is None else int(value)
 
 
+def _opt_int(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    return None if value is None else int(value)
+
+
 def _opt_str(item: Mapping[str, Any], name: str) -> str | None:
     value = item.get(name)
     return None if value is None else str(value)
@@ -225,16 +230,12 @@ class ConnectionRecord:
             last_error=_opt_str(item, "last_error"),
             resume=bool(item.get("resume", True)),
             failure_count=_int(item, "failure_count"),
-            failure_seq=None if item.get("failure_seq") is None else int(item["failure_seq"]),
-            unowned_since_ms=(
-                None if item.get("unowned_since_ms") is None else int(item["unowned_since_ms"])
-            ),
+            failure_seq=_opt_int(item, "failure_seq"),
+            unowned_since_ms=_opt_int(item, "unowned_since_ms"),
             upstream=UpstreamOptions.from_item(item.get("upstream")),
             resume_gaps=_int(item, "resume_gaps"),
             gap_frames=_int(item, "gap_frames"),
-            rebalanced_at_ms=(
-                None if item.get("rebalanced_at_ms") is None else int(item["rebalanced_at_ms"])
-            ),
+            rebalanced_at_ms=_opt_int(item, "rebalanced_at_ms"),
         )
 
     def to_item(self) -> dict[str, Any]:
@@ -311,14 +312,10 @@ class WorkerRecord:
             expires_at_ms=_int(item, "expires_at_ms"),
             connection_count=_int(item, "connection_count"),
             capacity=_int(item, "capacity"),
-            dead_at_ms=None if item.get("dead_at_ms") is None else int(item["dead_at_ms"]),
-            movable_count=(
-                None if item.get("movable_count") is None else int(item["movable_count"])
-            ),
-            hinted_expiry_ms=(
-                None if item.get("hinted_expiry_ms") is None else int(item["hinted_expiry_ms"])
-            ),
-            hinted_at_ms=None if item.get("hinted_at_ms") is None else int(item["hinted_at_ms"]),
+            dead_at_ms=_opt_int(item, "dead_at_ms"),
+            movable_count=_opt_int(item, "movable_count"),
+            hinted_expiry_ms=_opt_int(item, "hinted_expiry_ms"),
+            hinted_at_ms=_opt_int(item, "hinted_at_ms"),
             task_arn=_opt_str(item, "task_arn"),
             container_runtime_id=_opt_str(item, "container_runtime_id"),
         )

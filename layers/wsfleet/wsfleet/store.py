@@ -29,7 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -135,26 +134,40 @@ def _same_stream(current: ConnectionRecord, ws_url: str, upstream: UpstreamOptio
     return current.ws_url == ws_url and current.upstream.seq_pointer == upstream.seq_pointer
 
 
-def _restart_values(
-    current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions
-) -> dict[str, Any]:
-    """What a restart (STOPPED/FAILED -> STARTED) sets besides state and index keys."""
+def _restart_changes(
+    current: ConnectionRecord,
+    ws_url: str,
+    resume: bool,
+    upstream: UpstreamOptions,
+    now: int,
+    *,
+    owned: bool,
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What a restart (STOPPED/FAILED -> STARTED) sets and removes: the START's URL and
+    options, the index keys (``owned``: the owner stays until it releases; else it is removed
+    and the connection is free now), the stop's traces and the breaker's count. The checkpoint
+    and the gap history survive only for the same stream (:func:`_same_stream`)."""
+    same = _same_stream(current, ws_url, upstream)
+    keys, removed = index_keys(current.pk, DesiredState.STARTED, owned=owned, since_ms=now)
     values: dict[str, Any] = {
-        "last_seq": current.last_seq if _same_stream(current, ws_url, upstream) else 0
+        "desired_state": DesiredState.STARTED.value,
+        "ws_url": ws_url,
+        "updated_at_ms": now,
+        "resume": resume,
+        "last_seq": current.last_seq if same else 0,
+        **keys,
     }
-    if not upstream.is_default:
+    removals = ["stop_reason", "last_error", "expires_at", "failure_count", "failure_seq"]
+    removals += removed
+    if upstream.is_default:
+        removals.append("upstream")
+    else:
         values["upstream"] = upstream.to_item()
-    return values
-
-
-def _restart_removals(
-    current: ConnectionRecord, ws_url: str, upstream: UpstreamOptions
-) -> tuple[str, ...]:
-    """What a restart removes: default options, and a new stream's gap history."""
-    removals: tuple[str, ...] = ("upstream",) if upstream.is_default else ()
-    if not _same_stream(current, ws_url, upstream):
-        removals += ("resume_gaps", "gap_frames")
-    return removals
+    if not same:
+        removals += ["resume_gaps", "gap_frames"]
+    if current.lease_owner and not owned:
+        removals.append("lease_owner")
+    return values, tuple(removals)
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,24 @@ class IndexEntry:
     epoch: int
     desired_state: DesiredState | None = None
     unowned_since_ms: int | None = None
+
+    @classmethod
+    def from_owner_index(cls, item: Mapping[str, Any]) -> IndexEntry:
+        """The entry of a gsi_owner item."""
+        state = item.get("desired_state")
+        return cls(
+            str(item["pk"]), int(item.get("lease_epoch", 0)), DesiredState(state) if state else None
+        )
+
+    @classmethod
+    def from_unowned_index(cls, item: Mapping[str, Any]) -> IndexEntry:
+        """The entry of a gsi_unowned item (only STARTED connections are in that index)."""
+        return cls(
+            str(item["pk"]),
+            int(item.get("lease_epoch", 0)),
+            DesiredState.STARTED,
+            int(item["unowned_since_ms"]),
+        )
 
 
 class LeaseStore(ABC):
@@ -216,10 +247,16 @@ class LeaseStore(ABC):
             stopped_retention_ms=int(settings.stopped_retention_days * 86_400_000),
         )
 
-    def _stopped_ttl(self, now: int) -> int | None:
-        if self.stopped_retention_ms <= 0:
-            return None
-        return (now + self.stopped_retention_ms) // 1000
+    def _end_changes(
+        self, pk: str, state: DesiredState, reason: str, now: int
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """What ending a connection (STOPPED or FAILED) sets and removes, ownership aside:
+        state, reason, index keys and, for STOPPED, the TTL."""
+        keys, removed = index_keys(pk, state, owned=True, since_ms=now)
+        values = {"desired_state": state.value, "stop_reason": reason, "updated_at_ms": now, **keys}
+        if state is DesiredState.STOPPED and self.stopped_retention_ms > 0:
+            values["expires_at"] = (now + self.stopped_retention_ms) // 1000
+        return values, removed
 
     # ------------------------------------------------------------------ acquire (shared logic)
     def acquire(
@@ -309,7 +346,6 @@ class LeaseStore(ABC):
     ) -> dict[str, ConnectionRecord]:
         """Many connection items (missing ones are absent from the result)."""
 
-    @abstractmethod
     def start(
         self,
         connection_id: str,
@@ -328,12 +364,64 @@ class LeaseStore(ABC):
           and the seq pointer are unchanged, so the stream resumes where it stopped; another
           stream starts from 0. The crash-loop breaker's count is reset.
         """
+        now = self._clock()
+        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
+            resume=resume, upstream=upstream
+        )
+        try:
+            self._create(record)
+            return StartResult(record, created=True)
+        except _Refused as refused:
+            current = refused.current
+        if current is None:  # only if it was deleted between our write and our read
+            raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
+        if current.desired_state is DesiredState.STARTED:
+            return StartResult(current)
+        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
+        set_values, remove = _restart_changes(
+            current, ws_url, resume, upstream, now, owned=keep_owner
+        )
+        try:
+            return StartResult(self._restart_write(current, set_values, remove), restarted=True)
+        except _Refused as refused:  # a concurrent START or the owner's release came first
+            winner = refused.current
+            if winner is None:
+                raise ConnectionNotFound(current.pk) from refused
+        if winner.desired_state is DesiredState.STARTED:
+            return StartResult(winner)
+        return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
 
     @abstractmethod
+    def _create(self, record: ConnectionRecord) -> None:
+        """Put a new connection item, conditional on its key being free. Raises
+        :class:`_Refused` carrying the item that holds the key."""
+
+    @abstractmethod
+    def _restart_write(
+        self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        """Apply a restart's changes, conditional on the item still being STOPPED or FAILED
+        under the owner ``current`` shows (the index keys depend on it). Raises
+        :class:`_Refused` carrying the current item."""
+
     def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
         """Set desired_state to STOPPED (idempotent; ``stopped`` is False if it already was).
         Raises ConnectionNotFound for an unknown pk. The owner is left alone: it learns of the
         STOP from its control channel (or its sweep), closes, and releases."""
+        values, removed = self._end_changes(pk, DesiredState.STOPPED, reason, self._clock())
+        try:
+            return StopResult(self._stop_write(pk, values, removed), stopped=True)
+        except _Refused as refused:
+            if refused.current is None:
+                raise ConnectionNotFound(pk) from refused
+            return StopResult(refused.current, stopped=False)
+
+    @abstractmethod
+    def _stop_write(
+        self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
+        """Apply a stop's changes, conditional on the item existing and not being STOPPED.
+        Raises :class:`_Refused` carrying the current item (None: absent)."""
 
     @abstractmethod
     def list_connections(
@@ -342,8 +430,7 @@ class LeaseStore(ABC):
         """One page of connections in ``state`` (gsi_state, shard by shard)."""
 
     # ------------------------------------------------------------------ holder writes
-    # (shared: every one is a conditional update through the backend's _holder_write)
-    @abstractmethod
+    # (shared: every one is a conditional update through the backend's _holder_update)
     def _holder_write(
         self,
         lease: Lease,
@@ -354,9 +441,37 @@ class LeaseStore(ABC):
         started_only: bool = False,
     ) -> ConnectionRecord:
         """Set ``set_values`` and remove ``remove``, only while owner and epoch are ours (and,
-        with ``started_only``, while STARTED); ``last_seq`` is written only if it does not move
-        the checkpoint back (a later checkpoint of ours that landed first wins). A refusal
-        raises ConnectionStopped (ours, not STARTED) or LeaseLost."""
+        with ``started_only``, while STARTED). A refusal raises ConnectionStopped (ours, not
+        STARTED) or LeaseLost.
+
+        ``last_seq``, when given, is written only if it does not move the checkpoint back: two
+        writes of one holder can land out of order (a retried request, a paused process), and
+        the checkpoint must never regress. If a later checkpoint of ours already landed, the
+        write goes ahead without the stale one.
+        """
+        removed = tuple(remove)
+        try:
+            return self._holder_update(lease, set_values, removed, last_seq, started_only)
+        except _Refused as refused:
+            current = refused.current
+            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
+                return self._holder_write(
+                    lease, set_values, remove=removed, started_only=started_only
+                )
+            _raise_refusal(lease, current, refused.__cause__ or refused)
+
+    @abstractmethod
+    def _holder_update(
+        self,
+        lease: Lease,
+        set_values: Mapping[str, Any],
+        remove: tuple[str, ...],
+        last_seq: int | None,
+        started_only: bool,
+    ) -> ConnectionRecord:
+        """The conditional write of :meth:`_holder_write`: owner and epoch are ``lease``'s,
+        STARTED if ``started_only``, and ``last_seq`` (set with the rest) is not below the
+        item's. Raises :class:`_Refused` carrying the current item."""
 
     def checkpoint(self, lease: Lease, last_seq: int) -> None:
         """Record ``last_seq`` as durable (never backwards), fenced by owner and epoch and
@@ -408,21 +523,9 @@ class LeaseStore(ABC):
         extra: Mapping[str, Any],
         last_seq: int | None,
     ) -> ConnectionRecord:
-        now = self._clock()
-        keys, removed = index_keys(lease.pk, state, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now) if state is DesiredState.STOPPED else None
+        values, removed = self._end_changes(lease.pk, state, reason, self._clock())
         return self._fenced(
-            lease,
-            {
-                "desired_state": state.value,
-                "stop_reason": reason,
-                "updated_at_ms": now,
-                **keys,
-                **extra,
-                **({"expires_at": ttl} if ttl else {}),
-            },
-            remove=("lease_owner", *removed),
-            last_seq=last_seq,
+            lease, {**values, **extra}, remove=("lease_owner", *removed), last_seq=last_seq
         )
 
     def _fenced(
@@ -648,15 +751,32 @@ class DynamoDBLeaseStore(LeaseStore):
             raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
         return response
 
-    def _pages(self, operation: str, *, page_size: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        """Every page of ``operation`` (a boto3 paginator), fetched lazily."""
-        pages = self._client.get_paginator(operation).paginate(
-            TableName=self.table_name, PaginationConfig={"PageSize": page_size}, **kwargs
+    def _query(
+        self, index: str, key_condition: str, *, page_size: int, **values: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every item an index query returns, page by page (a boto3 paginator), fetched
+        lazily."""
+        pages = self._client.get_paginator("query").paginate(
+            TableName=self.table_name,
+            IndexName=index,
+            KeyConditionExpression=key_condition,
+            ExpressionAttributeValues=_values(**values),
+            PaginationConfig={"PageSize": page_size},
         )
         try:
-            yield from pages
+            for page in pages:
+                for raw in page.get("Items", []):
+                    yield _load(raw) or {}
         except (ClientError, BotoCoreError) as exc:
-            raise StoreError(f"{operation} on {self.table_name} failed: {exc}") from exc
+            raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
+
+    def _succeeds(self, operation: str, pk: str, condition: str, **kwargs: Any) -> bool:
+        """A conditional write whose refusal is an answer (False), not an error."""
+        try:
+            self._call(operation, Key=_dump({"pk": pk}), ConditionExpression=condition, **kwargs)
+        except ClientError:
+            return False
+        return True
 
     def _update(
         self,
@@ -747,18 +867,7 @@ class DynamoDBLeaseStore(LeaseStore):
         return found
 
     # ------------------------------------------------------------------ API-side writes
-    def start(
-        self,
-        connection_id: str,
-        ws_url: str,
-        *,
-        resume: bool = True,
-        upstream: UpstreamOptions = DEFAULT_OPTIONS,
-    ) -> StartResult:
-        now = self._clock()
-        record = ConnectionRecord.new(connection_id, ws_url, now).with_changes(
-            resume=resume, upstream=upstream
-        )
+    def _create(self, record: ConnectionRecord) -> None:
         try:
             self._call(
                 "put_item",
@@ -766,33 +875,17 @@ class DynamoDBLeaseStore(LeaseStore):
                 ConditionExpression="attribute_not_exists(pk)",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-            return StartResult(record, created=True)
         except ClientError as exc:
-            current = self._refused_record(exc, record.pk)
-        if current is None:  # only if it was deleted between our write and our read
-            raise StoreError(f"start of {record.pk} refused, but the item is gone; retry")
-        if current.desired_state is DesiredState.STARTED:
-            return StartResult(current)
-        keep_owner = bool(current.lease_owner) and not self._owner_is_over(current.lease_owner)
-        keys, removed = index_keys(current.pk, DesiredState.STARTED, owned=keep_owner, since_ms=now)
-        if current.lease_owner and not keep_owner:
-            removed = (*removed, "lease_owner")
+            raise _Refused(self._refused_record(exc, record.pk)) from exc
+
+    def _restart_write(
+        self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
         try:
             item = self._update(
                 current.pk,
-                set_values={
-                    "desired_state": DesiredState.STARTED.value,
-                    "ws_url": ws_url,
-                    "updated_at_ms": now,
-                    "resume": resume,
-                    **_restart_values(current, ws_url, upstream),
-                    **keys,
-                },
-                remove=(
-                    "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
-                    *_restart_removals(current, ws_url, upstream),
-                    *removed,
-                ),
+                set_values=set_values,
+                remove=remove,
                 # The owner condition keeps the index keys right.
                 condition="#desired_state IN (:stopped, :failed) AND "
                 + ("#lease_owner = :seen_owner" if current.lease_owner
@@ -803,39 +896,24 @@ class DynamoDBLeaseStore(LeaseStore):
                     **({"seen_owner": current.lease_owner} if current.lease_owner else {}),
                 },
             )
-        except ClientError as exc:  # a concurrent START or the owner's release came first
-            winner = self._refused_record(exc, current.pk)
-            if winner is None:
-                raise ConnectionNotFound(current.pk) from exc
-            if winner.desired_state is DesiredState.STARTED:
-                return StartResult(winner)
-            return self.start(connection_id, ws_url, resume=resume, upstream=upstream)
-        return StartResult(ConnectionRecord.from_item(item), restarted=True)
+        except ClientError as exc:
+            raise _Refused(self._refused_record(exc, current.pk)) from exc
+        return ConnectionRecord.from_item(item)
 
-    def stop(self, pk: str, *, reason: str = "stopped") -> StopResult:
-        now = self._clock()
-        keys, removed = index_keys(pk, DesiredState.STOPPED, owned=True, since_ms=now)
-        ttl = self._stopped_ttl(now)
+    def _stop_write(
+        self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
+    ) -> ConnectionRecord:
         try:
             item = self._update(
                 pk,
-                set_values={
-                    "desired_state": DesiredState.STOPPED.value,
-                    "stop_reason": reason,
-                    "updated_at_ms": now,
-                    **keys,
-                    **({"expires_at": ttl} if ttl else {}),
-                },
-                remove=removed,
+                set_values=set_values,
+                remove=remove,
                 condition="attribute_exists(pk) AND #desired_state <> :stopped_state",
                 values={"stopped_state": DesiredState.STOPPED.value},
             )
         except ClientError as exc:
-            current = self._refused_record(exc, pk)
-            if current is None:
-                raise ConnectionNotFound(pk) from exc
-            return StopResult(current, stopped=False)
-        return StopResult(ConnectionRecord.from_item(item), stopped=True)
+            raise _Refused(self._refused_record(exc, pk)) from exc
+        return ConnectionRecord.from_item(item)
 
     def list_connections(
         self,
@@ -916,23 +994,14 @@ class DynamoDBLeaseStore(LeaseStore):
             raise
         return ConnectionRecord.from_item(item)
 
-    def _holder_write(
+    def _holder_update(
         self,
         lease: Lease,
         set_values: Mapping[str, Any],
-        *,
-        remove: Iterable[str] = (),
-        last_seq: int | None = None,
-        started_only: bool = False,
+        remove: tuple[str, ...],
+        last_seq: int | None,
+        started_only: bool,
     ) -> ConnectionRecord:
-        """An UpdateItem allowed only while owner and epoch are ours (and, with
-        ``started_only``, while STARTED).
-
-        ``last_seq``, when given, is written only if it does not move the checkpoint back: two
-        writes of one holder can land out of order (a retried request, a paused process), and
-        the checkpoint must never regress. If a later checkpoint of ours already landed, the
-        write goes ahead without the stale one.
-        """
         condition = "#lease_owner = :owner AND #lease_epoch = :epoch"
         values: dict[str, Any] = {"owner": lease.owner, "epoch": lease.epoch}
         assignments = dict(set_values)
@@ -947,12 +1016,7 @@ class DynamoDBLeaseStore(LeaseStore):
                 lease.pk, set_values=assignments, remove=remove, condition=condition, values=values
             )
         except ClientError as exc:
-            current = self._refused_record(exc, lease.pk)
-            if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                return self._holder_write(
-                    lease, set_values, remove=remove, started_only=started_only
-                )
-            _raise_refusal(lease, current, exc)
+            raise _Refused(self._refused_record(exc, lease.pk)) from exc
         return ConnectionRecord.from_item(item)
 
     # ------------------------------------------------------------------ worker items
@@ -994,14 +1058,13 @@ class DynamoDBLeaseStore(LeaseStore):
 
     def retire_worker(self, worker_id: str) -> None:
         now = self._clock()
-        with contextlib.suppress(ClientError):  # already dead or gone: nothing left to end
-            self._call(
-                "update_item",
-                Key=_dump({"pk": worker_pk(worker_id)}),
-                UpdateExpression="SET dead_at_ms = :now, expires_at_ms = :now",
-                ConditionExpression="attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
-                ExpressionAttributeValues=_values(now=now),
-            )
+        self._succeeds(  # refused: already dead or gone, nothing left to end
+            "update_item",
+            worker_pk(worker_id),
+            "attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
+            UpdateExpression="SET dead_at_ms = :now, expires_at_ms = :now",
+            ExpressionAttributeValues=_values(now=now),
+        )
 
     def kill_worker(self, worker_id: str) -> bool:
         now = self._clock()
@@ -1078,31 +1141,19 @@ class DynamoDBLeaseStore(LeaseStore):
         return {str(item["worker_id"]): WorkerRecord.from_item(item) for item in items.values()}
 
     def list_worker_ids(self) -> list[str]:
-        pages = self._pages(
-            "query",
-            page_size=1000,
-            IndexName=WORKERS_INDEX,
-            KeyConditionExpression="worker_index = :workers",
-            ExpressionAttributeValues=_values(workers=WORKER_INDEX_VALUE),
+        items = self._query(
+            WORKERS_INDEX, "worker_index = :workers", page_size=1000, workers=WORKER_INDEX_VALUE
         )
         prefix = worker_pk("")
-        return [
-            str((_load(raw) or {})["pk"])[len(prefix):]
-            for page in pages
-            for raw in page.get("Items", [])
-        ]
+        return [str(item["pk"])[len(prefix):] for item in items]
 
     def delete_worker(self, worker_id: str, *, dead_before_ms: int) -> bool:
-        try:
-            self._call(
-                "delete_item",
-                Key=_dump({"pk": worker_pk(worker_id)}),
-                ConditionExpression="expires_at_ms < :before",
-                ExpressionAttributeValues=_values(before=dead_before_ms),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "delete_item",
+            worker_pk(worker_id),
+            "expires_at_ms < :before",
+            ExpressionAttributeValues=_values(before=dead_before_ms),
+        )
 
     # ------------------------------------------------------------------ the fleet view
     def put_fleet_view(self, view: FleetView) -> None:
@@ -1116,89 +1167,51 @@ class DynamoDBLeaseStore(LeaseStore):
 
     # ------------------------------------------------------------------ indexes
     def owned_by(self, owner: str, *, page_size: int = 1000) -> Iterator[IndexEntry]:
-        pages = self._pages(
-            "query",
-            page_size=page_size,
-            IndexName=OWNER_INDEX,
-            KeyConditionExpression="lease_owner = :owner",
-            ExpressionAttributeValues=_values(owner=owner),
-        )
-        for page in pages:
-            for raw in page.get("Items", []):
-                item = _load(raw) or {}
-                state = item.get("desired_state")
-                yield IndexEntry(
-                    str(item["pk"]),
-                    int(item.get("lease_epoch", 0)),
-                    DesiredState(state) if state else None,
-                )
+        items = self._query(OWNER_INDEX, "lease_owner = :owner", page_size=page_size, owner=owner)
+        return map(IndexEntry.from_owner_index, items)
 
     def unowned(self, shard: int, before_ms: int, *, page_size: int = 500) -> Iterator[IndexEntry]:
-        pages = self._pages(
-            "query",
+        items = self._query(
+            UNOWNED_INDEX,
+            "unowned_shard = :shard AND unowned_since_ms < :before",
             page_size=page_size,
-            IndexName=UNOWNED_INDEX,
-            KeyConditionExpression="unowned_shard = :shard AND unowned_since_ms < :before",
-            ExpressionAttributeValues=_values(shard=f"{shard:02d}", before=before_ms),
+            shard=f"{shard:02d}",
+            before=before_ms,
         )
-        for page in pages:
-            for raw in page.get("Items", []):
-                item = _load(raw) or {}
-                yield IndexEntry(
-                    str(item["pk"]),
-                    int(item.get("lease_epoch", 0)),
-                    DesiredState.STARTED,
-                    int(item["unowned_since_ms"]),
-                )
+        return map(IndexEntry.from_unowned_index, items)
 
     def claim_worker_hints(self, worker: WorkerRecord, *, rehint_after_ms: int) -> bool:
         now = self._clock()
-        try:
-            self._call(
-                "update_item",
-                Key=_dump({"pk": worker.pk}),
-                UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
-                ConditionExpression=(
-                    "expires_at_ms = :expiry AND (attribute_not_exists(hinted_at_ms) "
-                    "OR hinted_expiry_ms <> :expiry OR hinted_at_ms < :stale)"
-                ),
-                ExpressionAttributeValues=_values(
-                    expiry=worker.expires_at_ms, now=now, stale=now - rehint_after_ms
-                ),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "update_item",
+            worker.pk,
+            "expires_at_ms = :expiry AND (attribute_not_exists(hinted_at_ms) "
+            "OR hinted_expiry_ms <> :expiry OR hinted_at_ms < :stale)",
+            UpdateExpression="SET hinted_expiry_ms = :expiry, hinted_at_ms = :now",
+            ExpressionAttributeValues=_values(
+                expiry=worker.expires_at_ms, now=now, stale=now - rehint_after_ms
+            ),
+        )
 
     def claim_hint(self, entry: IndexEntry, *, rehint_after_ms: int) -> bool:
         now = self._clock()
-        try:
-            self._call(
-                "update_item",
-                Key=_dump({"pk": entry.pk}),
-                UpdateExpression="SET hinted_since_ms = :since, hinted_at_ms = :now",
-                ConditionExpression=(
-                    "unowned_since_ms = :since AND attribute_not_exists(lease_owner) AND "
-                    "(attribute_not_exists(hinted_at_ms) OR hinted_since_ms <> :since "
-                    "OR hinted_at_ms < :stale)"
-                ),
-                ExpressionAttributeValues=_values(
-                    since=entry.unowned_since_ms, now=now, stale=now - rehint_after_ms
-                ),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "update_item",
+            entry.pk,
+            "unowned_since_ms = :since AND attribute_not_exists(lease_owner) AND "
+            "(attribute_not_exists(hinted_at_ms) OR hinted_since_ms <> :since "
+            "OR hinted_at_ms < :stale)",
+            UpdateExpression="SET hinted_since_ms = :since, hinted_at_ms = :now",
+            ExpressionAttributeValues=_values(
+                since=entry.unowned_since_ms, now=now, stale=now - rehint_after_ms
+            ),
+        )
 
     def withdraw_hint_claim(self, entry: IndexEntry) -> bool:
-        try:
-            self._call(
-                "update_item",
-                Key=_dump({"pk": entry.pk}),
-                UpdateExpression="REMOVE hinted_since_ms, hinted_at_ms",
-                ConditionExpression="hinted_since_ms = :since",
-                ExpressionAttributeValues=_values(since=entry.unowned_since_ms),
-            )
-        except ClientError:
-            return False
-        return True
+        return self._succeeds(
+            "update_item",
+            entry.pk,
+            "hinted_since_ms = :since",
+            UpdateExpression="REMOVE hinted_since_ms, hinted_at_ms",
+            ExpressionAttributeValues=_values(since=entry.unowned_since_ms),
+        )

@@ -1,4 +1,6 @@
-"""Small doubles the worker's unit tests share: an async test runner and a recording logger.
+"""Small doubles the worker's tests share (unit and in-process integration ones): an async
+test runner and a recording logger. It lives in tests/, which pytest puts on ``sys.path`` for
+tests/conftest.py, so both tiers import it by name.
 
 Example::
 
