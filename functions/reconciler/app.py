@@ -186,7 +186,12 @@ def write_fleet_view(
     the plan (:func:`wsfleet.rebalance.make_view`)."""
     live = [w for w in workers.values() if not w.dead and w.expires_at_ms > now]
     view = make_view(
-        [WorkerLoad(w.worker_id, w.connection_count, w.capacity, w.started_at_ms) for w in live],
+        [
+            WorkerLoad(
+                w.worker_id, w.connection_count, w.capacity, w.started_at_ms, w.movable_count
+            )
+            for w in live
+        ],
         now_ms=now,
         queues={w.worker_id: w.control_queue_url for w in live},
         heartbeats={w.worker_id: w.heartbeat_at_ms for w in live},

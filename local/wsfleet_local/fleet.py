@@ -152,6 +152,9 @@ class FleetTimings:
     #: REBALANCE_MAX_MOVES; None keeps the template's default. Benches that measure a
     #: disruption set 0, so no move changes what they measure.
     rebalance_max_moves: int | None = None
+    #: REBALANCE_DWELL_SECONDS; None keeps the template's (600 s), which a bench or test that
+    #: counts connections moved twice relies on.
+    rebalance_dwell_seconds: float | None = None
 
     def __post_init__(self) -> None:
         from wsfleet.settings import Settings
@@ -424,6 +427,11 @@ class LocalFleet(Service):
             "ReconcilePassSeconds": _number(t.pass_seconds),
             "MaxConnectionsPerTask": t.max_connections,
             "RebalanceSeconds": _number(t.rebalance_seconds),
+            **(
+                {"RebalanceDwellSeconds": _number(t.rebalance_dwell_seconds)}
+                if t.rebalance_dwell_seconds is not None
+                else {}
+            ),
             **(
                 {"RebalanceMaxMoves": t.rebalance_max_moves}
                 if t.rebalance_max_moves is not None

@@ -633,6 +633,30 @@ def test_each_pass_writes_the_fleet_view_and_a_new_plan_only_once_the_last_settl
     reconciler.close()
 
 
+def test_a_plan_asks_no_giver_for_more_than_its_heartbeat_says_it_may_move(rig: Rig) -> None:
+    # GIVEN three workers above their share of 5, the first holding only connections moved
+    # within the dwell time (its heartbeat says 0 movable), and an empty one
+    reconciler = rig.new_reconciler()
+    reconciler.rebalance = reconciler_app.RebalancePolicy(
+        max_moves=20, band_percent=10, act_ms=4_000
+    )
+    expires = rig.clock() + 10 * LEASE_MS
+    for wid, held, movable in (("a", 7, 0), ("b", 7, 7), ("c", 6, None)):
+        rig.register(wid, expires_in_ms=10 * LEASE_MS)
+        rig.store.renew_worker(
+            wid, expires_at_ms=expires, connection_count=held, movable_count=movable
+        )
+    rig.register("d", expires_in_ms=10 * LEASE_MS, queue=True)
+    assert rig.store.get_workers(["a"])["a"].movable_count == 0
+    # WHEN a pass plans
+    rig.run_pass(reconciler)
+    # THEN the moves come from the others (c reported no count: all of its may move)
+    view = rig.store.get_fleet_view(consistent=True)
+    assert view is not None
+    assert [(m.giver, m.taker, m.count) for m in view.moves] == [("b", "d", 2), ("c", "d", 1)]
+    reconciler.close()
+
+
 def test_without_rebalancing_no_view_is_written(rig: Rig) -> None:
     rig.register("w", expires_in_ms=LEASE_MS)
     rig.run_pass()

@@ -51,7 +51,14 @@ class Store(InMemoryLeaseStore):
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
 
-    def renew_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
+    def renew_worker(
+        self,
+        worker_id: str,
+        *,
+        expires_at_ms: int,
+        connection_count: int,
+        movable_count: int | None = None,
+    ) -> None:
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(WAIT)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from test_worker_decisions import Outbox, Store, connect, make_worker, sync
+from test_worker_decisions import Outbox, Store, connect, make_worker, sync, until
 
 from wsfleet.clock import now_ms
 from wsfleet.control import HandoffHint
@@ -112,25 +112,62 @@ def test_connections_moved_within_the_dwell_time_are_not_chosen():
     ]
 
 
-@sync
-async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwell():
-    # GIVEN a connection a peer moved here a moment ago (the item says so)
-    store = Store()
+async def _one_moved_one_not(store: Store) -> tuple[Any, str]:
+    """A worker holding a connection a peer moved here a moment ago (the item says so) and
+    one that never moved; and the moved one's pk."""
     store.start("m", "wss://up.example/m")
     worker = make_worker(store)
     session = connect(worker, store, "m")
     session.finish(ExitReason.REBALANCED)
     await asyncio.wait([worker._session_tasks[session.pk]], timeout=10)
-    record = store.acquire(session.pk, "w1")
-    worker._start_session(record)
+    worker._start_session(store.acquire(session.pk, "w1"))
     connect(worker, store, "plain")
+    return worker, session.pk
+
+
+@sync
+async def test_a_connection_taken_after_a_move_is_not_moved_again_within_the_dwell():
+    # GIVEN a connection a peer moved here a moment ago and one that never moved
+    store = Store()
+    worker, moved = await _one_moved_one_not(store)
     # WHEN a plan asks for both
     store.put_fleet_view(plan(Move("w1", "w2", 2), targets={"w1": 0}))
     given = await worker.rebalancer.run_once()
     # THEN only the one that never moved goes
     assert given == 1
-    assert worker.sessions[session.pk].reason is None
+    assert worker.sessions[moved].reason is None
     await _drain(worker)
+
+
+@sync
+async def test_the_heartbeat_reports_how_many_connections_may_move():
+    # GIVEN a connection moved here a moment ago and one that never moved
+    store = Store()
+    worker, _ = await _one_moved_one_not(store)
+    # WHEN the worker renews its lease
+    assert worker.liveness.timer is not None
+    await worker.liveness._renew(worker.liveness.timer, now_ms())
+    # THEN its item says it holds two, of which one may move (the reconciler plans with it)
+    item = store.get_workers(["w1"])["w1"]
+    assert (item.connection_count, item.movable_count) == (2, 1)
+    await _drain(worker)
+
+
+@sync
+async def test_the_first_view_is_read_at_start_so_placement_works_from_the_start():
+    # GIVEN a view in the store and a worker that reads it every minute
+    store = Store()
+    store.put_fleet_view(plan())
+    worker = make_worker(store, rebalance_seconds=60.0)
+    # WHEN its rebalancer starts
+    task = asyncio.create_task(worker.rebalancer.run())
+    try:
+        # THEN it has the view at once, not a minute later (a START burst on a new fleet
+        # would otherwise go to whoever polls first)
+        await until(lambda: worker.rebalancer.view is not None, "the view read at start")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_placement_defers_a_worker_above_its_share_of_the_fleet():

@@ -53,6 +53,8 @@ class WorkerLiveness(WorkerRole):
     """Renews the worker lease on time and fences the whole worker when it cannot.
 
     :param connection_count: the ``connection_count`` each renewal writes (for operators).
+    :param movable_count: the ``movable_count`` each renewal writes (rebalancing plans with
+        it; None: not written).
     :param on_fence: called once, synchronously, when the lease is over; it must abort every
         session's socket before it returns.
     """
@@ -65,6 +67,7 @@ class WorkerLiveness(WorkerRole):
         heartbeat_ms: int,
         margin_ms: int,
         connection_count: Callable[[], int],
+        movable_count: Callable[[], int | None] = lambda: None,
         on_fence: Callable[[FenceCause], None],
     ) -> None:
         super().__init__(parts)
@@ -72,6 +75,7 @@ class WorkerLiveness(WorkerRole):
         self._heartbeat_ms = heartbeat_ms
         self._margin_ms = margin_ms
         self._connection_count = connection_count
+        self._movable_count = movable_count
         self._on_fence = on_fence
         self.timer: WorkerLeaseTimer | None = None
         self.cause: FenceCause | None = None
@@ -153,6 +157,7 @@ class WorkerLiveness(WorkerRole):
                 self.worker_id,
                 expires_at_ms=started + self._lease_ms,
                 connection_count=self._connection_count(),
+                movable_count=self._movable_count(),
             )
         except WorkerDead as exc:
             if self.cause is None:

@@ -1,8 +1,8 @@
 """Rebalancer: a worker's part of evening the fleet out, and where new work should go.
 
-Every ``REBALANCE_SECONDS`` the worker reads the one ``FLEET#view`` item the reconciler writes
-each pass (:mod:`wsfleet.rebalance`): one eventually consistent GetItem, however large the
-fleet. If the view's plan is new and asks this worker to give:
+At start and every ``REBALANCE_SECONDS`` the worker reads the one ``FLEET#view`` item the
+reconciler writes each pass (:mod:`wsfleet.rebalance`): one eventually consistent GetItem,
+however large the fleet. If the view's plan is new and asks this worker to give:
 
 * it gives at most what the plan says, and never below its target share as it stands now
   (its own count is live; the view's may be a heartbeat old);
@@ -138,7 +138,9 @@ class Rebalancer(WorkerRole):
         cancelled; nothing while the worker drains or is fenced)."""
         loop = asyncio.get_running_loop()
         interval = self._interval_ms / 1000
-        next_at = loop.time()
+        # The first read at once: placement needs the fleet's load from the start (a burst
+        # of STARTs on a fleet that just started went to whoever polled first).
+        next_at = loop.time() - interval
         while True:
             # On a fixed grid, however long a hand-off took: every plan is read within
             # REBALANCE_SECONDS of its making (run_once acts on no older one).
@@ -168,11 +170,7 @@ class Rebalancer(WorkerRole):
         moves = view.moves_from(self.worker_id)
         if not moves:
             return 0
-        running = {
-            pk: s.record.rebalanced_at_ms
-            for pk, s in self._sessions.items()
-            if s.reason is None and pk not in self._destinations
-        }
+        running = self._running()
         target = view.targets.get(self.worker_id, len(running))
         budget = min(sum(m.count for m in moves), len(running) - target)
         chosen = iter(choose_to_give(running, budget, now_ms=now, dwell_ms=self._dwell_ms))
@@ -180,6 +178,12 @@ class Rebalancer(WorkerRole):
         for move in moves:
             destination = _Destination(move.taker, view.queues.get(move.taker, ""))
             plan += [(pk, destination) for pk in itertools.islice(chosen, move.count)]
+        if len(plan) < budget:
+            # the rest moved within the dwell: the heartbeat's movable count tells the planner
+            self._logger.info(
+                "rebalancing: fewer connections movable than the plan asks",
+                extra={"asked": budget, "movable": len(plan), "dwell_ms": self._dwell_ms},
+            )
         if not plan:
             return 0
         self._logger.info(
@@ -191,6 +195,22 @@ class Rebalancer(WorkerRole):
         self.given += given
         self._metrics.count("RebalanceGiven", given)
         return given
+
+    def _running(self) -> dict[str, int | None]:
+        """pk -> ``rebalanced_at_ms`` of the sessions that could be given (not ending)."""
+        return {
+            pk: s.record.rebalanced_at_ms
+            for pk, s in self._sessions.items()
+            if s.reason is None and pk not in self._destinations
+        }
+
+    def movable(self) -> int:
+        """How many connections a plan could ask of this worker now: those not moved within
+        the dwell time. Each heartbeat reports it, so the reconciler plans only moves that can
+        happen (a giver whose connections all just moved is not named again and again)."""
+        running = self._running()
+        now = self._clock()
+        return len(choose_to_give(running, len(running), now_ms=now, dwell_ms=self._dwell_ms))
 
     async def _give(self, plan: list[tuple[str, _Destination]]) -> int:
         """End the chosen sessions ``HANDOFF_WAVE`` at a time, each wave once the previous

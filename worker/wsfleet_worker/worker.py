@@ -180,6 +180,7 @@ class Worker:
             heartbeat_ms=config.heartbeat_ms,
             margin_ms=settings.safety_margin_ms,
             connection_count=lambda: len(self.sessions),
+            movable_count=lambda: self.rebalancer.movable() if self.rebalancer else None,
             on_fence=self._fence_all,
         )
         self.taker = LeaseTaker(

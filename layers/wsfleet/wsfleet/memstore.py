@@ -236,12 +236,21 @@ class InMemoryLeaseStore(LeaseStore):
                 raise StoreError(f"worker id {worker.worker_id!r} is already registered")
             self._items[worker.pk] = worker.to_item()
 
-    def renew_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
+    def renew_worker(
+        self,
+        worker_id: str,
+        *,
+        expires_at_ms: int,
+        connection_count: int,
+        movable_count: int | None = None,
+    ) -> None:
         values = {
             "heartbeat_at_ms": self._clock(),
             "expires_at_ms": expires_at_ms,
             "connection_count": connection_count,
         }
+        if movable_count is not None:
+            values["movable_count"] = movable_count
         try:
             self._update(worker_pk(worker_id), _alive_item, values)
         except _Failed as refused:

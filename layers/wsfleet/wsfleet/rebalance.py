@@ -14,8 +14,10 @@ The rules:
 * **Moves** (:func:`plan_moves`): once some worker is outside its band, connections go from
   workers above their target to workers below it, the ones outside their band first, only
   as many as it takes to bring every worker into its band, at most ``max_moves`` from any
-  one giver per plan. A move never takes a giver below its target nor a taker above it, so a
-  worker that gives never takes back in a later plan of the same fleet: no back and forth.
+  one giver per plan, and never more than a giver may move now (``movable``: its
+  connections not moved within the dwell time, as its heartbeat reports them). A move never
+  takes a giver below its target nor a taker above it, so a worker that gives never takes
+  back in a later plan of the same fleet: no back and forth.
 * **Settling** (:func:`settled`): a plan is made only once every worker of the previous plan
   has reported its held count after that plan was carried out (a heartbeat later), so a plan
   never acts on counts that do not show the previous one yet.
@@ -35,7 +37,7 @@ import heapq
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _log = logging.getLogger(__name__)
@@ -59,12 +61,18 @@ __all__ = [
 
 @dataclass(frozen=True)
 class WorkerLoad:
-    """One live worker as its item shows it: connections held and the most it may hold."""
+    """One live worker as its item shows it: connections held and the most it may hold.
+
+    ``movable``: how many of them it may give now, those not moved within the dwell time
+    (None: not reported, all of them). Without it a plan could name, again and again, a
+    giver whose connections all moved a moment ago, while another giver could have given.
+    """
 
     worker_id: str
     held: int
     capacity: int
     joined_at_ms: int = 0
+    movable: int | None = None
 
     @property
     def free(self) -> int:
@@ -159,9 +167,10 @@ def plan_moves(
         target = shares[worker.worker_id]
         low, high = band(target, band_percent)
         if worker.held > target:
-            givers.append(
-                (worker.worker_id, max(0, worker.held - high), worker.held - target)
-            )
+            may = worker.held - target
+            if worker.movable is not None:
+                may = min(may, max(0, worker.movable))
+            givers.append((worker.worker_id, min(may, max(0, worker.held - high)), may))
         elif worker.held < target:
             takers.append((worker.worker_id, max(0, low - worker.held), target - worker.held))
     must = max(sum(g[1] for g in givers), sum(t[1] for t in takers))
@@ -194,8 +203,13 @@ def apply_moves(workers: Sequence[WorkerLoad], moves: Iterable[Move]) -> list[Wo
     for move in moves:
         delta[move.giver] = delta.get(move.giver, 0) - move.count
         delta[move.taker] = delta.get(move.taker, 0) + move.count
+    # What a giver gave is no longer its to give; what a taker took has just moved (dwell).
     return [
-        WorkerLoad(w.worker_id, w.held + delta.get(w.worker_id, 0), w.capacity, w.joined_at_ms)
+        replace(
+            w,
+            held=w.held + delta.get(w.worker_id, 0),
+            movable=None if w.movable is None else w.movable + min(0, delta.get(w.worker_id, 0)),
+        )
         for w in workers
     ]
 

@@ -285,6 +285,9 @@ class WorkerRecord:
     connection_count: int = 0
     capacity: int = 0
     dead_at_ms: int | None = None
+    #: Of ``connection_count``, those rebalancing may move now (not moved within the dwell
+    #: time), as the last heartbeat reported; None before one did, or without rebalancing.
+    movable_count: int | None = None
     #: The reconciler's hint claim: the expiry it last hinted this worker's connections for.
     hinted_expiry_ms: int | None = None
     hinted_at_ms: int | None = None
@@ -310,6 +313,7 @@ class WorkerRecord:
             connection_count=_int(item, "connection_count"),
             capacity=_int(item, "capacity"),
             dead_at_ms=_opt_int(item, "dead_at_ms"),
+            movable_count=_opt_int(item, "movable_count"),
             hinted_expiry_ms=_opt_int(item, "hinted_expiry_ms"),
             hinted_at_ms=_opt_int(item, "hinted_at_ms"),
             task_arn=_opt_str(item, "task_arn"),

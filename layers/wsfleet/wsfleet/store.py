@@ -592,8 +592,18 @@ class LeaseStore(ABC):
         """Create this worker's item (its lease); refused (StoreError) if the id exists."""
 
     @abstractmethod
-    def renew_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
-        """Extend the worker lease. WorkerDead if it was killed, retired or deleted."""
+    def renew_worker(
+        self,
+        worker_id: str,
+        *,
+        expires_at_ms: int,
+        connection_count: int,
+        movable_count: int | None = None,
+    ) -> None:
+        """Extend the worker lease. WorkerDead if it was killed, retired or deleted.
+
+        ``movable_count``: of the connections held, those rebalancing may move now (none moved
+        within the dwell time); the reconciler plans with it. None: not written."""
 
     @abstractmethod
     def retire_worker(self, worker_id: str) -> None:
@@ -1020,17 +1030,27 @@ class DynamoDBLeaseStore(LeaseStore):
         except ClientError as exc:
             raise StoreError(f"worker id {worker.worker_id!r} is already registered") from exc
 
-    def renew_worker(self, worker_id: str, *, expires_at_ms: int, connection_count: int) -> None:
+    def renew_worker(
+        self,
+        worker_id: str,
+        *,
+        expires_at_ms: int,
+        connection_count: int,
+        movable_count: int | None = None,
+    ) -> None:
+        # the movable count rides on the heartbeat: a few bytes more, no request more
+        movable = {} if movable_count is None else {"movable": movable_count}
         try:
             self._call(
                 "update_item",
                 Key=_dump({"pk": worker_pk(worker_id)}),
                 UpdateExpression=(
                     "SET heartbeat_at_ms = :now, expires_at_ms = :expires, connection_count = :n"
+                    + (", movable_count = :movable" if movable else "")
                 ),
                 ConditionExpression="attribute_exists(pk) AND attribute_not_exists(dead_at_ms)",
                 ExpressionAttributeValues=_values(
-                    now=self._clock(), expires=expires_at_ms, n=connection_count
+                    now=self._clock(), expires=expires_at_ms, n=connection_count, **movable
                 ),
             )
         except ClientError as exc:
