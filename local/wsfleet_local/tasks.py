@@ -41,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .eventfilter import matches, parse_pattern
+from .serving import ServerThread
 from .stack import LOCAL_ACCOUNT_ID
 
 __all__ = [
@@ -182,8 +183,7 @@ class MetadataServer:
     def __init__(self) -> None:
         self._tasks: dict[str, LocalTask] = {}
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: ServerThread | None = None
 
     def start(self) -> MetadataServer:
         tasks, lock = self._tasks, self._lock
@@ -207,30 +207,22 @@ class MetadataServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # quiet: one request per worker start
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="ecs-metadata", daemon=True
-        )
-        self._thread.start()
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._serving = ServerThread(server, name="ecs-metadata").start()
         return self
 
     def register(self, task: LocalTask) -> str:
         """Serve ``task``'s documents; returns its ``ECS_CONTAINER_METADATA_URI_V4``."""
-        if self._server is None:
+        if self._serving is None:
             raise RuntimeError("the metadata server is not started")
         with self._lock:
             self._tasks[task.runtime_id] = task
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}/v4/{task.runtime_id}"
+        return f"http://127.0.0.1:{self._serving.port}/v4/{task.runtime_id}"
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            serving.stop()
 
 
 class TaskExitWatcher:
