@@ -41,7 +41,7 @@ class ServerThread(Service):
     one never holds up a shutdown.
     """
 
-    def __init__(self, server: socketserver.BaseServer, *, name: str) -> None:
+    def __init__(self, server: socketserver.TCPServer, *, name: str) -> None:
         self.server = server
         self._stopped = False
         self._thread = threading.Thread(

@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .eventfilter import matches, parse_pattern
-from .serving import ServerThread
+from .serving import BackgroundLoop, ServerThread
 from .stack import LOCAL_ACCOUNT_ID
 
 __all__ = [
@@ -225,14 +225,21 @@ class MetadataServer:
             serving.stop()
 
 
-class TaskExitWatcher:
+class TaskExitWatcher(BackgroundLoop):
     """Publishes each watched process's exit as its task's state change event.
 
     :param deliver: the task exit function's invoke (its return value is logged).
     :param pattern: the template's rule pattern, resolved (an event it does not match is
         dropped, as EventBridge drops it).
     :param region: the region events carry.
+
+    ``stop()`` ends the watching: what exits afterwards (the fleet's own shutdown, say) is not
+    sent.
     """
+
+    thread_name = "task-exit-watcher"
+    #: ``stop()`` waits for a delivery in flight (the task exit function's invoke).
+    stop_timeout_seconds = 30.0
 
     def __init__(
         self,
@@ -242,31 +249,19 @@ class TaskExitWatcher:
         region: str,
         on_event: Callable[[LocalTask, dict[str, Any], Any], None] | None = None,
     ) -> None:
+        super().__init__()
         self._deliver = deliver
         self._pattern = parse_pattern(pattern)
         self._region = region
         self._on_event = on_event or (lambda task, event, result: None)
         self._watched: dict[str, tuple[LocalTask, Callable[[], int | None]]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.published = 0
 
     def watch(self, task: LocalTask, poll: Callable[[], int | None]) -> None:
         """Publish ``task``'s stop once ``poll()`` returns an exit code."""
         with self._lock:
             self._watched[task.runtime_id] = (task, poll)
-
-    def start(self) -> TaskExitWatcher:
-        self._thread = threading.Thread(target=self._run, name="task-exit-watcher", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop watching (what exits afterwards, e.g. the fleet's own shutdown, is not sent)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
