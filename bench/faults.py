@@ -77,8 +77,6 @@ import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -89,7 +87,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from wsfleet.exceptions import WsfleetError
 from wsfleet_local.procs import Service, StopSignals, serve_until_stopped, spawn
-from wsfleet_local.serving import ServerThread
+from wsfleet_local.serving import ServerThread, call_json
 
 __all__ = [
     "CONTROL_PREFIX",
@@ -871,20 +869,11 @@ class FaultClient:
         self.timeout = timeout
 
     def _call(self, method: str, path: str, payload: Any = None) -> Any:
-        data = json.dumps(payload).encode() if payload is not None else None
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"} if data else {},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            raise FaultError(f"{method} {path}: {exc.code} {exc.read()[:200]!r}") from exc
-        except OSError as exc:
-            raise FaultError(f"{method} {path}: {exc}") from exc
+        def failed(status: int | None, reason: str, body: bytes) -> FaultError:
+            detail = f"{status} {body[:200]!r}" if status is not None else reason
+            return FaultError(f"{method} {path}: {detail}")
+
+        return call_json(method, self.url + path, payload, timeout=self.timeout, failed=failed)
 
     def state(self) -> dict[str, Any]:
         return dict(self._call("GET", CONTROL_PREFIX))

@@ -1,15 +1,17 @@
-"""Work on daemon threads of this process: an HTTP server, and a loop that runs until stopped.
+"""In-process services: an HTTP server and a loop on daemon threads, and the JSON call to them.
 
-:mod:`wsfleet_local.procs` owns child processes; this module owns the two shapes that the
+:mod:`wsfleet_local.procs` owns child processes; this module owns the shapes that the
 in-process services of the local runtime take, so each is written once:
 
 * :class:`ServerThread`: an already-bound stdlib (or werkzeug) HTTP server, served on a daemon
   thread (the local REST API, the ECS metadata endpoint, the moto server, the fault proxy);
 * :class:`BackgroundLoop`: a loop with a stop Event (the reconcile scheduler, the stream
-  poller, the task exit watcher).
+  poller, the task exit watcher);
+* :func:`call_json`: one JSON request to a control API (:class:`~wsfleet_local.client.ApiClient`,
+  the simulator's and the fault proxy's clients), each client keeping its own error type.
 
-Both are :class:`~wsfleet_local.procs.Service`\\ s: ``start()`` returns the service, ``stop()``
-is safe to call twice, and ``with`` stops them however the block ends.
+The first two are :class:`~wsfleet_local.procs.Service`\\ s: ``start()`` returns the service,
+``stop()`` is safe to call twice, and ``with`` stops them however the block ends.
 
 Example::
 
@@ -20,13 +22,17 @@ Example::
 
 from __future__ import annotations
 
+import json
 import socketserver
 import threading
-from typing import Self
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any, Self
 
 from .procs import Service
 
-__all__ = ["BackgroundLoop", "ServerThread"]
+__all__ = ["BackgroundLoop", "ServerThread", "call_json"]
 
 #: How often ``serve_forever`` looks for a shutdown request: the bound on ``stop()``'s wait.
 SHUTDOWN_POLL_SECONDS = 0.1
@@ -103,3 +109,46 @@ class BackgroundLoop(Service):
 
     def _run(self) -> None:
         raise NotImplementedError
+
+
+#: ``failed(status, reason, body)``: the client's own exception for a failed call; ``status``
+#: is None when nothing answered (refused, reset, timed out).
+Failed = Callable[[int | None, str, bytes], Exception]
+#: ``sign(method, url, data, headers)``: the headers to send instead (SigV4, say).
+Sign = Callable[[str, str, bytes | None, Mapping[str, str]], dict[str, str]]
+
+
+def _json_or_none(raw: bytes) -> Any:
+    return json.loads(raw) if raw else None
+
+
+def call_json(
+    method: str,
+    url: str,
+    payload: Any = None,
+    *,
+    timeout: float,
+    failed: Failed,
+    sign: Sign | None = None,
+    decode: Callable[[bytes], Any] = _json_or_none,
+) -> Any:
+    """``method url`` with ``payload`` (if not None) as a JSON body; the answer decoded by
+    ``decode`` (default: its JSON, None for an empty body).
+
+    An error status or no answer at all raises ``failed(...)``, chained to urllib's error.
+    """
+    data = json.dumps(payload).encode() if payload is not None else None
+    headers = {"Accept": "application/json"}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    if sign is not None:
+        headers = sign(method, url, data, headers)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise failed(exc.code, str(exc.reason), exc.read()) from exc
+    except OSError as exc:  # URLError is one; a timeout while reading is another
+        raise failed(None, str(getattr(exc, "reason", exc)), b"") from exc
+    return decode(body)
