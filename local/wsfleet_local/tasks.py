@@ -177,16 +177,13 @@ def task_state_change_event(
     }
 
 
-class MetadataServer:
-    """The task metadata endpoint v4 for every local task, on 127.0.0.1 (a free port)."""
+class MetadataServer(ServerThread):
+    """The task metadata endpoint v4 for every local task, on 127.0.0.1 (a free port, bound
+    at construction)."""
 
     def __init__(self) -> None:
-        self._tasks: dict[str, LocalTask] = {}
-        self._lock = threading.Lock()
-        self._serving: ServerThread | None = None
-
-    def start(self) -> MetadataServer:
-        tasks, lock = self._tasks, self._lock
+        tasks: dict[str, LocalTask] = {}
+        lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -207,22 +204,14 @@ class MetadataServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # quiet: one request per worker start
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._serving = ServerThread(server, name="ecs-metadata").start()
-        return self
+        super().__init__(ThreadingHTTPServer(("127.0.0.1", 0), Handler), name="ecs-metadata")
+        self._tasks, self._lock = tasks, lock
 
     def register(self, task: LocalTask) -> str:
         """Serve ``task``'s documents; returns its ``ECS_CONTAINER_METADATA_URI_V4``."""
-        if self._serving is None:
-            raise RuntimeError("the metadata server is not started")
         with self._lock:
             self._tasks[task.runtime_id] = task
-        return f"http://127.0.0.1:{self._serving.port}/v4/{task.runtime_id}"
-
-    def stop(self) -> None:
-        serving, self._serving = self._serving, None
-        if serving is not None:
-            serving.stop()
+        return f"http://127.0.0.1:{self.port}/v4/{task.runtime_id}"
 
 
 class TaskExitWatcher(BackgroundLoop):
