@@ -77,8 +77,6 @@ import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -89,6 +87,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from wsfleet.exceptions import WsfleetError
 from wsfleet_local.procs import Service, StopSignals, serve_until_stopped, spawn
+from wsfleet_local.serving import ServerThread, call_json
 
 __all__ = [
     "CONTROL_PREFIX",
@@ -505,8 +504,7 @@ class FaultProxy(Service):
             self.set_upstream(upstream)
         self._stats = ProxyStats()
         self._stats_lock = threading.Lock()
-        self._servers: dict[str, ThreadingHTTPServer] = {}
-        self._threads: list[threading.Thread] = []
+        self._servers: dict[str, ServerThread] = {}
         self._local = threading.local()
         self.rules_file = Path(rules_file) if rules_file else None
         self._rules_mtime: float | None = None
@@ -552,8 +550,7 @@ class FaultProxy(Service):
         server = self._servers.get(label)
         if server is None:
             raise FaultError(f"no listener labelled {label!r} (labels: {self.labels})")
-        host, port = server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{server.host}:{server.port}"
 
     @property
     def url(self) -> str:
@@ -568,25 +565,14 @@ class FaultProxy(Service):
         for index, label in enumerate(self.labels):
             port = self.port if index == 0 else 0
             server = ThreadingHTTPServer((self.host, port), _make_handler(self, label))
-            server.daemon_threads = True
-            self._servers[label] = server
-            thread = threading.Thread(
-                target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                name=f"fault-proxy-{label}", daemon=True,
-            )  # fmt: skip
-            thread.start()
-            self._threads.append(thread)
+            self._servers[label] = ServerThread(server, name=f"fault-proxy-{label}").start()
         return self
 
     def stop(self) -> None:
         """Stop every listener. Safe to call twice."""
         servers, self._servers = self._servers, {}
         for server in servers.values():
-            server.shutdown()
-            server.server_close()
-        for thread in self._threads:
-            thread.join(5)
-        self._threads = []
+            server.stop()
         journal, self._journal = self._journal, None
         if journal is not None:
             with self._journal_lock:
@@ -883,20 +869,11 @@ class FaultClient:
         self.timeout = timeout
 
     def _call(self, method: str, path: str, payload: Any = None) -> Any:
-        data = json.dumps(payload).encode() if payload is not None else None
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"} if data else {},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            raise FaultError(f"{method} {path}: {exc.code} {exc.read()[:200]!r}") from exc
-        except OSError as exc:
-            raise FaultError(f"{method} {path}: {exc}") from exc
+        def failed(status: int | None, reason: str, body: bytes) -> FaultError:
+            detail = f"{status} {body[:200]!r}" if status is not None else reason
+            return FaultError(f"{method} {path}: {detail}")
+
+        return call_json(method, self.url + path, payload, timeout=self.timeout, failed=failed)
 
     def state(self) -> dict[str, Any]:
         return dict(self._call("GET", CONTROL_PREFIX))

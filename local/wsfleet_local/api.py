@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ from urllib.parse import unquote, urlsplit
 from .events import api_gateway_event
 from .lambda_process import FunctionError, FunctionTimeout
 from .procs import Service
+from .serving import ServerThread
 from .stack import Route
 
 __all__ = ["DEFAULT_STAGE", "LocalApi", "gateway_response"]
@@ -166,9 +166,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _ApiServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
     def __init__(self, address: tuple[str, int], api: LocalApi) -> None:
         super().__init__(address, _Handler)
         self.api = api
@@ -195,8 +192,7 @@ class LocalApi(Service):
         self.host = host
         self.stage = stage
         self._requested_port = port
-        self._server: _ApiServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: ServerThread | None = None
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | None:
         """The route and path parameters for a request, literal routes winning over templates."""
@@ -207,23 +203,16 @@ class LocalApi(Service):
         return None
 
     def start(self) -> LocalApi:
-        if self._server is not None:
-            return self
-        self._server = _ApiServer((self.host, self._requested_port), self)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name=f"wsfleet-api-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
+        if self._serving is None:
+            server = _ApiServer((self.host, self._requested_port), self)
+            self._serving = ServerThread(server, name="wsfleet-api").start()
         return self
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        if self._serving is None:
             raise RuntimeError("the local API is not started")
-        return int(self._server.server_address[1])
+        return self._serving.port
 
     @property
     def url(self) -> str:
@@ -232,10 +221,6 @@ class LocalApi(Service):
 
     def stop(self) -> None:
         """Stop accepting and close the socket (requests in flight finish on their threads)."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            serving.stop()

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import yaml
@@ -65,10 +65,8 @@ from .procs import (
     serve_until_stopped,
     spawn,
 )
+from .serving import ServerThread
 from .stack import StackResolver, Unresolvable, cfn_string
-
-if TYPE_CHECKING:
-    from werkzeug.serving import BaseWSGIServer
 
 __all__ = [
     "HEALTH_PATH",
@@ -334,11 +332,11 @@ def _warm_up(dispatcher: Any) -> None:
             dispatcher.app_instances[service] = create_backend_app(service)
 
 
-def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[BaseWSGIServer, threading.Thread]:
+def serve(host: str = "127.0.0.1", port: int = 0) -> ServerThread:
     """Serve moto (serialised, see :class:`SerializedMotoApp`) on a daemon thread of this process.
 
-    Returns the werkzeug server (``server.port`` is the bound port) and its thread. Stop with
-    ``server.shutdown(); server.server_close()``. The moto state is this process's global state;
+    Returns it bound but not started: ``with serve() as server:`` serves (``server.port`` is
+    the bound port) until the block ends. The moto state is this process's global state;
     prefer :class:`EmbeddedBackend` unless you need everything in one process.
     """
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -354,14 +352,7 @@ def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[BaseWSGIServer, threa
         threaded=True,
         request_handler=_keep_alive_request_handler(),
     )
-    thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": 0.1},
-        name=f"wsfleet-backend-{server.port}",
-        daemon=True,
-    )
-    thread.start()
-    return server, thread
+    return ServerThread(server, name="wsfleet-backend")
 
 
 # =============================================================================================
@@ -822,26 +813,20 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    with StopSignals() as stop:
-        server, thread = serve(args.host, args.port)
-        try:
-            # make_server has bound and listens: a request sent after the ready line is queued
-            # by the kernel and served once the thread runs, so there is nothing to wait for.
-            endpoint_url = f"http://{args.host}:{server.port}"
-            ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
-            if args.create_resources:
-                resources = provision_resources(
-                    endpoint_url, args.create_resources, region=args.region,
-                    template_path=args.template,
-                )  # fmt: skip
-                ready["env"] = resources.env()
-                ready["resources"] = asdict(resources)
-            # stdout carries exactly one line: anything printed later (moto prints) goes to stderr.
-            serve_until_stopped(ready, stop, exit_on_stdin_eof=args.exit_on_stdin_eof)
-        finally:
-            server.shutdown()
-            server.server_close()
-            stop.join(thread, 5)
+    # make_server has bound and listens: a request sent after the ready line is queued by the
+    # kernel and served once the thread runs, so there is nothing to wait for.
+    with StopSignals() as stop, serve(args.host, args.port) as server:
+        endpoint_url = f"http://{args.host}:{server.port}"
+        ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
+        if args.create_resources:
+            resources = provision_resources(
+                endpoint_url, args.create_resources, region=args.region,
+                template_path=args.template,
+            )  # fmt: skip
+            ready["env"] = resources.env()
+            ready["resources"] = asdict(resources)
+        # stdout carries exactly one line: anything printed later (moto prints) goes to stderr.
+        serve_until_stopped(ready, stop, exit_on_stdin_eof=args.exit_on_stdin_eof)
     return 0
 
 

@@ -29,9 +29,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +45,8 @@ from wsfleet.record import (
 )
 from wsfleet.upstream_options import parse_upstream_options
 from wsfleet.views import connection_view
+
+from .serving import call_json
 
 __all__ = [
     "ApiClient",
@@ -146,22 +146,23 @@ class ApiClient:
 
     def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         url = self.base_url + path
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        if self.sign:
-            headers = self._signed_headers(method, url, data, headers)
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
-                return _json_body(response.read())
-        except urllib.error.HTTPError as exc:
-            payload = _json_body(exc.read())
-            raise ApiError(exc.code, str(payload.get("message", exc.reason)), payload) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError(None, f"{method} {url} failed: {reason}") from exc
+
+        def failed(status: int | None, reason: str, answer: bytes) -> ApiError:
+            if status is None:
+                return ApiError(None, f"{method} {url} failed: {reason}")
+            payload = _json_body(answer)
+            return ApiError(status, str(payload.get("message", reason)), payload)
+
+        result: dict[str, Any] = call_json(
+            method,
+            url,
+            body,
+            timeout=self.timeout_seconds,
+            failed=failed,
+            sign=self._signed_headers if self.sign else None,
+            decode=_json_body,
+        )
+        return result
 
     def _signed_headers(
         self, method: str, url: str, data: bytes | None, headers: Mapping[str, str]

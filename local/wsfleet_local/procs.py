@@ -231,6 +231,7 @@ def spawn(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
     log_path: Path | None = None,
     stdin_pipe: bool = False,
     capture_stdout: bool = False,
@@ -240,7 +241,8 @@ def spawn(
 
     Without ``capture_stdout`` both stdout and stderr go to the log file (or /dev/null); with
     it, stdout is a pipe read by :meth:`ChildProcess.read_json_line`. ``inherit_stderr``
-    leaves stderr on this process's own (where pytest captures it, say).
+    leaves stderr on this process's own (where pytest captures it, say). ``cwd`` is for a
+    ``-m`` module found from a directory, not installed (``python -m bench.faults``).
     """
     log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     sink: Any = log if log is not None else subprocess.DEVNULL
@@ -249,6 +251,7 @@ def spawn(
         return subprocess.Popen(
             list(argv),
             env=dict(env) if env is not None else None,
+            cwd=cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else sink,
             stderr=None if inherit_stderr else sink,

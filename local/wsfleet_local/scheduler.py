@@ -22,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,6 +29,7 @@ from typing import Any
 
 from .events import scheduler_event
 from .lambda_process import FunctionError
+from .serving import BackgroundLoop
 
 __all__ = ["ONE_PASS_TIMEOUT_SECONDS", "ReconcileScheduler"]
 
@@ -42,8 +42,11 @@ ONE_PASS_TIMEOUT_SECONDS = 3.0
 Invoke = Callable[..., Any]
 
 
-class ReconcileScheduler:
+class ReconcileScheduler(BackgroundLoop):
     """Invokes a function with a Scheduler-shaped event on a fixed interval (background thread)."""
+
+    thread_name = "wsfleet-scheduler"
+    stop_timeout_seconds = 10.0
 
     def __init__(
         self,
@@ -57,6 +60,7 @@ class ReconcileScheduler:
     ) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
+        super().__init__()
         self.invoke = invoke
         self.interval_seconds = interval_seconds
         self.schedule_name = schedule_name
@@ -65,8 +69,6 @@ class ReconcileScheduler:
         self.region = region
         self.invocations = 0
         self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def run_once(self) -> Any:
         """One scheduled invocation now; its result, or None if the function failed (logged)."""
@@ -85,11 +87,6 @@ class ReconcileScheduler:
             logger.warning("scheduled reconcile failed: %s", exc)
             return None
 
-    def start(self) -> ReconcileScheduler:
-        self._thread = threading.Thread(target=self._run, name="wsfleet-scheduler", daemon=True)
-        self._thread.start()
-        return self
-
     def _run(self) -> None:
         first = time.monotonic()
         ticks = 0
@@ -99,10 +96,3 @@ class ReconcileScheduler:
             ticks = max(ticks + 1, int((now - first) / self.interval_seconds) + 1)
             if self._stop.wait(max(0.0, first + ticks * self.interval_seconds - now)):
                 return
-
-    def stop(self, timeout_seconds: float = 10.0) -> None:
-        """No new invocation after this; waits for the one in flight. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_seconds)
-            self._thread = None

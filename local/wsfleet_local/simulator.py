@@ -83,9 +83,7 @@ import re
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
@@ -98,6 +96,7 @@ from websockets.protocol import State
 from wsfleet.exceptions import WsfleetError
 
 from .procs import Service, StopSignals, serve_until_stopped
+from .serving import call_json
 
 __all__ = [
     "Fault",
@@ -1208,19 +1207,18 @@ class SimulatorClient(SimulatorControl):
 
     def _request(self, method: str, path: str, query: str) -> Any:
         url = f"{self.http_url}{CONTROL_PREFIX}/{path}" + (f"?{query}" if query else "")
-        request = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            if exc.code == http.HTTPStatus.NOT_FOUND and path.startswith("streams/"):
-                raise UnknownStream(urllib.parse.unquote(path.split("/")[1])) from exc
-            if exc.code == http.HTTPStatus.BAD_REQUEST:
-                raise InvalidRequest(detail) from exc
-            raise SimulatorError(f"{method} {url} -> HTTP {exc.code}: {detail}") from exc
-        except urllib.error.URLError as exc:
-            raise SimulatorError(f"{method} {url} failed: {exc.reason}") from exc
+
+        def failed(status: int | None, reason: str, body: bytes) -> SimulatorError:
+            detail = body.decode(errors="replace")
+            if status is None:
+                return SimulatorError(f"{method} {url} failed: {reason}")
+            if status == http.HTTPStatus.NOT_FOUND and path.startswith("streams/"):
+                return UnknownStream(urllib.parse.unquote(path.split("/")[1]))
+            if status == http.HTTPStatus.BAD_REQUEST:
+                return InvalidRequest(detail)
+            return SimulatorError(f"{method} {url} -> HTTP {status}: {detail}")
+
+        return call_json(method, url, timeout=self.timeout, failed=failed)
 
 
 # --------------------------------------------------------------------------------------------

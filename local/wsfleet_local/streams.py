@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .eventfilter import RecordFilter
 from .events import lambda_stream_record, stream_batch_event
 from .lambda_process import FunctionError
+from .serving import BackgroundLoop
 from .stack import StreamSource
 
 __all__ = ["BatchOutcome", "PollerStats", "StreamPoller", "failed_from", "on_failure_message"]
@@ -142,12 +142,14 @@ class _Shard:
     last_sequence: str | None = None
 
 
-class StreamPoller:
+class StreamPoller(BackgroundLoop):
     """Polls one stream on a background thread and invokes the function like Lambda's ESM.
 
     ``on_failure`` receives the on-failure destination message of every batch given up
     (after ``MaximumRetryAttempts``); without one, the drop is only logged.
     """
+
+    thread_name = "wsfleet-streams"
 
     def __init__(
         self,
@@ -162,6 +164,7 @@ class StreamPoller:
         on_failure: Callable[[dict[str, Any]], None] | None = None,
         sleep: Callable[[float], bool] | None = None,
     ) -> None:
+        super().__init__()
         self.client = client
         self.stream_arn = stream_arn
         self.invoke = invoke
@@ -172,13 +175,11 @@ class StreamPoller:
         self.on_failure = on_failure
         self.accept = RecordFilter.from_criteria(source.filter_criteria)
         self.stats = PollerStats()
-        self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait  # returns True when stopping
         self._shards: dict[str, _Shard] = {}  # the open ones
         self._finished: set[str] = set()  # closed shards, read to their end
         self._described_at = 0.0
         self._first_listing = True
-        self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -189,16 +190,7 @@ class StreamPoller:
         right after start() is then guaranteed to be seen.
         """
         self._refresh_shards(time.monotonic())
-        self._thread = threading.Thread(target=self._run, name="wsfleet-streams", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_seconds: float = 5.0) -> None:
-        """Ask the loop to end (it checks between calls) and wait for it. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_seconds)
-            self._thread = None
+        return super().start()
 
     def _run(self) -> None:
         while not self._stop.is_set():

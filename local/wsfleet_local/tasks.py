@@ -41,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .eventfilter import matches, parse_pattern
+from .serving import BackgroundLoop, ServerThread
 from .stack import LOCAL_ACCOUNT_ID
 
 __all__ = [
@@ -176,17 +177,13 @@ def task_state_change_event(
     }
 
 
-class MetadataServer:
-    """The task metadata endpoint v4 for every local task, on 127.0.0.1 (a free port)."""
+class MetadataServer(ServerThread):
+    """The task metadata endpoint v4 for every local task, on 127.0.0.1 (a free port, bound
+    at construction)."""
 
     def __init__(self) -> None:
-        self._tasks: dict[str, LocalTask] = {}
-        self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> MetadataServer:
-        tasks, lock = self._tasks, self._lock
+        tasks: dict[str, LocalTask] = {}
+        lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -207,40 +204,31 @@ class MetadataServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # quiet: one request per worker start
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="ecs-metadata", daemon=True
-        )
-        self._thread.start()
-        return self
+        super().__init__(ThreadingHTTPServer(("127.0.0.1", 0), Handler), name="ecs-metadata")
+        self._tasks, self._lock = tasks, lock
 
     def register(self, task: LocalTask) -> str:
         """Serve ``task``'s documents; returns its ``ECS_CONTAINER_METADATA_URI_V4``."""
-        if self._server is None:
-            raise RuntimeError("the metadata server is not started")
         with self._lock:
             self._tasks[task.runtime_id] = task
-        port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}/v4/{task.runtime_id}"
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        return f"http://127.0.0.1:{self.port}/v4/{task.runtime_id}"
 
 
-class TaskExitWatcher:
+class TaskExitWatcher(BackgroundLoop):
     """Publishes each watched process's exit as its task's state change event.
 
     :param deliver: the task exit function's invoke (its return value is logged).
     :param pattern: the template's rule pattern, resolved (an event it does not match is
         dropped, as EventBridge drops it).
     :param region: the region events carry.
+
+    ``stop()`` ends the watching: what exits afterwards (the fleet's own shutdown, say) is not
+    sent.
     """
+
+    thread_name = "task-exit-watcher"
+    #: ``stop()`` waits for a delivery in flight (the task exit function's invoke).
+    stop_timeout_seconds = 30.0
 
     def __init__(
         self,
@@ -250,31 +238,19 @@ class TaskExitWatcher:
         region: str,
         on_event: Callable[[LocalTask, dict[str, Any], Any], None] | None = None,
     ) -> None:
+        super().__init__()
         self._deliver = deliver
         self._pattern = parse_pattern(pattern)
         self._region = region
         self._on_event = on_event or (lambda task, event, result: None)
         self._watched: dict[str, tuple[LocalTask, Callable[[], int | None]]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.published = 0
 
     def watch(self, task: LocalTask, poll: Callable[[], int | None]) -> None:
         """Publish ``task``'s stop once ``poll()`` returns an exit code."""
         with self._lock:
             self._watched[task.runtime_id] = (task, poll)
-
-    def start(self) -> TaskExitWatcher:
-        self._thread = threading.Thread(target=self._run, name="task-exit-watcher", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop watching (what exits afterwards, e.g. the fleet's own shutdown, is not sent)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
