@@ -115,35 +115,22 @@ def _fleet_class() -> Any:
                 super()._start_functions()
                 return
             from wsfleet_local.fleet import ROUTER
-            from wsfleet_local.lambda_process import FunctionProcess
 
             self._functions = {}
             for name in dict.fromkeys((ROUTER, *self.only_lambdas)):
-                spec = self.stack.function(name)
-                self._functions[spec.name] = FunctionProcess(
-                    spec.name, env=self._function_env(spec), handler=spec.handler,
-                    log_path=self.run_dir / f"lambda-{spec.name}.log",
-                    timeout_seconds=spec.timeout_seconds, memory_mb=spec.memory_mb,
-                )  # fmt: skip
-                self._functions[spec.name].start()
+                self._functions[name] = self._function_process(name)
+                self._functions[name].start()
 
         def _start_event_sources(self) -> None:
             if self.only_lambdas is None:
                 super()._start_event_sources()
                 return
             from wsfleet_local.fleet import RECONCILER, STREAM_NOTIFIER
-            from wsfleet_local.scheduler import ReconcileScheduler
 
             if STREAM_NOTIFIER in self.only_lambdas:
                 self._start_stream_poller(self.stack.function(STREAM_NOTIFIER).streams[0])
             if RECONCILER in self.only_lambdas:
-                self._scheduler = ReconcileScheduler(
-                    self._functions[RECONCILER].invoke,
-                    interval_seconds=self.timings.pass_seconds,
-                    schedule_name=f"{self.stack_name}-reconcile",
-                    event_template=self._scheduler_sample(),
-                    region=self.resources.region,
-                ).start()
+                self._start_reconcile_schedule()
 
     return JournalledFleet
 

@@ -459,17 +459,7 @@ class LocalFleet(Service):
     def _start_functions(self) -> None:
         names = (ROUTER, RECONCILER, STREAM_NOTIFIER) + ((TASK_EXIT,) if self.task_events else ())
         self._progress(f"starting Lambda environments: {', '.join(names)}")
-        processes = {
-            spec.name: FunctionProcess(
-                spec.name,
-                env=self._function_env(spec),
-                log_path=self.run_dir / f"lambda-{spec.name}.log",
-                handler=spec.handler,
-                timeout_seconds=spec.timeout_seconds,
-                memory_mb=spec.memory_mb,
-            )
-            for spec in map(self.stack.function, names)
-        }
+        processes = {name: self._function_process(name) for name in names}
         self._functions = processes
         with ThreadPoolExecutor(max_workers=len(processes)) as pool:  # cold starts in parallel
             for future in [pool.submit(p.start) for p in processes.values()]:
@@ -486,6 +476,23 @@ class LocalFleet(Service):
             self._progress(
                 f"{self._tables.name} has no Streams: STOP reaches workers at their next renewal"
             )
+        self._start_reconcile_schedule()
+        if self.task_events:
+            self._start_task_events()
+
+    def _function_process(self, name: str) -> FunctionProcess:
+        """The Lambda environment of the template's function ``name`` (not started)."""
+        spec = self.stack.function(name)
+        return FunctionProcess(
+            spec.name,
+            env=self._function_env(spec),
+            log_path=self.run_dir / f"lambda-{spec.name}.log",
+            handler=spec.handler,
+            timeout_seconds=spec.timeout_seconds,
+            memory_mb=spec.memory_mb,
+        )
+
+    def _start_reconcile_schedule(self) -> None:
         self._progress("starting the reconcile schedule")
         self._scheduler = ReconcileScheduler(
             self._functions[RECONCILER].invoke,
@@ -494,8 +501,6 @@ class LocalFleet(Service):
             event_template=self._scheduler_sample(),
             region=self.resources.region,
         ).start()
-        if self.task_events:
-            self._start_task_events()
 
     def _start_task_events(self) -> None:
         """The metadata endpoint the workers read, and their exits as EventBridge events."""
