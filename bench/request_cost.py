@@ -8,21 +8,23 @@ connections; every process that talks to DynamoDB (the worker and each Lambda: r
 reconciler, STOP notifier) goes through the counting proxy under its own label, which journals
 every request to the connections table with its answer (the recorder of the scale model,
 :func:`bench.scale_record.record`). The production cadences (lease 20 s, heartbeat 5 s,
-CHECKPOINT_SECONDS 600, WORKER_SWEEP_SECONDS 30, reconcile pass 10 s) are **time-compressed**:
-every cadence is divided by ``factor`` and every measured rate divided by the same factor (each
-request rate is linear in 1 / interval), because a 1,000-connection run long enough to see
-checkpoints at 600 s would take an hour per data point. The window is a whole number of
-(compressed) checkpoint periods, so every connection checkpoints the same number of times in
-it whatever its phase. Every request of the window is sorted by what it was for:
+CHECKPOINT_SECONDS 600, WORKER_SWEEP_SECONDS 30, reconcile pass 10 s, REBALANCE_SECONDS 10)
+are **time-compressed**: every cadence is divided by ``factor`` and every measured rate
+divided by the same factor (each request rate is linear in 1 / interval), because a
+1,000-connection run long enough to see checkpoints at 600 s would take an hour per data
+point. The window is a whole number of (compressed) checkpoint periods, so every connection
+checkpoints the same number of times in it whatever its phase. Every request of the window
+is sorted by what it was for:
 
 * writes, from the connections table's stream images (old and new item of every write that
   landed; conditional writes that failed come from the journal and cost units all the same):
   worker-lease heartbeats (``WORKER#`` item renewed), checkpoints (``last_seq`` advanced),
   acquire / release (``lease_owner`` changed), START / STOP, the reconciler's hint claims and
-  kills, other (error notes);
-* reads, from the journal: worker sweeps (Query ``gsi_owner``), other worker reads (consistent
-  GetItems of acquire and of the sweep's confirmations), reconciler passes (everything the
-  reconciler Lambda read), router / notifier;
+  kills, the fleet view the reconciler writes each pass (``FLEET#view``), other (error notes);
+* reads, from the journal: worker sweeps (Query ``gsi_owner``), the workers' reads of the
+  fleet view (every REBALANCE_SECONDS), other worker reads (consistent GetItems of acquire and
+  of the sweep's confirmations), reconciler passes (everything the reconciler Lambda read),
+  router / notifier;
 * capacity units with DynamoDB's rules (:mod:`bench.scale_model`): a write ceil(size / 1 KB)
   WCU of the larger image; an index write per index whose entry appears, disappears, changes
   key or changes a projected attribute, ceil(entry size / 1 KB) each; reads ceil(bytes / 4 KB),
@@ -47,6 +49,8 @@ import math
 import time
 from pathlib import Path
 from typing import Any
+
+from wsfleet.rebalance import FLEET_VIEW_PK
 
 from .fleet_bench import Profile, _all_streaming, _start_streams, fleet_for_bench, timings_for
 from .harness import aws_client, by_stream, wait_until
@@ -215,9 +219,12 @@ V1_PER_CONNECTION_HOUR = {
 }
 WRITE_CATEGORIES = ("worker-lease heartbeats", "checkpoints", "acquire / release",
                     "START / STOP", "reconciler hint claims and kills", "worker register / delete",
-                    "other connection writes", "failed conditional writes")  # fmt: skip
-READ_CATEGORIES = ("worker sweeps (gsi_owner)", "other worker reads (acquire, confirmations)",
-                   "reconciler passes", "router / notifier")  # fmt: skip
+                    "fleet view (reconciler)", "other connection writes",
+                    "failed conditional writes")  # fmt: skip
+READ_CATEGORIES = ("worker sweeps (gsi_owner)", "fleet view (workers)",
+                   "other worker reads (acquire, confirmations)", "reconciler passes",
+                   "router / notifier")  # fmt: skip
+
 
 
 def _attr(image: dict[str, Any] | None, name: str) -> Any:
@@ -249,6 +256,8 @@ def write_category(old: dict[str, Any] | None, new: dict[str, Any] | None) -> st
         if any(_attr(new, a) != _attr(old, a) for a in ("hinted_expiry_ms", "hinted_at_ms")):
             return "reconciler hint claims and kills"
         return "worker-lease heartbeats"
+    if pk == FLEET_VIEW_PK:
+        return "fleet view (reconciler)"
     if old is None or new is None:
         return "START / STOP"
     if _attr(new, "lease_owner") != _attr(old, "lease_owner"):
@@ -270,6 +279,9 @@ def read_category(entry: dict[str, Any]) -> str:
     request = entry.get("request") or {}
     if entry.get("operation") == "Query" and request.get("IndexName") == "gsi_owner":
         return "worker sweeps (gsi_owner)"
+    key = (request.get("Key") or {}).get("pk") or {}
+    if key.get("S") == FLEET_VIEW_PK:
+        return "fleet view (workers)"
     return "other worker reads (acquire, confirmations)"
 
 

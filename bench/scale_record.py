@@ -70,7 +70,7 @@ STEP = "scale"
 #: Production cadences (template defaults, seconds). v1 has no checkpoint or sweep cadence:
 #: its checkpoint rode on the per-connection renewal.
 PRODUCTION_V2 = {"lease": 20.0, "heartbeat": 5.0, "safety_margin": 2.0, "reconcile_pass": 10.0,
-                 "checkpoint": 600.0, "worker_sweep": 30.0}  # fmt: skip
+                 "checkpoint": 600.0, "worker_sweep": 30.0, "rebalance": 10.0}  # fmt: skip
 PRODUCTION_V1 = {"lease": 20.0, "heartbeat": 5.0, "safety_margin": 2.0, "reconcile_pass": 10.0}
 LAMBDA_LABELS = ("router", "reconciler", "stream_notifier")
 WORKER_LABEL = "worker"
@@ -282,6 +282,9 @@ def record(
         max_connections=math.ceil(connections / workers) + 5,  # about even across workers
         **({"checkpoint_seconds": compressed["checkpoint"]} if "checkpoint" in compressed else {}),
         **({"sweep_seconds": compressed["worker_sweep"]} if "worker_sweep" in compressed else {}),
+        # The fleet's own default (2 s) is no compression of REBALANCE_SECONDS: each worker
+        # reads the fleet view this often, a read per worker that the window must scale too.
+        **({"rebalance_seconds": compressed["rebalance"]} if "rebalance" in compressed else {}),
     )
     worker_env = {"POWERTOOLS_LOG_LEVEL": "WARNING"}
     if "checkpoint" in compressed:

@@ -32,6 +32,7 @@ def _n(value: int) -> dict[str, str]:
 
 
 WORKER = {"pk": _s("WORKER#w1"), "worker_index": _s("WORKER"), "expires_at_ms": _n(1000)}
+VIEW = {"pk": _s("FLEET#view"), "at_ms": _n(1000)}
 CONN = {"pk": _s("CONN#a"), "desired_state": _s("STARTED"), "lease_owner": _s("w1"),
         "lease_epoch": _n(3), "last_seq": _n(10)}  # fmt: skip
 
@@ -49,6 +50,8 @@ CONN = {"pk": _s("CONN#a"), "desired_state": _s("STARTED"), "lease_owner": _s("w
         ({k: v for k, v in CONN.items() if k != "lease_owner"}, CONN, "acquire / release"),
         (CONN, {**CONN, "desired_state": _s("STOPPED")}, "START / STOP"),
         (CONN, {**CONN, "last_error": _s("boom")}, "other connection writes"),
+        (None, VIEW, "fleet view (reconciler)"),
+        (VIEW, {**VIEW, "at_ms": _n(2000)}, "fleet view (reconciler)"),
     ],
 )
 def test_write_category(old: Any, new: Any, expected: str) -> None:
@@ -60,6 +63,8 @@ def test_read_category_by_label_and_index() -> None:
     get = {"label": "worker", "operation": "GetItem", "request": {"ConsistentRead": True}}
     assert read_category(sweep) == "worker sweeps (gsi_owner)"
     assert read_category(get) == "other worker reads (acquire, confirmations)"
+    view = {"label": "worker", "operation": "GetItem", "request": {"Key": {"pk": VIEW["pk"]}}}
+    assert read_category(view) == "fleet view (workers)"
     assert read_category({**get, "label": "reconciler"}) == "reconciler passes"
     assert read_category({**get, "label": "router"}) == "router / notifier"
 
