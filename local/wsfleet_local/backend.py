@@ -238,7 +238,12 @@ class SerializedMotoApp:
         # Without it (another moto), a long poll would hold the lock for its whole wait.
         if not callable(getattr(Queue, "wait_for_messages", None)):
             raise BackendError("moto.sqs Queue has no wait_for_messages to release the lock in")
+        # The patch is process-wide: a second app would make the first one's long polls
+        # release (and take back) the second one's lock.
+        if getattr(Queue, "_wsfleet_serialized", False):
+            raise BackendError("one SerializedMotoApp per process (it patches moto's Queue)")
         Queue.wait_for_messages = wait_for_messages  # type: ignore[method-assign]
+        Queue._wsfleet_serialized = True  # type: ignore[attr-defined]
 
     def __call__(self, environ: WSGIEnviron, start_response: StartResponse) -> list[bytes]:
         if environ.get("PATH_INFO") == HEALTH_PATH:
