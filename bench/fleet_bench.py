@@ -39,7 +39,7 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from .harness import BenchTimeout, by_stream, percentiles, records_by_id, wait_until
 
@@ -82,8 +82,21 @@ class Profile:
     MEDIUM = "medium"
 
 
+class _ProfileTimings(TypedDict):
+    """FleetTimings keywords of a profile, typed so ``FleetTimings(**timings)`` is checked."""
+
+    lease_seconds: float
+    heartbeat_seconds: float
+    lease_safety_margin_seconds: float
+    reconcile_pass_seconds: float
+    drain_timeout_seconds: float
+    queue_wait_seconds: int
+    checkpoint_seconds: NotRequired[float]
+    sweep_seconds: NotRequired[float]
+
+
 #: Each profile's FleetTimings (those not named keep FleetTimings' defaults).
-_PROFILE_TIMINGS: dict[str, dict[str, float]] = {
+_PROFILE_TIMINGS: dict[str, _ProfileTimings] = {
     Profile.DEFAULT: {
         "lease_seconds": 20.0,
         "heartbeat_seconds": 5.0,
@@ -117,7 +130,7 @@ def timings_for(profile: str, *, max_connections: int, queue_wait: int | None = 
     """The profile's timings (an unknown profile runs SHORT), for ``max_connections`` each."""
     from wsfleet_local.fleet import FleetTimings
 
-    timings = dict(_PROFILE_TIMINGS.get(profile, _PROFILE_TIMINGS[Profile.SHORT]))
+    timings = _PROFILE_TIMINGS.get(profile, _PROFILE_TIMINGS[Profile.SHORT]).copy()
     if queue_wait is not None:
         timings["queue_wait_seconds"] = queue_wait
     return FleetTimings(
@@ -270,7 +283,7 @@ def audit_streams(
 
 def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
     """Loss and duplicates over ``ids`` (:func:`audit_streams`), summed."""
-    totals = {"streams": len(ids), "checkpointed": 0, "stored": 0, "lost": 0,
+    totals: dict[str, Any] = {"streams": len(ids), "checkpointed": 0, "stored": 0, "lost": 0,
               "wrong_content": 0, "stale_epoch": 0, "overlapping_sessions": 0,
               "replay_gaps": 0, "streams_with_problems": []}  # fmt: skip
     for stream_id, result in audit_streams(fleet, ids).items():

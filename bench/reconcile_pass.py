@@ -212,7 +212,8 @@ def run_one(backend: Any, scenario: str, items: int) -> Run:
         sqs.delete_queue(QueueUrl=url)
     for table_name in resources.tables.values():
         dynamodb.delete_table(TableName=table_name)
-    return Run(scenario, items, orphans, round(setup_s, 1), *timings, hint_queue_depth=depth)
+    first, warm_pass, cold_pass = timings
+    return Run(scenario, items, orphans, round(setup_s, 1), first, warm_pass, cold_pass, depth)
 
 
 def table(runs: list[Run]) -> str:

@@ -45,6 +45,7 @@ worker's DynamoDB reads (v2: its sweep's gsi_owner queries) and SQS requests per
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from pathlib import Path
@@ -137,7 +138,7 @@ def run_request_cost(
             for stream_id in ids:
                 fleet.simulator.open_stream(stream_id, rate=rate)
             _start_streams(fleet, ids)
-            wait_until(lambda ids=ids: _all_streaming(fleet, ids), timeout=120, interval=0.5,
+            wait_until(functools.partial(_all_streaming, fleet, ids), timeout=120, interval=0.5,
                        message=f"phase {number} streaming")  # fmt: skip
             time.sleep(hb + 1)  # the start-up burst (acquire, first renewals, replay) is over
             faults.reset_stats()

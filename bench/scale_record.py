@@ -280,11 +280,12 @@ def record(
         drain_timeout_seconds=10.0,
         queue_wait_seconds=2,
         max_connections=math.ceil(connections / workers) + 5,  # about even across workers
-        **({"checkpoint_seconds": compressed["checkpoint"]} if "checkpoint" in compressed else {}),
-        **({"sweep_seconds": compressed["worker_sweep"]} if "worker_sweep" in compressed else {}),
+        # Not in the production figures: the fleet's own defaults.
+        checkpoint_seconds=compressed.get("checkpoint", FleetTimings.checkpoint_seconds),
+        sweep_seconds=compressed.get("worker_sweep", FleetTimings.sweep_seconds),
         # The fleet's own default (2 s) is no compression of REBALANCE_SECONDS: each worker
         # reads the fleet view this often, a read per worker that the window must scale too.
-        **({"rebalance_seconds": compressed["rebalance"]} if "rebalance" in compressed else {}),
+        rebalance_seconds=compressed.get("rebalance", FleetTimings.rebalance_seconds),
     )
     worker_env = {"POWERTOOLS_LOG_LEVEL": "WARNING"}
     if "checkpoint" in compressed:

@@ -39,7 +39,8 @@ def _timed_out(timeout: float, message: Message) -> WaitTimeout:
 
 
 def wait_until(
-    condition: Callable[[], _T],
+    # _T | None: a condition that returns None until it holds still waits for a _T.
+    condition: Callable[[], _T | None],
     message: Message = "condition not met",
     *,
     timeout: float = 30.0,

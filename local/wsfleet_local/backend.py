@@ -231,8 +231,11 @@ class SerializedMotoApp:
         self._sqs_changed = threading.Condition()
         self._sqs_generation = 0
 
-        def wait_for_messages(queue: Queue, timeout: float) -> None:
-            self._wait_unlocked(timeout)
+        wait_unlocked = self._wait_unlocked
+
+        # Named as moto names it (``self`` is the Queue), so it types as the method it replaces.
+        def wait_for_messages(self: Queue, timeout: float) -> None:
+            wait_unlocked(timeout)
 
         # moto calls it between two scans of a long poll, with our lock held (in __call__).
         # Without it (another moto), a long poll would hold the lock for its whole wait.
@@ -601,7 +604,8 @@ def local_client(service: str, endpoint_url: str, region: str = DEFAULT_REGION) 
         aws_secret_access_key=LOCAL_SECRET_KEY,
         region_name=region,
     )
-    return session.client(service, endpoint_url=endpoint_url, config=client_config())
+    # boto3-stubs overloads client() per literal service name, with no fallback for a plain str.
+    return session.client(service, endpoint_url=endpoint_url, config=client_config())  # type: ignore[call-overload]
 
 
 def provision_resources(

@@ -266,8 +266,12 @@ def read_upstream_json(text: str | None, path: str | Path | None) -> dict[str, A
         return None
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise UpstreamUsageError(f"not JSON ({exc.msg} at character {exc.pos})", option) from None
+    except (ValueError, RecursionError) as exc:
+        # Valid syntax the decoder still refuses: a plain ValueError (an integer past Python's
+        # 4300-digit limit) has no .msg/.pos, and deep nesting exhausts the recursion limit.
+        raise UpstreamUsageError(f"not JSON ({exc})", option) from None
     if not isinstance(value, dict):
         raise UpstreamUsageError("must be a JSON object", option)
     return value

@@ -532,7 +532,12 @@ def _scenario(
     if crashed is not None:
         _restart(monitor, fleet, crashed, "ECS replaces the crashed task")
     report.handoff, drained = _disrupt(
-        monitor, fleet, rng, label="handoff", signum=signal.SIGTERM, exclude={crashed} - {None}
+        monitor,
+        fleet,
+        rng,
+        label="handoff",
+        signum=signal.SIGTERM,
+        exclude=set() if crashed is None else {crashed},
     )
     if drained is not None:
         _restart(monitor, fleet, drained, "deploy")

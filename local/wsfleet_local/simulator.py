@@ -197,7 +197,9 @@ class HostileFrame(enum.StrEnum):
     OPENING = "opening"  # what poison_stream sends first on every session (no seq)
 
 
-_SEQ_OF = {
+# Keyed as str: StrEnum members hash and compare as their value, so hostile_frame_text's
+# ``kind`` finds its seq whether it came as a member or as its name.
+_SEQ_OF: dict[str, int | str] = {
     HostileFrame.HUGE_SEQ: 10**40,
     HostileFrame.DIGITS_SEQ: "9" * 30,
     HostileFrame.OUT_OF_RANGE_SEQ: 2**53,

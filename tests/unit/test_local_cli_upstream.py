@@ -149,6 +149,15 @@ def test_upstream_json_from_text_or_file(tmp_path: Path) -> None:
             read_upstream_json(text, path_)
 
 
+def test_upstream_json_the_decoder_refuses_is_a_usage_error() -> None:
+    # Not JSONDecodeErrors: a plain ValueError (no .msg/.pos) and a RecursionError.
+    huge_int = '{"seq": ' + "9" * 5000 + "}"
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    for text, words in [(huge_int, "not JSON .*4300"), (deep, "not JSON .*recursion")]:
+        with pytest.raises(UpstreamUsageError, match=words):
+            read_upstream_json(text, None)
+
+
 # ---------------------------------------------------------------------------- the command
 runner = CliRunner()
 
