@@ -37,7 +37,7 @@ from bench.faults import (
 )
 from wsfleet.aws import is_ambiguous, is_throttling
 from wsfleet.exceptions import StoreError
-from wsfleet.record import connection_pk
+from wsfleet.record import WorkerRecord, connection_pk
 from wsfleet.store import DynamoDBLeaseStore
 
 pytestmark = pytest.mark.integration
@@ -329,3 +329,34 @@ def test_error_shapes_per_protocol():
     assert FaultRule.from_dict(FaultRule(kind="503", operations={"A"}).to_dict()) == FaultRule(
         kind="503", operations=frozenset({"A"})
     )
+
+
+def _worker(worker_id: str, started_at_ms: int) -> WorkerRecord:
+    return WorkerRecord(
+        worker_id=worker_id, control_queue_url=f"http://q/{worker_id}",
+        started_at_ms=started_at_ms, heartbeat_at_ms=started_at_ms,
+        expires_at_ms=started_at_ms + 5000, capacity=100,
+    )  # fmt: skip
+
+
+def test_an_ambiguous_registration_that_landed_is_a_registration(aws, proxy):
+    # GIVEN a worker registration whose PutItem lands but is answered with a 500
+    proxy.set_rules([FaultRule(kind="500", operations={"PutItem"}, after=True, budget=1)])
+    through = DynamoDBLeaseStore(
+        client("dynamodb", proxy.url_for("worker"), attempts=4), aws.connections_table
+    )
+    worker = _worker("w-amb-reg", 1_000)
+
+    # WHEN botocore retries it and the retry's condition meets the item just written
+    through.register_worker(worker)
+
+    # THEN the worker is registered (not "already registered"), as written
+    assert proxy.stats().total(operation="PutItem", what="injected") == 1
+    assert through.get_worker("w-amb-reg", consistent=True) == worker
+
+
+def test_a_registration_that_meets_another_incarnation_is_still_refused(aws, proxy):
+    store = DynamoDBLeaseStore(client("dynamodb", proxy.url_for("worker")), aws.connections_table)
+    store.register_worker(_worker("w-twice", 1_000))
+    with pytest.raises(StoreError, match="already registered"):
+        store.register_worker(_worker("w-twice", 2_000))

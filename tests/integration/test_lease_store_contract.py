@@ -9,6 +9,7 @@ stores take ``now`` from it (the DynamoDB store sends it in its condition values
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -575,8 +576,9 @@ def test_every_index_after_every_transition_across_shards(store, clock):
 # ------------------------------------------------------------------ worker items
 def test_worker_register_renew_retire_and_delete(store, clock):
     worker = register(store, clock, "w1")
-    with pytest.raises(StoreError):
-        store.register_worker(worker)  # an id is one incarnation
+    with pytest.raises(StoreError):  # an id is one incarnation
+        store.register_worker(dataclasses.replace(worker, started_at_ms=worker.started_at_ms + 1))
+    store.register_worker(worker)  # the same record again: a retried write that had landed
     assert store.get_worker("w1") == worker
     assert store.list_worker_ids() == ["w1"]
     assert not list(store.owned_by("w1"))

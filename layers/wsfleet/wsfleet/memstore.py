@@ -233,6 +233,8 @@ class InMemoryLeaseStore(LeaseStore):
     def register_worker(self, worker: WorkerRecord) -> None:
         with self._lock:
             if worker.pk in self._items:
+                if self._items[worker.pk] == worker.to_item():
+                    return
                 raise StoreError(f"worker id {worker.worker_id!r} is already registered")
             self._items[worker.pk] = worker.to_item()
 

@@ -589,7 +589,9 @@ class LeaseStore(ABC):
     # workers
     @abstractmethod
     def register_worker(self, worker: WorkerRecord) -> None:
-        """Create this worker's item (its lease); refused (StoreError) if the id exists."""
+        """Create this worker's item (its lease); refused (StoreError) if the id exists with
+        another record. The same record again is this registration landing twice (a retried
+        write whose first attempt landed), and succeeds."""
 
     @abstractmethod
     def renew_worker(
@@ -1026,8 +1028,13 @@ class DynamoDBLeaseStore(LeaseStore):
                 "put_item",
                 Item=_dump(worker.to_item()),
                 ConditionExpression="attribute_not_exists(pk)",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
+            # An attempt answered 5xx may have landed, and botocore's retry then meets our own
+            # item: that is a registration, not a clash (no heartbeat has touched it yet).
+            if self._worker_refusing(exc, worker.worker_id) == worker:
+                return
             raise StoreError(f"worker id {worker.worker_id!r} is already registered") from exc
 
     def renew_worker(
