@@ -712,13 +712,19 @@ def _json_or_none(body: bytes) -> Any:
 
 
 def _parse_rules_document(document: Any) -> tuple[list[FaultRule], int | None]:
-    if isinstance(document, list):
-        return [FaultRule.from_dict(r) for r in document], None
-    if not isinstance(document, dict):
-        raise FaultError("rules must be a list or {'rules': [...], 'seed': N}")
-    rules = [FaultRule.from_dict(r) for r in document.get("rules", ())]
-    seed = document.get("seed")
-    return rules, int(seed) if seed is not None else None
+    """``[rule, ...]`` or ``{"rules": [...], "seed": N}``; anything else (it may come from an
+    HTTP body) is a :class:`FaultError`, answered 400."""
+    usage = "rules must be a list of rule objects or {'rules': [...], 'seed': N}"
+    raw_rules, seed = document, None
+    if isinstance(document, dict):
+        raw_rules, seed = document.get("rules", []), document.get("seed")
+    if not isinstance(raw_rules, list) or not all(isinstance(r, dict) for r in raw_rules):
+        raise FaultError(usage)
+    try:
+        seed = int(seed) if seed is not None else None
+    except (TypeError, ValueError, OverflowError):
+        raise FaultError(f"seed must be an integer, got {seed!r}") from None
+    return [FaultRule.from_dict(r) for r in raw_rules], seed
 
 
 def _make_handler(proxy: FaultProxy, label: str) -> type[BaseHTTPRequestHandler]:
@@ -767,7 +773,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _handle(self) -> None:
-        body = self._read_body()
+        try:
+            body = self._read_body()
+        except ValueError:  # a Content-Length or chunk size that is not a number
+            self.close_connection = True  # the rest of the stream cannot be framed
+            self._json(400, {"error": "malformed Content-Length or chunk size"})
+            return
         if self.path.startswith(CONTROL_PREFIX):
             self._control(body)
             return
@@ -832,6 +843,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 proxy.clear_rules()
                 return {**state, "rules": []}
             case ("PUT" | "POST"), "/_faults/upstream":
+                if not isinstance(document, dict):
+                    raise FaultError('the body must be {"url": "http://host:port"}')
                 proxy.set_upstream(str(document.get("url", "")))
                 return {**state, "upstream": proxy.upstream}
             case "GET", "/_faults/stats":
