@@ -135,7 +135,10 @@ class _Handler(BaseHTTPRequestHandler):
                 HTTPStatus.NOT_FOUND, f"no route {self.command} {path}; routes: {routes}"
             )
         route, parameters = matched
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return _message(HTTPStatus.BAD_REQUEST, "Content-Length must be a number")
         if length > MAX_BODY_BYTES:
             return _message(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "Request Too Long")
         body = self.rfile.read(length) if length > 0 else b""
