@@ -99,6 +99,13 @@ class ApiClient:
         region: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
+        try:
+            parts = urllib.parse.urlsplit(base_url)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # e.g. an unclosed "[" of an IPv6 host
+            valid = False
+        if not valid:
+            raise ApiError(None, f"the API URL must be http(s)://host/stage, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.sign = not is_loopback_url(base_url)
         self.region = region or _region_of(base_url)
