@@ -135,6 +135,9 @@ _SEQ_EPSILON = 1e-9
 _MIN_SLEEP_SECONDS = 0.0005
 #: Size of a MAX_SIZE hostile frame when none is given: the worker's default WORKER_MAX_FRAME_BYTES.
 DEFAULT_HOSTILE_FRAME_BYTES = 393_216
+#: The largest hostile or poison frame a control request may ask for: the frame is built in
+#: memory, so a size from a /_sim request must not be able to exhaust it.
+MAX_HOSTILE_FRAME_BYTES = 64 * 1024 * 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,6 +260,11 @@ def frame_data(stream_id: str, seq: int) -> str:
 def frame_text(stream_id: str, seq: int) -> str:
     """The exact text frame the simulator sends for ``seq`` on ``stream_id``."""
     return json.dumps({"seq": seq, "data": frame_data(stream_id, seq)})
+
+
+def _check_size(size: int | None) -> None:
+    if size is not None and not 0 <= size <= MAX_HOSTILE_FRAME_BYTES:
+        raise InvalidRequest(f"size must be 0..{MAX_HOSTILE_FRAME_BYTES} bytes, got {size}")
 
 
 def _check_rate(rate: float) -> float:
@@ -555,8 +563,7 @@ def inject_hostile(
 ) -> None:
     """Arm a one-shot hostile frame, sent like a fault frame (the stream then continues)."""
     frame = _parse_enum(HostileFrame, kind, "hostile frame")
-    if size is not None and size < 0:
-        raise InvalidRequest(f"size must be >= 0, got {size}")
+    _check_size(size)
     if frame is not HostileFrame.MAX_SIZE:
         size = 0
     elif size is None:
@@ -568,8 +575,7 @@ def inject_hostile(
 @_route("POST", "streams/{id}/poison", ("size", "size", int))
 def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> None:
     """Every later session of ``stream_id`` first gets a ``size``-byte frame (0 or None: off)."""
-    if size is not None and size < 0:
-        raise InvalidRequest(f"size must be >= 0, got {size}")
+    _check_size(size)
     if size:
         sim._poisoned[stream_id] = size
     else:
