@@ -41,7 +41,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from .harness import BenchTimeout, by_stream, percentiles, records_by_id, wait_until
+from .harness import by_stream, percentiles, records_by_id
+from .waiting import WaitTimeout as BenchTimeout, wait_until
 
 __all__ = [
     "Profile",

@@ -20,16 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.waiting import WaitTimeout as BenchTimeout, wait_until
-
 __all__ = [
     "ROOT",
-    "BenchTimeout",
     "Percentiles",
     "aws_client",
     "machine",
     "percentiles",
-    "wait_until",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .fleet_bench import _all_streaming, _start_streams, audit, fleet_for_bench, stop_all
-from .harness import BenchTimeout, by_stream, percentiles, records_by_id, wait_until
+from .harness import by_stream, percentiles, records_by_id
+from .waiting import WaitTimeout as BenchTimeout, wait_until
 
 __all__ = ["run_rebalance"]
 

@@ -54,7 +54,8 @@ from typing import Any
 from wsfleet.rebalance import FLEET_VIEW_PK
 
 from .fleet_bench import Profile, _all_streaming, _start_streams, fleet_for_bench, timings_for
-from .harness import aws_client, by_stream, wait_until
+from .harness import aws_client, by_stream
+from .waiting import wait_until
 
 __all__ = [
     "V1_PER_CONNECTION_HOUR",

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .faults import ProxyProcess
-from .harness import ROOT, aws_client, machine, wait_until
+from .harness import ROOT, aws_client, machine
 from .scale_model import (
     KeyLoad,
     Run,
@@ -60,6 +60,7 @@ from .scale_model import (
     table_def,
     writes_of_change,
 )
+from .waiting import wait_until
 
 __all__ = ["PRODUCTION_V1", "PRODUCTION_V2", "record", "render_scale", "run_scale", "step_result"]
 

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from .fleet_bench import Profile, fleet_for_bench, stop_all, timings_for
-from .harness import BenchTimeout, aws_client, by_stream, records_by_id, wait_until
+from .harness import aws_client, by_stream, records_by_id
+from .waiting import WaitTimeout as BenchTimeout, wait_until
 
 __all__ = ["SHAPES", "run_shapes"]
 
