@@ -68,6 +68,11 @@ class _Destination:
     queue_url: str
 
 
+def _dwelt(moved_at: int | None, *, now_ms: int, dwell_ms: int) -> bool:
+    """Not moved within ``dwell_ms`` (never moved: ``moved_at`` None)."""
+    return moved_at is None or now_ms - moved_at >= dwell_ms
+
+
 def choose_to_give(
     candidates: Mapping[str, int | None], count: int, *, now_ms: int, dwell_ms: int
 ) -> list[str]:
@@ -82,7 +87,7 @@ def choose_to_give(
     eligible = [
         (moved_at if moved_at is not None else -1, pk)
         for pk, moved_at in candidates.items()
-        if moved_at is None or now_ms - moved_at >= dwell_ms
+        if _dwelt(moved_at, now_ms=now_ms, dwell_ms=dwell_ms)
     ]
     return [pk for _, pk in sorted(eligible)[: max(0, count)]]
 
@@ -208,9 +213,11 @@ class Rebalancer(WorkerRole):
         """How many connections a plan could ask of this worker now: those not moved within
         the dwell time. Each heartbeat reports it, so the reconciler plans only moves that can
         happen (a giver whose connections all just moved is not named again and again)."""
-        running = self._running()
         now = self._clock()
-        return len(choose_to_give(running, len(running), now_ms=now, dwell_ms=self._dwell_ms))
+        return sum(
+            _dwelt(moved_at, now_ms=now, dwell_ms=self._dwell_ms)
+            for moved_at in self._running().values()
+        )
 
     async def _give(self, plan: list[tuple[str, _Destination]]) -> int:
         """End the chosen sessions ``HANDOFF_WAVE`` at a time, each wave once the previous
