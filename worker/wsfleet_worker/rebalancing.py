@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from wsfleet.control import HandoffHint
 from wsfleet.exceptions import WsfleetError
-from wsfleet.hints import Hint
+from wsfleet.hints import SQS_BATCH_LIMIT, Hint
 from wsfleet.rebalance import FleetView, defer_placement
 
 from .connector import describe_error
@@ -273,7 +273,7 @@ class Rebalancer(WorkerRole):
         queued = self._queued[url]
         try:
             while queued:
-                batch = queued[:10]
+                batch = queued[:SQS_BATCH_LIMIT]
                 sent = await self._send_handoffs(url, batch)
                 del queued[: len(batch)]
                 for handoff in batch:
