@@ -279,8 +279,13 @@ class Rebalancer(WorkerRole):
                 for handoff in batch:
                     delay = HANDOFF_COPY_DELAY_SECONDS if handoff.pk in sent else 0
                     self._outbox.add(Hint(handoff.pk, epoch=handoff.epoch, delay_seconds=delay))
+        except Exception as exc:  # a bug costs the direct hand-off only: the copies below go out
+            self._metrics.count("RebalanceFailures")
+            self._logger.error(
+                "hand-offs not sent to the peer", extra={"error": describe_error(exc)}, exc_info=exc
+            )
         finally:
-            for handoff in queued:  # cancelled mid-way: the copies still go out
+            for handoff in queued:  # failed or cancelled mid-way: the copies still go out
                 self._outbox.add(Hint(handoff.pk, epoch=handoff.epoch))
             del self._queued[url]
 
