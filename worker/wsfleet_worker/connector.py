@@ -170,6 +170,7 @@ class _GuardedConnect(connect):
         assert last is not None  # found is never empty: the policy refuses an empty answer
         raise last
 
+
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
 

@@ -46,6 +46,7 @@ from wsfleet.control import (
     control_queue_policy,
     parse_control_message,
 )
+from wsfleet.hints import SQS_BATCH_LIMIT
 from wsfleet.record import connection_id_from_pk
 
 from .connector import describe_error
@@ -156,7 +157,8 @@ class ControlChannel:
     async def send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
         """Send up to ten hand-offs to a peer's control queue in one SendMessageBatch; returns
         the pks that went out (the others' delayed copies on the hint queue go out at once)."""
-        entries = [{"Id": str(i), "MessageBody": h.body()} for i, h in enumerate(handoffs[:10])]
+        batch = handoffs[:SQS_BATCH_LIMIT]
+        entries = [{"Id": str(i), "MessageBody": h.body()} for i, h in enumerate(batch)]
         try:
             response = await self._offloader.sqs(
                 self._sqs.send_message_batch, QueueUrl=queue_url, Entries=entries

@@ -27,6 +27,7 @@ __all__ = [
     "FrameKind",
     "parse_frame",
     "resume_url",
+    "with_query_param",
 ]
 
 #: The largest accepted sequence number: 2**53 - 1, the largest integer every JSON parser
@@ -193,13 +194,19 @@ def resume_url(ws_url: str, param: str, from_seq: int, *, enabled: bool = True) 
     >>> resume_url("ws://h/s", "from_seq", 1, enabled=False)
     'ws://h/s'
     """
-    parts = urlsplit(ws_url)
     if not enabled or not param:
-        return urlunsplit(parts._replace(fragment=""))
-    kept = [
-        pair
-        for pair in parts.query.split("&")
-        if pair and unquote_plus(pair.partition("=")[0]) != param
-    ]
-    kept.append(f"{quote(param, safe='')}={from_seq}")
+        return urlunsplit(urlsplit(ws_url)._replace(fragment=""))
+    return with_query_param(ws_url, param, str(from_seq))
+
+
+def with_query_param(url: str, name: str, value: str) -> str:
+    """``url`` with ``name=value`` (value percent-encoded) replacing any earlier ``name``;
+    other parameters keep their exact encoding, the fragment is dropped.
+
+    >>> with_query_param("wss://h/s?a=1&token=old", "token", "a b/c")
+    'wss://h/s?a=1&token=a%20b%2Fc'
+    """
+    parts = urlsplit(url)
+    kept = [p for p in parts.query.split("&") if p and unquote_plus(p.partition("=")[0]) != name]
+    kept.append(f"{quote(name, safe='')}={quote(value, safe='')}")
     return urlunsplit(parts._replace(query="&".join(kept), fragment=""))

@@ -35,7 +35,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import quote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from wsfleet.upstream_options import (
     CredentialPlacement,
@@ -45,7 +45,7 @@ from wsfleet.upstream_options import (
 )
 from wsfleet.upstream_url import redact_url
 
-from .frames import resume_url
+from .frames import resume_url, with_query_param
 
 __all__ = ["Handshake", "plan_handshake", "same_origin", "with_query_param"]
 
@@ -68,18 +68,6 @@ class Handshake:
             f"subprotocols={list(self.subprotocols)}, subscribe={self.subscribe is not None}, "
             f"origin_locked={self.origin_locked}, asked_from={self.asked_from})"
         )
-
-
-def with_query_param(url: str, name: str, value: str) -> str:
-    """``url`` with ``name=value`` (value percent-encoded) replacing any earlier ``name``.
-
-    >>> with_query_param("wss://h/s?a=1&token=old", "token", "a b/c")
-    'wss://h/s?a=1&token=a%20b%2Fc'
-    """
-    parts = urlsplit(url)
-    kept = [p for p in parts.query.split("&") if p and unquote_plus(p.partition("=")[0]) != name]
-    kept.append(f"{quote(name, safe='')}={quote(value, safe='')}")
-    return urlunsplit(parts._replace(query="&".join(kept), fragment=""))
 
 
 def same_origin(a: str, b: str) -> bool:

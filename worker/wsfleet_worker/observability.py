@@ -61,6 +61,10 @@ COUNTERS = (
     "ResumeGapFrames",  # frames skipped by those resumes: what the upstream never delivered
     "GapWriteFailures",  # gap totals that could not be stored yet (retried)
     "CredentialFailures",  # connects whose secret could not be read (counted by the breaker)
+    "RebalanceGiven",  # connections handed off to a less loaded peer
+    "RebalanceFailures",  # fleet view reads that failed, hand-off sends that raised
+    "HandoffHints",  # hand-offs received on the control queue
+    "PlacementDeferrals",  # hint-queue receives delayed because this worker is over its share
 )
 #: Last value per interval (unit Count).
 GAUGES = ("ActiveConnections", "QueuedFrames")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from wsfleet.control import HandoffHint
 from wsfleet.exceptions import WsfleetError
-from wsfleet.hints import Hint
+from wsfleet.hints import SQS_BATCH_LIMIT, Hint
 from wsfleet.rebalance import FleetView, defer_placement
 
 from .connector import describe_error
@@ -68,6 +68,11 @@ class _Destination:
     queue_url: str
 
 
+def _dwelt(moved_at: int | None, *, now_ms: int, dwell_ms: int) -> bool:
+    """Not moved within ``dwell_ms`` (never moved: ``moved_at`` None)."""
+    return moved_at is None or now_ms - moved_at >= dwell_ms
+
+
 def choose_to_give(
     candidates: Mapping[str, int | None], count: int, *, now_ms: int, dwell_ms: int
 ) -> list[str]:
@@ -82,7 +87,7 @@ def choose_to_give(
     eligible = [
         (moved_at if moved_at is not None else -1, pk)
         for pk, moved_at in candidates.items()
-        if moved_at is None or now_ms - moved_at >= dwell_ms
+        if _dwelt(moved_at, now_ms=now_ms, dwell_ms=dwell_ms)
     ]
     return [pk for _, pk in sorted(eligible)[: max(0, count)]]
 
@@ -208,9 +213,11 @@ class Rebalancer(WorkerRole):
         """How many connections a plan could ask of this worker now: those not moved within
         the dwell time. Each heartbeat reports it, so the reconciler plans only moves that can
         happen (a giver whose connections all just moved is not named again and again)."""
-        running = self._running()
         now = self._clock()
-        return len(choose_to_give(running, len(running), now_ms=now, dwell_ms=self._dwell_ms))
+        return sum(
+            _dwelt(moved_at, now_ms=now, dwell_ms=self._dwell_ms)
+            for moved_at in self._running().values()
+        )
 
     async def _give(self, plan: list[tuple[str, _Destination]]) -> int:
         """End the chosen sessions ``HANDOFF_WAVE`` at a time, each wave once the previous
@@ -266,14 +273,19 @@ class Rebalancer(WorkerRole):
         queued = self._queued[url]
         try:
             while queued:
-                batch = queued[:10]
+                batch = queued[:SQS_BATCH_LIMIT]
                 sent = await self._send_handoffs(url, batch)
                 del queued[: len(batch)]
                 for handoff in batch:
                     delay = HANDOFF_COPY_DELAY_SECONDS if handoff.pk in sent else 0
                     self._outbox.add(Hint(handoff.pk, epoch=handoff.epoch, delay_seconds=delay))
+        except Exception as exc:  # a bug costs the direct hand-off only: the copies below go out
+            self._metrics.count("RebalanceFailures")
+            self._logger.error(
+                "hand-offs not sent to the peer", extra={"error": describe_error(exc)}, exc_info=exc
+            )
         finally:
-            for handoff in queued:  # cancelled mid-way: the copies still go out
+            for handoff in queued:  # failed or cancelled mid-way: the copies still go out
                 self._outbox.add(Hint(handoff.pk, epoch=handoff.epoch))
             del self._queued[url]
 
