@@ -817,14 +817,21 @@ class DynamoDBLeaseStore(LeaseStore):
         )
         return _load(response.get("Attributes")) or {}
 
-    def _refused_record(self, exc: ClientError, pk: str) -> ConnectionRecord | None:
-        """The item that made a conditional write fail: returned with the refusal (ALL_OLD),
-        or, from a backend that ignores ReturnValuesOnConditionCheckFailure, read back."""
+    def _refusing_item(self, exc: ClientError, pk: str) -> dict[str, Any] | None:
+        """The item that made a conditional write fail: the ALL_OLD copy the refusal carries,
+        or a strongly consistent read when it carried none (the item is gone, or a backend
+        that ignores ReturnValuesOnConditionCheckFailure)."""
         old_item = exc.response.get("Item")
         item = _load(old_item) if isinstance(old_item, Mapping) else None
         if item:
-            return ConnectionRecord.from_item(item)
-        return self.get(pk, consistent=True)
+            return item
+        response = self._call("get_item", Key=_dump({"pk": pk}), ConsistentRead=True)
+        return _load(response.get("Item"))
+
+    def _refused_record(self, exc: ClientError, pk: str) -> ConnectionRecord | None:
+        """The connection item that refused a conditional write (:meth:`_refusing_item`)."""
+        item = self._refusing_item(exc, pk)
+        return ConnectionRecord.from_item(item) if item else None
 
     # ------------------------------------------------------------------ reads
     def get(self, pk: str, *, consistent: bool = True) -> ConnectionRecord | None:
@@ -1127,14 +1134,9 @@ class DynamoDBLeaseStore(LeaseStore):
         return ExitKill.KILLED
 
     def _worker_refusing(self, exc: ClientError, worker_id: str) -> WorkerRecord | None:
-        """The worker item that refused a conditional write: the ALL_OLD copy the refusal
-        carries, or a strongly consistent read when it carried none (the item is gone, or an
-        emulator that does not return it)."""
-        old = exc.response.get("Item")
-        item = _load(old) if isinstance(old, Mapping) else None
-        if item:
-            return WorkerRecord.from_item(item)
-        return self.get_worker(worker_id, consistent=True)
+        """The worker item that refused a conditional write (:meth:`_refusing_item`)."""
+        item = self._refusing_item(exc, worker_pk(worker_id))
+        return WorkerRecord.from_item(item) if item else None
 
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
         response = self._call(
