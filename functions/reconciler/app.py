@@ -63,6 +63,7 @@ from wsfleet.control_janitor import CleanupReport, ControlQueueJanitor
 from wsfleet.exceptions import StoreError
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
+from wsfleet.lease import is_worker_alive
 from wsfleet.rebalance import FleetView, WorkerLoad, make_view
 from wsfleet.reconcile import (
     NEEDS_OWNER,
@@ -184,7 +185,7 @@ def write_fleet_view(
 ) -> FleetView:
     """One read (the previous view) and one write (this pass's): the live workers' loads and
     the plan (:func:`wsfleet.rebalance.make_view`)."""
-    live = [w for w in workers.values() if not w.dead and w.expires_at_ms > now]
+    live = [w for w in workers.values() if is_worker_alive(w, now)]
     view = make_view(
         [
             WorkerLoad(

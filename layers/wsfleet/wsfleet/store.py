@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -817,14 +818,26 @@ class DynamoDBLeaseStore(LeaseStore):
         )
         return _load(response.get("Attributes")) or {}
 
-    def _refused_record(self, exc: ClientError, pk: str) -> ConnectionRecord | None:
-        """The item that made a conditional write fail: returned with the refusal (ALL_OLD),
-        or, from a backend that ignores ReturnValuesOnConditionCheckFailure, read back."""
+    def _refusing_item(self, exc: ClientError, pk: str) -> dict[str, Any] | None:
+        """The item that made a conditional write fail: the ALL_OLD copy the refusal carries,
+        or a strongly consistent read when it carried none (the item is gone, or a backend
+        that ignores ReturnValuesOnConditionCheckFailure)."""
         old_item = exc.response.get("Item")
         item = _load(old_item) if isinstance(old_item, Mapping) else None
         if item:
-            return ConnectionRecord.from_item(item)
-        return self.get(pk, consistent=True)
+            return item
+        response = self._call("get_item", Key=_dump({"pk": pk}), ConsistentRead=True)
+        return _load(response.get("Item"))
+
+    @contextlib.contextmanager
+    def _refused_connection(self, pk: str) -> Iterator[None]:
+        """A refused conditional write of connection ``pk`` raised as the backends' primitives
+        raise it: :class:`_Refused` carrying the item as it stood (:meth:`_refusing_item`)."""
+        try:
+            yield
+        except ClientError as exc:
+            item = self._refusing_item(exc, pk)
+            raise _Refused(ConnectionRecord.from_item(item) if item else None) from exc
 
     # ------------------------------------------------------------------ reads
     def get(self, pk: str, *, consistent: bool = True) -> ConnectionRecord | None:
@@ -870,20 +883,18 @@ class DynamoDBLeaseStore(LeaseStore):
 
     # ------------------------------------------------------------------ API-side writes
     def _create(self, record: ConnectionRecord) -> None:
-        try:
+        with self._refused_connection(record.pk):
             self._call(
                 "put_item",
                 Item=_dump(record.to_item()),
                 ConditionExpression="attribute_not_exists(pk)",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            raise _Refused(self._refused_record(exc, record.pk)) from exc
 
     def _restart_write(
         self, current: ConnectionRecord, set_values: Mapping[str, Any], remove: tuple[str, ...]
     ) -> ConnectionRecord:
-        try:
+        with self._refused_connection(current.pk):
             item = self._update(
                 current.pk,
                 set_values=set_values,
@@ -898,14 +909,12 @@ class DynamoDBLeaseStore(LeaseStore):
                     **({"seen_owner": current.lease_owner} if current.lease_owner else {}),
                 },
             )
-        except ClientError as exc:
-            raise _Refused(self._refused_record(exc, current.pk)) from exc
         return ConnectionRecord.from_item(item)
 
     def _stop_write(
         self, pk: str, set_values: Mapping[str, Any], remove: tuple[str, ...]
     ) -> ConnectionRecord:
-        try:
+        with self._refused_connection(pk):
             item = self._update(
                 pk,
                 set_values=set_values,
@@ -913,8 +922,6 @@ class DynamoDBLeaseStore(LeaseStore):
                 condition="attribute_exists(pk) AND #desired_state <> :stopped_state",
                 values={"stopped_state": DesiredState.STOPPED.value},
             )
-        except ClientError as exc:
-            raise _Refused(self._refused_record(exc, pk)) from exc
         return ConnectionRecord.from_item(item)
 
     def list_connections(
@@ -972,28 +979,29 @@ class DynamoDBLeaseStore(LeaseStore):
             values.update(expected_owner=expected_owner, expected_epoch=expected_epoch)
         else:
             condition += "attribute_not_exists(#lease_owner)"
-        try:
-            item = self._update(
-                pk,
-                set_values={"lease_owner": owner, "updated_at_ms": now},
-                remove=(*_INDEX_ATTRIBUTES, *_HINT_CLAIM),
-                add={"lease_epoch": 1},
-                condition=condition,
-                values=values,
-            )
-        except ClientError as exc:
-            raise _Refused(self._refused_record(exc, pk)) from exc
-        except StoreError as exc:
-            if not _may_have_landed(exc):
-                raise
+        # The refusal's read stays outside the ambiguous-failure handling: a refused write
+        # did not land, whatever that read meets.
+        with self._refused_connection(pk):
             try:
-                current = self.get(pk, consistent=True)
-            except StoreError:
-                raise exc from None
-            if current is not None and current.lease_owner == owner:
-                # Our write landed; take it once more so its epoch is one nobody else saw.
-                return self._take_write(pk, owner, owner, current.lease_epoch)
-            raise
+                item = self._update(
+                    pk,
+                    set_values={"lease_owner": owner, "updated_at_ms": now},
+                    remove=(*_INDEX_ATTRIBUTES, *_HINT_CLAIM),
+                    add={"lease_epoch": 1},
+                    condition=condition,
+                    values=values,
+                )
+            except StoreError as exc:
+                if not _may_have_landed(exc):
+                    raise
+                try:
+                    current = self.get(pk, consistent=True)
+                except StoreError:
+                    raise exc from None
+                if current is not None and current.lease_owner == owner:
+                    # Our write landed; take it once more so its epoch is one nobody else saw.
+                    return self._take_write(pk, owner, owner, current.lease_epoch)
+                raise
         return ConnectionRecord.from_item(item)
 
     def _holder_update(
@@ -1013,12 +1021,10 @@ class DynamoDBLeaseStore(LeaseStore):
         if last_seq is not None:
             assignments["last_seq"] = last_seq
             condition += " AND (attribute_not_exists(#last_seq) OR #last_seq <= :last_seq)"
-        try:
+        with self._refused_connection(lease.pk):
             item = self._update(
                 lease.pk, set_values=assignments, remove=remove, condition=condition, values=values
             )
-        except ClientError as exc:
-            raise _Refused(self._refused_record(exc, lease.pk)) from exc
         return ConnectionRecord.from_item(item)
 
     # ------------------------------------------------------------------ worker items
@@ -1127,14 +1133,9 @@ class DynamoDBLeaseStore(LeaseStore):
         return ExitKill.KILLED
 
     def _worker_refusing(self, exc: ClientError, worker_id: str) -> WorkerRecord | None:
-        """The worker item that refused a conditional write: the ALL_OLD copy the refusal
-        carries, or a strongly consistent read when it carried none (the item is gone, or an
-        emulator that does not return it)."""
-        old = exc.response.get("Item")
-        item = _load(old) if isinstance(old, Mapping) else None
-        if item:
-            return WorkerRecord.from_item(item)
-        return self.get_worker(worker_id, consistent=True)
+        """The worker item that refused a conditional write (:meth:`_refusing_item`)."""
+        item = self._refusing_item(exc, worker_pk(worker_id))
+        return WorkerRecord.from_item(item) if item else None
 
     def get_worker(self, worker_id: str, *, consistent: bool = False) -> WorkerRecord | None:
         response = self._call(
