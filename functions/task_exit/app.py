@@ -164,7 +164,15 @@ class TaskExitHandler:
         failed = self._send(hints)
         report.hints_sent = len(hints) - len(failed)
         # A copy that does not go out is not worth a retry of the whole event: its original did.
-        report.copies_sent = len(copies) - len(self._send(copies))
+        # It is never silent, though: a copy is what reaches a peer when a dead poll swallowed
+        # the original.
+        copies_failed = len(self._send(copies))
+        report.copies_sent = len(copies) - copies_failed
+        if copies_failed:
+            logger.warning(
+                "delayed hint copies not sent",
+                extra={"failed": copies_failed, "of": len(copies), "task_arn": stop.task_arn},
+            )
         phase("hint")
         if report.killed or report.hints_sent:
             report.outcome = "failed_over"

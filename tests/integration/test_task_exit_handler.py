@@ -153,3 +153,39 @@ def test_each_hint_has_a_delayed_copy_for_the_ones_a_dead_poll_swallows(aws, inv
     )["Attributes"]
     assert attributes["ApproximateNumberOfMessages"] == "3"
     assert attributes["ApproximateNumberOfMessagesDelayed"] == "3"
+
+
+def test_copies_that_cannot_be_sent_are_logged_and_the_originals_still_count(
+    aws, invoke, monkeypatch
+):
+    # GIVEN the stopped incarnation owning two connections, and SQS refusing every delayed send
+    from wsfleet.hint_sender import HintSender
+
+    store = DynamoDBLeaseStore(dynamodb_client(), aws.connections_table)
+    detail = SAMPLE["detail"]
+    register(store, "w1", task_arn=detail["taskArn"],
+             container_runtime_id=detail["containers"][0]["runtimeId"])  # fmt: skip
+    for cid in ("a", "b"):
+        store.start(cid, "wss://up.example/s")
+        store.acquire(f"CONN#{cid}", "w1")
+    send_many = HintSender.send_many
+
+    def no_delayed(self: HintSender, hints: Any) -> list[Any]:
+        hints = list(hints)
+        if hints and hints[0].delay_seconds:
+            return hints
+        return send_many(self, hints)
+
+    monkeypatch.setattr(HintSender, "send_many", no_delayed)
+    warnings: list[tuple[str, dict[str, Any]]] = []
+    module = load_function("task_exit")  # the module invoke runs (cached once imported)
+    monkeypatch.setattr(
+        module.logger, "warning", lambda message, **kw: warnings.append((message, kw["extra"]))
+    )
+    # WHEN the exit event arrives
+    report = invoke(SAMPLE)
+    # THEN the hints went out, no copy did, and the loss is in the log
+    assert (report["hints_sent"], report["copies_sent"]) == (2, 0)
+    assert [(m, e["failed"], e["of"]) for m, e in warnings] == [
+        ("delayed hint copies not sent", 2, 2)
+    ]
