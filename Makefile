@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy openapi
+.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke sam-local image push deploy openapi
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,16 +55,31 @@ openapi: $(STAMP)
 # ------------------------------------------------------------------ sam local invoke
 # `make local-backend` in one shell (the tables and queues env.json names, on port 4566), then
 # `make invoke FUNCTION=StreamNotifierFunction EVENT=stream_stop_modify` in another.
-# samconfig.toml's [default.local_invoke.parameters] adds env.json and the endpoint.
+# samconfig.toml's [default.local_invoke.parameters] adds env.json, the endpoint and the
+# host.docker.internal mapping. The backend listens where the functions' containers reach the
+# host and no further: on Linux the docker bridge's gateway address (docker0), elsewhere
+# (Docker Desktop, which forwards host.docker.internal to the host's loopback) 127.0.0.1.
+# Never 0.0.0.0: the backend takes any credentials, so whoever reaches it owns its data.
+# SAM_LOCAL_FLAGS: extra flags, e.g. --invoke-image wsfleet-standin/lambda-python3.11
+# --skip-pull-image where no image registry is reachable (make sam-local builds that image).
 FUNCTION ?= RouterFunction
 EVENT    ?= api_post_events_start
+SAM      ?= sam
+SAM_LOCAL_FLAGS ?=
+LOCAL_BACKEND_HOST ?= $(or $(shell ip -4 -o addr show dev docker0 2>/dev/null | awk '{sub("/.*", "", $$4); print $$4}'),127.0.0.1)
 
 local-backend: $(STAMP)
-	$(BIN)/python -m wsfleet_local.backend --port 4566 --create-resources wsfleet
+	$(BIN)/python -m wsfleet_local.backend --host $(LOCAL_BACKEND_HOST) --port 4566 --create-resources wsfleet
 
 invoke:
-	sam build
-	sam local invoke $(FUNCTION) --event events/$(EVENT).json
+	$(SAM) build
+	$(SAM) local invoke $(FUNCTION) --event events/$(EVENT).json $(SAM_LOCAL_FLAGS)
+
+# Every function and sample under `sam local invoke`, the API under `sam local start-api` and
+# the worker image under Docker, on stand-in base images built here (containers/sam-local;
+# docs/sam-local.md). Needs Docker (started if this is root and it is not running); CI runs it.
+sam-local: $(STAMP)
+	bash containers/sam-local
 
 # ------------------------------------------------------------------ image, push, deploy
 # `make push deploy CONFIG_ENV=dev`: builds the worker image, pushes it to ECR and deploys
@@ -78,8 +93,12 @@ IMAGE       = $(REGISTRY)/$(REPO):$(TAG)
 # Written by `make push`: the pushed image as <registry>/<repo>@sha256:<digest>.
 IMAGE_URI_FILE := .worker-image-uri
 
+# DOCKER_BUILD_FLAGS: e.g. --build-arg PYTHON_BASE=wsfleet-standin/python3.11-slim
+# --build-arg WHEELHOUSE=worker/.wheelhouse (worker/Dockerfile; docs/sam-local.md).
+DOCKER_BUILD_FLAGS ?=
+
 image:
-	docker build --platform linux/amd64 -f worker/Dockerfile -t $(REPO):$(TAG) .
+	docker build --platform linux/amd64 -f worker/Dockerfile $(DOCKER_BUILD_FLAGS) -t $(REPO):$(TAG) .
 
 push: image
 	aws ecr get-login-password --region $(REGION) | docker login --username AWS --password-stdin $(REGISTRY)

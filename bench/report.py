@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["render"]
@@ -674,6 +676,54 @@ NOTES = """## Notes: method and what limits the figures
 """
 
 
+#: What `make sam-local` measured (containers/tests, written with WSFLEET_FIGURES=this path).
+CONTAINERS_JSON = Path(__file__).with_name("containers.json")
+
+
+def _mb(size: Any) -> str:
+    return f"{size / 1e6:.0f} MB" if isinstance(size, int | float) else "-"
+
+
+def _containers_section() -> str:
+    """Section 10, from bench/containers.json (not part of `python -m bench`'s own run)."""
+    if not CONTAINERS_JSON.exists():
+        return ""
+    c = json.loads(CONTAINERS_JSON.read_text())
+    parts = [
+        "## 10. In containers: images, cold starts, the worker image (issue #24)", "",
+        f"Measured by `{c.get('command', 'make sam-local')}` (docs/sam-local.md) at "
+        f"{c.get('measured_at', '?')}, commit {c.get('commit', '?')}, load average "
+        f"{c.get('load_average_at_start')} at start, {c.get('load_average_at_end')} at end: "
+        "one run, on stand-in base images built here (Debian 12), Docker "
+        f"{c.get('docker_version', '?')}; not by `python -m bench`.", "",
+        _table(["image", "size"], [(f"`{name}`", _mb(size))
+                                   for name, size in sorted(c.get("image_bytes", {}).items())]),
+        "",
+        "Cold start: the first `sam local invoke` of each function (every invoke is a new "
+        "container). *wall* is the whole command (SAM CLI start, container creation with the "
+        "layer, runtime start, import, the call); *in container* is the emulator's REPORT "
+        "Duration, from the invoke reaching the runtime to the answer, imports included.", "",
+        _table(["function", "sample", "wall", "in container"],
+               [(name, f"`{r['event']}`", _s(r.get("wall_seconds")),
+                 _ms(r.get("duration_ms")) if r.get("duration_ms") is not None else "-")
+                for name, r in sorted(c.get("cold_start", {}).items())]),
+        "",
+        "The worker image (`wsfleet-worker:sam-local`, run as the task definition runs it, in a "
+        "local fleet with lease 4 s, heartbeat 1 s, drain timeout 10 s):", "",
+        _table(["what", "seconds"], [
+            ("`docker run` + START -> first frame stored in the messages table",
+             _s(c.get("docker_run_to_first_frame_seconds"))),
+            ("`docker stop` returned (drain, release, exit 0)", _s(c.get("docker_stop_seconds"))),
+            ("`docker stop` -> a host worker owns the connection (hand-off)",
+             _s(c.get("docker_stop_to_new_owner_seconds"))),
+            ("`docker kill` -> a host worker owns the connection (lease lapse)",
+             _s(c.get("docker_kill_to_new_owner_seconds"))),
+            ("worker image build (cached layers reused)", _s(c.get("worker_image_build_seconds"))),
+        ]),
+    ]
+    return "\n".join(parts)
+
+
 def render(document: dict[str, Any]) -> str:
     m = document.get("machine", {})
     results = document.get("results", {}).values()
@@ -747,6 +797,7 @@ def render(document: dict[str, Any]) -> str:
         _reconcile_section(document),
         _compat_section(document),
         _scale_section(document),
+        _containers_section(),
         NOTES.strip(),
     ]
-    return "\n\n".join(sections) + "\n"
+    return "\n\n".join(section for section in sections if section) + "\n"

@@ -239,16 +239,20 @@ class LocalFleet(Service):
         progress: Progress | None = None,
         tables: TablesService | None = None,
         task_events: bool = True,
+        host: str = "127.0.0.1",
     ) -> None:
         """``tables``: where the tables live (not started yet; the fleet starts and stops it),
         None for the embedded backend. ``task_events``: publish each worker process's exit as
         its ECS task state change event to the task exit function (crash failover in about a
         second); False leaves a crashed worker's connections to its lease, as without the
-        event rule."""
+        event rule. ``host``: the address the backend and the simulator listen on (and an
+        upstream host the router and workers accept): loopback, or the docker bridge's gateway
+        address for a worker container to join the fleet (containers/tests)."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
         self.tables = tables
         self.task_events = task_events
+        self.host = host
         self.worker_count = workers
         self.timings = timings or FleetTimings()
         self.rate = rate
@@ -366,11 +370,11 @@ class LocalFleet(Service):
     def _spawn_child(
         self, name: str, *args: str, stdin_pipe: bool = False
     ) -> tuple[ChildProcess, dict[str, Any]]:
-        """``python -m wsfleet_local.<name> --host 127.0.0.1 --port 0 ARGS``, logged to
-        run_dir; returns the child and its JSON ready line."""
+        """``python -m wsfleet_local.<name> --host HOST --port 0 ARGS``, logged to run_dir;
+        returns the child and its JSON ready line."""
         child = spawn(
             name,
-            [sys.executable, "-m", f"wsfleet_local.{name}", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", f"wsfleet_local.{name}", "--host", self.host, "--port", "0",
              *args],
             env=self._base_env(),
             log_path=self.run_dir / f"{name}.log",
@@ -437,7 +441,7 @@ class LocalFleet(Service):
                 if t.rebalance_max_moves is not None
                 else {}
             ),
-            "AllowedUpstreamHosts": "127.0.0.1,localhost",
+            "AllowedUpstreamHosts": ",".join(dict.fromkeys(("127.0.0.1", "localhost", self.host))),
             "AllowInsecureWs": "true",
             "UpstreamSecretPrefix": ",".join(local_secret_prefixes(self.resources.region)),
             "Stage": self.stage,

@@ -72,11 +72,18 @@ def test_env_json_sets_only_variables_the_template_declares() -> None:
             assert set(values) <= set(spec.environment), (section, spec.logical_id)
 
 
-def test_samconfig_local_invoke_uses_env_json_and_its_endpoint() -> None:
+@pytest.mark.parametrize("command", ["local_invoke", "local_start_api"])
+def test_samconfig_sam_local_uses_env_json_and_its_endpoint(command: str) -> None:
     config = tomllib.loads((ROOT / "samconfig.toml").read_text())
-    local = config["default"]["local_invoke"]["parameters"]
+    local = config["default"][command]["parameters"]
     assert local["env_vars"] == "env.json"
     assert local["parameter_overrides"] == [f'LocalEndpointUrl="{ENV_ENDPOINT}"']
+    # The containers reach the host by name (README: "How the containers reach the backend"):
+    # a "host" docker_network is skipped by SAM CLI, leaving 127.0.0.1 the container itself.
+    host = urlsplit(ENV_ENDPOINT).hostname
+    assert host == "host.docker.internal"
+    assert local["add_host"] == [f"{host}:host-gateway"]
+    assert "docker_network" not in local
 
 
 def test_every_sample_belongs_to_a_function() -> None:
