@@ -98,14 +98,22 @@ class Invocation:
 _REPORT = re.compile(r"REPORT RequestId: \S+\s+Init Duration: [\d.]+ ms\s+Duration: ([\d.]+) ms")
 
 
-def sam_invoke(function: str, event: str, *, timeout: float = 300) -> Invocation:
+def sam_invoke(
+    function: str, event: str, *, via_make: bool = False, timeout: float = 300
+) -> Invocation:
     """``sam local invoke FUNCTION -e events/EVENT.json`` as the README writes it, plus
     INVOKE_FLAGS; samconfig.toml adds env.json, the endpoint and host.docker.internal.
+    ``via_make``: the README's wrapper instead, ``make invoke FUNCTION=... EVENT=...`` (which
+    runs ``sam build`` first; its output comes before the answer, the last line).
 
     Fails with the log's tail when SAM fails or the function raised (a missing module, a
     handler that does not exist, an exception: the answer is then Lambda's error object).
     """
     cmd = [SAM, "local", "invoke", function, "-e", f"events/{event}.json", *INVOKE_FLAGS]
+    if via_make:
+        flags = " ".join(INVOKE_FLAGS)
+        cmd = ["make", "--no-print-directory", "-s", "invoke", f"FUNCTION={function}",
+               f"EVENT={event}", f"SAM={SAM}", f"SAM_LOCAL_FLAGS={flags}"]  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=sam_env()
@@ -115,7 +123,7 @@ def sam_invoke(function: str, event: str, *, timeout: float = 300) -> Invocation
     if proc.returncode != 0 or not proc.stdout.strip():
         raise AssertionError(f"{where}: no answer\n{tail(proc.stderr)}")
     try:
-        result = json.loads(proc.stdout)
+        result = json.loads(proc.stdout.strip().splitlines()[-1] if via_make else proc.stdout)
     except ValueError as exc:
         raise AssertionError(f"{where}: the answer is not JSON: {proc.stdout[:500]!r}") from exc
     if isinstance(result, dict) and "errorType" in result:
@@ -137,6 +145,7 @@ class LocalBackend:
         self.proc: subprocess.Popen[str] | None = None
         self.endpoint_url = ""
         self.env: dict[str, str] = {}
+        self.resources: dict[str, Any] = {}
 
     def start(self) -> LocalBackend:
         self.proc = subprocess.Popen(
@@ -154,6 +163,7 @@ class LocalBackend:
         announced = json.loads(line)
         self.endpoint_url = announced["endpoint_url"]
         self.env = dict(announced["env"])
+        self.resources = dict(announced["resources"])
         return self
 
     def stop(self) -> None:

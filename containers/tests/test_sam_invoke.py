@@ -35,8 +35,8 @@ CHECKED: set[str] = set()
 
 @pytest.fixture
 def invoke(local_backend: LocalBackend, figures: dict[str, Any]) -> Any:
-    def run(sample: str) -> Any:
-        invocation: Invocation = sam_invoke(samples.function_of(sample), sample)
+    def run(sample: str, *, via_make: bool = False) -> Any:
+        invocation: Invocation = sam_invoke(samples.function_of(sample), sample, via_make=via_make)
         CHECKED.add(sample)
         cold = figures.setdefault("cold_start", {})
         if invocation.function not in cold:  # the first invoke of each function
@@ -99,8 +99,9 @@ def test_stream_samples(invoke: Any) -> None:
     queue_a = samples.live_worker("worker-a")
     samples.live_worker("worker-b", queue_deleted=True)
 
-    # WHEN each stream sample is invoked, THEN a STOP transition reaches its owner's queue
-    assert invoke("stream_stop_modify") == {"batchItemFailures": []}
+    # WHEN each stream sample is invoked (the first with the README's `make invoke` line),
+    # THEN a STOP transition reaches its owner's queue
+    assert invoke("stream_stop_modify", via_make=True) == {"batchItemFailures": []}
     assert samples.drain(queue_a) == [StopCommand("CONN#ticker-btc-usd", 3).body()]
     # the batch reports exactly worker-b's record; worker-a's STOP went through
     batch = "stream_batch_partial_failure"

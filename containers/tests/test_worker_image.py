@@ -91,6 +91,14 @@ class WorkerContainer:
     def state(self) -> dict[str, Any]:
         return dict(inspect(self.name).get("State", {}))
 
+    def ensure_running(self) -> bool:
+        """True while the container runs; a container that exited fails the wait at once, with
+        its log (a worker that cannot start need not be waited for)."""
+        state = self.state()
+        if not state.get("Running"):
+            raise AssertionError(f"{self.name} is not running: {state}\n{self.logs()}")
+        return True
+
     def remove(self) -> None:
         subprocess.run(["docker", "rm", "-f", "-v", self.name], capture_output=True)
 
@@ -194,7 +202,10 @@ def test_start_streams_then_docker_stop_hands_off(
     driver.start(stream, f"{fleet.simulator_url}/{stream}")
 
     # THEN its frames reach the messages table, stored by the container's worker
-    wait_until(lambda: driver.stored_seqs(stream), timeout=300, message=container.logs)
+    wait_until(
+        lambda: container.ensure_running() and driver.stored_seqs(stream),
+        timeout=300, interval=0.5, message=container.logs,
+    )  # fmt: skip
     figures["docker_run_to_first_frame_seconds"] = round(time.monotonic() - started, 2)
     record = driver.record(stream)
     assert record.lease_owner == "container-stop", record
@@ -216,7 +227,10 @@ def test_start_streams_then_docker_stop_hands_off(
         return now.lease_owner == peer.worker_id and now.lease_epoch > record.lease_epoch
 
     wait_until(
-        taken_over, timeout=60, message=lambda: f"{driver.record(stream)}\n{container.logs()}"
+        taken_over,
+        timeout=60,
+        interval=0.2,
+        message=lambda: f"{driver.record(stream)}\n{container.logs()}",
     )
     figures["docker_stop_to_new_owner_seconds"] = round(time.monotonic() - stopping, 2)
     figures["docker_stop_seconds"] = round(stop_seconds, 2)
@@ -235,12 +249,15 @@ def test_docker_kill_fails_over(
     for slot in fleet.workers:
         filler = f"filler-{slot.worker_id}"
         driver.start(filler, f"{fleet.simulator_url}/{filler}")
-        wait_until(lambda f=filler: driver.record(f).lease_owner, timeout=120)
+        wait_until(lambda f=filler: driver.record(f).lease_owner, timeout=120, interval=0.2)
     stream = "image-kill-1"
     container = WorkerContainer(fleet, "container-kill")
     containers.append(container.run())
     driver.start(stream, f"{fleet.simulator_url}/{stream}")
-    wait_until(lambda: len(driver.stored_seqs(stream)) >= 5, timeout=300, message=container.logs)
+    wait_until(
+        lambda: container.ensure_running() and len(driver.stored_seqs(stream)) >= 5,
+        timeout=300, interval=0.5, message=container.logs,
+    )  # fmt: skip
     record = driver.record(stream)
     assert record.lease_owner == "container-kill", record
 
@@ -253,7 +270,7 @@ def test_docker_kill_fails_over(
     assert container.state()["ExitCode"] == 137
     wait_until(
         lambda: driver.record(stream).lease_owner == peer.worker_id,
-        timeout=120, message=lambda: str(driver.record(stream)),
+        timeout=120, interval=0.2, message=lambda: str(driver.record(stream)),
     )  # fmt: skip
     figures["docker_kill_to_new_owner_seconds"] = round(time.monotonic() - killed, 2)
     assert driver.record(stream).lease_epoch > record.lease_epoch
@@ -275,11 +292,13 @@ def test_health_check_healthy_then_unhealthy_when_paused(
         return str(container.state().get("Health", {}).get("Status"))
 
     # THEN it turns healthy once the worker heartbeats
-    wait_until(lambda: health() == "healthy", timeout=180,
-               message=lambda: f"{health()}\n{container.logs()}")  # fmt: skip
+    wait_until(
+        lambda: container.ensure_running() and health() == "healthy", timeout=180, interval=0.5,
+        message=lambda: f"{health()}\n{container.logs()}",
+    )  # fmt: skip
     # WHEN the container is paused (a hung worker): THEN it turns unhealthy
     run(["docker", "pause", container.name])
     try:
-        wait_until(lambda: health() == "unhealthy", timeout=120, message=health)
+        wait_until(lambda: health() == "unhealthy", timeout=120, interval=0.5, message=health)
     finally:
         run(["docker", "unpause", container.name])
