@@ -128,8 +128,10 @@ def invoke(local_stack: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return run
 
 
-def live_worker(worker_id: str, *, queue_deleted: bool = False) -> str:
-    """A worker item alive for a minute from now, with its control queue (env.json's prefix)."""
+def live_worker(worker_id: str, *, queue_deleted: bool = False, lease_ms: int = 60_000) -> str:
+    """A worker item alive for ``lease_ms`` from now (a minute), with its control queue
+    (env.json's prefix). containers/tests gives it longer: each `sam local invoke` there
+    starts a container, tens of seconds on a loaded machine."""
     prefix = ENV_JSON["StreamNotifierFunction"]["CONTROL_QUEUE_PREFIX"]
     sqs = boto3.client("sqs")
     url = control_queue(sqs, prefix, worker_id)
@@ -143,7 +145,7 @@ def live_worker(worker_id: str, *, queue_deleted: bool = False) -> str:
             control_queue_url=url,
             started_at_ms=now - 60_000,
             heartbeat_at_ms=now,
-            expires_at_ms=now + 60_000,
+            expires_at_ms=now + lease_ms,
         )
     )
     return url
