@@ -143,6 +143,15 @@ def local_api_answers(backend: LocalBackend, workdir: Path) -> list[tuple[str, i
         router.stop()
 
 
+def sam_containers() -> set[str]:
+    """The function containers SAM CLI runs (it labels them), by id."""
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=sam.cli.container.type=lambda"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return set(out.split())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -174,6 +183,7 @@ def start_api(tmp_path: Path) -> Iterator[str]:
     on a free loopback port; its URL."""
     port = free_port()
     log = tmp_path / "start-api.log"
+    before = sam_containers()
     with log.open("w") as out:
         proc = subprocess.Popen(
             [SAM, "local", "start-api", "--warm-containers", "EAGER", "--host", "127.0.0.1",
@@ -192,6 +202,9 @@ def start_api(tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # SAM CLI leaves its warm containers running when stopped this way: remove its own.
+        if started := sam_containers() - before:
+            subprocess.run(["docker", "rm", "-f", *started], capture_output=True)
 
 
 def test_readme_examples_answer_alike(

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from fleet_helpers import StoreDriver
-from harness import PYTHON_BASE, ROOT, run, tail
+from harness import INVOKE_IMAGE, PYTHON_BASE, ROOT, run, tail
 
 from bench.waiting import wait_until
 from wsfleet.record import DesiredState
@@ -128,8 +128,8 @@ def worker_image(figures: dict[str, Any]) -> str:
     )  # fmt: skip
     figures["worker_image_build_seconds"] = round(time.monotonic() - started, 1)
     sizes = figures.setdefault("image_bytes", {})
-    for image in (IMAGE, PYTHON_BASE, os.environ.get("WSFLEET_INVOKE_IMAGE", "")):
-        if image and (info := inspect(image)):
+    for image in (IMAGE, PYTHON_BASE, INVOKE_IMAGE):
+        if info := inspect(image):
             sizes[image] = info["Size"]
     return IMAGE
 
