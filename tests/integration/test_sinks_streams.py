@@ -188,3 +188,56 @@ def test_kinesis_client_uses_standard_retries():
     assert firehose_client().meta.config.retries["mode"] == "standard"
     assert kinesis_client().meta.config.retries["mode"] == "standard"
 
+
+@pytest.fixture
+def delivery_stream(aws) -> tuple[str, str]:
+    import boto3
+
+    bucket = f"frames-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", config=client_config()).create_bucket(Bucket=bucket)
+    name = f"frames-{uuid.uuid4().hex[:8]}"
+    firehose_client().create_delivery_stream(
+        DeliveryStreamName=name,
+        DeliveryStreamType="DirectPut",
+        ExtendedS3DestinationConfiguration={
+            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
+            "BucketARN": f"arn:aws:s3:::{bucket}", "Prefix": "frames/",
+        },
+    )  # fmt: skip
+    return name, bucket
+
+
+def read_bucket(bucket: str) -> list[dict]:
+    import boto3
+
+    s3 = boto3.client("s3", config=client_config())
+    lines: list[dict] = []
+    for item in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+        body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        assert body.endswith(b"\n")
+        lines.extend(json.loads(line) for line in body.splitlines())
+    return lines
+
+
+def test_firehose_delivers_every_frame_once_as_json_lines(delivery_stream):
+    from wsfleet.sinks.firehose import FirehoseSink
+
+    name, bucket = delivery_stream
+    # GIVEN 3,000 frames of 3 connections, some 300 kB (several 1,000 KiB records, several
+    # requests of at most 4 MiB)
+    sink = FirehoseSink(firehose_client(), name)
+    frames = [
+        message(f"f{s % 3}", s, ("w" * 300_000) if s % 200 == 0 else f"frame {s}")
+        for s in range(1, 3001)
+    ]
+    result = sink.put_batch(frames)
+    # THEN each landed once, with its fields, as JSON Lines in the bucket
+    assert (result.written, result.unwritten, result.rejected) == (3000, [], [])
+    lines = read_bucket(bucket)
+    assert sorted(line["seq"] for line in lines) == list(range(1, 3001))
+    first = next(line for line in lines if line["seq"] == 1)
+    assert first == {
+        "connection_id": "f1", "key": seq_sk(1), "seq": 1, "lease_epoch": 2,
+        "received_at_ms": 1_700_000_000_001, "worker_id": "w1", "data": "frame 1",
+    }  # fmt: skip
+    assert result.requests >= 2
