@@ -255,3 +255,29 @@ def test_the_guard_fences_frames_before_each_attempt():
     assert [r["PartitionKey"] for r in recorder.calls[1]["Records"]] == ["b"]
     assert [m.pk for m in result.fenced] == ["CONN#a"] and result.written == 1
 
+
+def test_the_readme_consumer_deaggregates_and_drops_replayed_frames():
+    # GIVEN the README's consumer Lambda and a stream holding a failover's replay: a's frames
+    # 1-3 from the old owner, then 2-4 again from the new one (epoch 2), b's 1 in between
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("A consumer Lambda on the stream:\n\n```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(block, namespace)
+    sink = KinesisSink(None, "s")
+    old = [message("a", s) for s in (1, 2, 3)] + [message("b", 1)]
+    new = [message("a", s, epoch=2) for s in (2, 3, 4)]
+    records = []
+    for batch in (old, new):
+        for r in sink._pack(batch, frame_json):
+            records += lambda_event_records(r.data, r.partition_key)
+    # WHEN it handles them THEN every frame is handed on once, the replayed ones dropped
+    fresh = namespace["handler"]({"Records": records}, None)
+    assert [(f["connection_id"], f["seq"], f["lease_epoch"]) for f in fresh] == [
+        ("a", 1, 1),
+        ("a", 2, 1),
+        ("a", 3, 1),
+        ("b", 1, 1),
+        ("a", 4, 2),
+    ]

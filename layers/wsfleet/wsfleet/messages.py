@@ -220,8 +220,6 @@ def _number_bytes(number: int) -> int:
     return (len(str(number).lstrip("-")) + 1) // 2 + 1
 
 
-
-
 class _PrebuiltBatchSerializer:
     """Wraps a botocore client's request serializer: a BatchWriteItem whose JSON body
     :meth:`MessageStore.put_batch` has already built is not validated and serialised again.
