@@ -20,6 +20,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 sim, fleet, spawn = fleet_helpers.sim, fleet_helpers.fleet, fleet_helpers.spawn
 
 
+def start_and_checkpoint(fleet, sim, worker, stream_id: str) -> int:
+    """START ``stream_id`` and wait until its stored checkpoint reaches 20; return it."""
+    fleet.start(stream_id, sim.url_for(stream_id))
+    return wait_until(
+        lambda: (last := fleet.record(stream_id).last_seq) >= 20 and last,
+        timeout=60,
+        message=worker.tail,
+    )
+
+
 @pytest.fixture
 def kinesis_stream(aws) -> str:
     name = f"frames-{uuid.uuid4().hex[:8]}"
@@ -33,12 +43,7 @@ def test_a_worker_on_the_kinesis_sink_streams_in_order_and_checkpoints(
     fleet, sim, spawn, kinesis_stream
 ):
     worker = spawn(MESSAGE_SINK="kinesis", MESSAGE_STREAM=kinesis_stream)
-    fleet.start("kin", sim.url_for("kin"))
-    checkpoint = wait_until(
-        lambda: (last := fleet.record("kin").last_seq) >= 20 and last,
-        timeout=60,
-        message=worker.tail,
-    )
+    checkpoint = start_and_checkpoint(fleet, sim, worker, "kin")
     # THEN every frame up to the checkpoint is in the stream, in order, with its lease epoch
     frames = [u for u in read_stream(kinesis_stream) if u["connection_id"] == "kin"]
     seqs = [f["seq"] for f in frames]
@@ -65,11 +70,6 @@ def test_a_worker_on_the_firehose_sink_delivers_json_lines(fleet, sim, spawn, aw
         },
     )
     worker = spawn(MESSAGE_SINK="firehose", MESSAGE_STREAM=name)
-    fleet.start("fh", sim.url_for("fh"))
-    checkpoint = wait_until(
-        lambda: (last := fleet.record("fh").last_seq) >= 20 and last,
-        timeout=60,
-        message=worker.tail,
-    )
+    checkpoint = start_and_checkpoint(fleet, sim, worker, "fh")
     seqs = {line["seq"] for line in read_bucket(bucket) if line["connection_id"] == "fh"}
     assert set(range(1, checkpoint + 1)) <= seqs

@@ -23,13 +23,15 @@ def test_the_default_sink_is_the_messages_table_as_before():
 
 
 def test_kinesis_and_firehose_are_selected_with_their_stream():
+    arn = "arn:aws:kinesis:us-east-1:1:stream/f"
     kinesis = sink_from_settings(
-        Settings.from_env({"MESSAGE_SINK": "kinesis", "MESSAGE_STREAM": "arn:aws:kinesis:us-east-1:1:stream/f",
-                           "MESSAGE_KINESIS_AGGREGATION": "false"}),
+        Settings.from_env(
+            {"MESSAGE_SINK": "kinesis", "MESSAGE_STREAM": arn, "MESSAGE_KINESIS_AGGREGATION": "0"}
+        ),
         kinesis=object(),
-    )  # fmt: skip
+    )
     assert isinstance(kinesis, KinesisSink) and not kinesis.aggregate
-    assert kinesis.stream == "arn:aws:kinesis:us-east-1:1:stream/f"
+    assert kinesis.stream == arn
     firehose = sink_from_settings(
         Settings.from_env({"MESSAGE_SINK": "firehose", "MESSAGE_STREAM": "d"}), firehose=object()
     )
