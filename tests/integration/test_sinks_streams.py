@@ -241,3 +241,71 @@ def test_firehose_delivers_every_frame_once_as_json_lines(delivery_stream):
         "received_at_ms": 1_700_000_000_001, "worker_id": "w1", "data": "frame 1",
     }  # fmt: skip
     assert result.requests >= 2
+
+
+def test_a_throttled_shard_is_backpressure_then_every_frame_lands_in_order(stream):
+    # GIVEN a stream whose shard refuses every record of the first 8 PutRecords
+    # (ProvisionedThroughputExceededException per record: the request itself succeeds), and a
+    # flusher whose byte budget holds only a few frames
+    import botocore.awsrequest
+
+    client = kinesis_client()
+    throttled = {"left": 8}
+
+    def throttle(params, **_kwargs):
+        if throttled["left"] <= 0:
+            return None  # the real request goes to the server
+        throttled["left"] -= 1
+        records = params["Records"]
+        body = {"FailedRecordCount": len(records), "Records": [
+            {"ErrorCode": "ProvisionedThroughputExceededException", "ErrorMessage": "slow"}
+            for _ in records
+        ]}  # fmt: skip
+        return botocore.awsrequest.AWSResponse("", 200, {}, None), body
+
+    client.meta.events.register("before-call.kinesis.PutRecords", throttle)
+    sink = KinesisSink(client, stream, attempts=2, sleep=lambda _s: None)
+
+    class Owner:
+        def __init__(self) -> None:
+            self.written: list[int] = []
+            self.done = asyncio.Event()
+
+        def may_write(self, now_ms: int) -> bool:
+            return True
+
+        def on_written(self, m: Message) -> None:
+            self.written.append(m.seq or 0)
+            if len(self.written) == 60:
+                self.done.set()
+
+        def on_rejected(self, m: Message) -> None:
+            raise AssertionError(m)
+
+    async def main() -> tuple[Owner, int]:
+        offloader = Offloader(io_threads=1, write_threads=1)
+        flusher = MessageFlusher(sink, offloader, WorkerMetrics("t", emit=lambda d: None),
+                                 flush_ms=5, capacity_bytes=2_000)  # fmt: skip
+        task = asyncio.create_task(flusher.run())
+        owner = Owner()
+        blocked = 0
+        try:
+            for seq in range(1, 61):
+                put = asyncio.ensure_future(flusher.put(QueuedFrame(message("t", seq), owner)))
+                await asyncio.sleep(0)
+                if not put.done() and throttled["left"] > 0:
+                    blocked += 1  # the session would have stopped reading its socket
+                await asyncio.wait_for(put, WAIT)
+            await asyncio.wait_for(owner.done.wait(), WAIT)
+        finally:
+            task.cancel()
+            await flusher.aclose()
+            offloader.shutdown()
+        return owner, blocked
+
+    owner, blocked = asyncio.run(main())
+    # THEN producers waited while the shard refused, nothing was acknowledged before it landed,
+    # and the stream holds every frame once, in order
+    assert throttled["left"] == 0 and blocked > 0
+    assert owner.written == list(range(1, 61))
+    assert [u["seq"] for u in read_stream(stream)] == list(range(1, 61))
