@@ -309,3 +309,30 @@ def test_a_throttled_shard_is_backpressure_then_every_frame_lands_in_order(strea
     assert throttled["left"] == 0 and blocked > 0
     assert owner.written == list(range(1, 61))
     assert [u["seq"] for u in read_stream(stream)] == list(range(1, 61))
+
+
+def test_every_sink_reads_a_connections_frames_back_in_one_shape(aws, stream, delivery_stream):
+    # GIVEN the same frames (one binary, one marker) written to each sink
+    from wsfleet.aws import dynamodb_client
+    from wsfleet.messages import MessageStore
+    from wsfleet.sinks.firehose import FirehoseSink
+
+    frames = [
+        message("r", 1, "one"),
+        Message("CONN#r", seq_sk(2), b"\xff\x01", 5, "w1", 2, 2),
+        message("r", 3, "z" * 10).as_marker(999_999),
+        message("other", 1),
+    ]
+    sinks = [
+        MessageStore(dynamodb_client(), aws.messages_table),
+        KinesisSink(kinesis_client(), stream),
+        FirehoseSink(firehose_client(), delivery_stream[0]),
+    ]
+    read = []
+    for sink in sinks:
+        assert sink.put_batch(frames).written == 4
+        read.append(sink.read_frames("CONN#r"))
+    # THEN each gives back that connection's frames, the same records
+    assert read[0] == read[1] == read[2]
+    assert [f["seq"] for f in read[0]] == [1, 2, 3]
+    assert read[0][1]["data_base64"] == "/wE=" and read[0][2]["oversize_bytes"] == 999_999

@@ -25,6 +25,7 @@ from wsfleet.sinks.kinesis import (
     KinesisSink,
     aggregate,
     aggregated_size,
+    deaggregate,
 )
 from wsfleet.sinks.records import OutRecord, frame_json, take_request
 
@@ -68,6 +69,33 @@ def test_the_reference_deaggregator_reads_back_every_user_record_in_order(key, r
     assert deaggregated(data, key) == [(key, r) for r in records]
     # AND the size the packer plans with is the size produced
     assert aggregated_size(key, [len(r) for r in records]) == len(data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    records=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "conn:3"]), st.binary(max_size=3_000)),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_our_deaggregator_reads_the_reference_aggregators_records(records):
+    # GIVEN a record aggregated by the reference library (several keys, explicit hash keys)
+    from aws_kinesis_agg.aggregator import RecordAggregator
+
+    aggregator = RecordAggregator()
+    for key, data in records:
+        aggregator.add_user_record(key, data, "123" if key == "b" else None)
+    partition_key, _hash_key, data = aggregator.clear_and_get().get_contents()
+    # THEN deaggregate gives back every user record with its own key
+    assert deaggregate(data, partition_key) == records
+
+
+def test_a_damaged_aggregate_is_passed_through_as_one_record():
+    data = bytearray(aggregate("a", [b"x", b"y"]))
+    data[-1] ^= 1  # the digest no longer matches
+    assert deaggregate(bytes(data), "a") == [("a", bytes(data))]
+    assert deaggregate(b"plain", "a") == [("a", b"plain")]
 
 
 def test_a_record_that_is_not_aggregated_is_what_the_deaggregator_passes_through():

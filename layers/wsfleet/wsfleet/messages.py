@@ -505,6 +505,27 @@ class MessageStore(FrameSink):
         items = response.get("Items") or []
         return int(items[0]["sk"]["S"]) if items else 0
 
+    def read_frames(self, pk: str) -> list[dict[str, Any]]:
+        """Every stored frame of one connection in key order, in the stream sinks' record
+        shape (``connection_id``, ``key``, ``seq``, ``lease_epoch``, ``received_at_ms``,
+        ``worker_id``, then ``data``, ``data_base64`` or a marker's fields)."""
+        frames = []
+        for item in self.read_all(pk):
+            frame: dict[str, Any] = {"connection_id": pk.removeprefix("CONN#"), "key": item["sk"]}
+            for name in ("seq", "lease_epoch", "received_at_ms", "worker_id"):
+                if name in item:
+                    frame[name] = item[name]
+            data = item.get("message_data")
+            if "oversize_bytes" in item:
+                frame["oversize_bytes"] = int(item["oversize_bytes"])
+                frame["data_sha256"] = item.get("data_sha256", "")
+            elif isinstance(data, bytes):
+                frame["data_base64"] = base64.b64encode(data).decode("ascii")
+            else:
+                frame["data"] = data
+            frames.append(frame)
+        return frames
+
     def read_all(
         self, pk: str, *, consistent: bool = True, attributes: Sequence[str] = ()
     ) -> list[dict[str, Any]]:

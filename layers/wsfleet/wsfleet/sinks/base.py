@@ -111,6 +111,12 @@ class FrameSink(ABC):
         credentials); the caller keeps the frames and tries again later.
         """
 
+    def read_frames(self, pk: str) -> list[dict[str, Any]]:
+        """Every stored frame of one connection, oldest first, each as the JSON record of
+        :func:`wsfleet.sinks.records.frame_json` (``wsfleet tail``, the demo and tests; it may
+        read a whole stream)."""
+        raise NotImplementedError(f"the {self.kind} sink cannot be read back")
+
     def highest_seq(self, pk: str) -> int:
         """The highest seq stored for a connection, 0 when unknown. Only a sink that can be
         read by key (DynamoDB) knows it; a stream sink answers 0 and a live-only upstream's

@@ -18,10 +18,12 @@ stream is over its limits) are sent again with backoff, then handed back unwritt
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..messages import Message
+from ..record import connection_id_from_pk
 from .base import SinkLimits
 from .records import OutRecord, RecordStreamSink, frame_json
 
@@ -56,10 +58,12 @@ class FirehoseSink(RecordStreamSink):
         delivery_stream: str,
         *,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        s3: Any = None,
         **retry: Any,
     ) -> None:
         super().__init__(client, **retry)
         self.delivery_stream = delivery_stream
+        self._s3 = s3
         self._max_record_bytes = min(max_record_bytes, MAX_RECORD_BYTES)
         self.limits = SinkLimits(
             batch_frames=BATCH_FRAMES,
@@ -93,6 +97,44 @@ class FirehoseSink(RecordStreamSink):
         if frames:
             records.append(OutRecord(frames, b"".join(lines)))
         return records
+
+    def read_frames(self, pk: str) -> list[dict[str, Any]]:
+        """One connection's frames in what the stream delivered to S3 (its destination's
+        bucket and prefix, every object), in delivery order. For tools and tests: it reads
+        every object; S3 delivery lags by the stream's buffering interval."""
+        description = self._client.describe_delivery_stream(
+            DeliveryStreamName=self.delivery_stream
+        )["DeliveryStreamDescription"]
+        s3 = self._s3
+        if s3 is None:
+            import boto3
+
+            from ..aws import client_config
+
+            s3 = boto3.client("s3", config=client_config())
+        connection_id = connection_id_from_pk(pk)
+        frames: list[dict[str, Any]] = []
+        for destination in description.get("Destinations", []):
+            where = destination.get("ExtendedS3DestinationDescription") or destination.get(
+                "S3DestinationDescription"
+            )
+            if not where:
+                continue
+            bucket = where["BucketARN"].split(":::", 1)[-1]
+            keys = [
+                item["Key"]
+                for page in s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=where.get("Prefix", "")
+                )
+                for item in page.get("Contents", [])
+            ]
+            for key in sorted(keys):  # object names carry the delivery time
+                body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+                for line in body.splitlines():
+                    frame = json.loads(line)
+                    if frame.get("connection_id") == connection_id:
+                        frames.append(frame)
+        return frames
 
     def _send(self, records: Sequence[OutRecord]) -> list[str | None]:
         response = self._client.put_record_batch(

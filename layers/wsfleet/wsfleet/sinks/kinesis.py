@@ -40,10 +40,12 @@ is at-least-once (an ambiguous failure, a failover replay).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..messages import Message
+from ..record import connection_id_from_pk
 from .base import SinkLimits
 from .records import OutRecord, RecordStreamSink, connection_id_of, frame_json
 
@@ -54,6 +56,7 @@ __all__ = [
     "KinesisSink",
     "aggregate",
     "aggregated_size",
+    "deaggregate",
 ]
 
 #: The first four bytes of every KPL aggregated record.
@@ -119,6 +122,74 @@ def aggregate(partition_key: str, user_records: Sequence[bytes]) -> bytes:
         parts += [b"\x1a", _varint(len(inner)), inner]  # records
     message = b"".join(parts)
     return KPL_MAGIC + message + hashlib.md5(message, usedforsecurity=False).digest()
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
+    """The (field number, value) pairs of a protobuf message: varints and length-delimited
+    fields only (all the aggregation format uses); anything else is a ValueError."""
+    out: list[tuple[int, int | bytes]] = []
+    at = 0
+    while at < len(data):
+        key, at = _read_varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _read_varint(data, at)
+            out.append((number, value))
+        elif wire == 2:
+            length, at = _read_varint(data, at)
+            if at + length > len(data):
+                raise ValueError("truncated field")
+            out.append((number, data[at : at + length]))
+            at += length
+        else:
+            raise ValueError(f"unexpected wire type {wire}")
+    return out
+
+
+def deaggregate(data: bytes, partition_key: str) -> list[tuple[str, bytes]]:
+    """The user records of one Kinesis record, as (partition key, data); a record that is not
+    a valid KPL aggregated record is one user record, itself (as KPL deaggregators do).
+
+    >>> deaggregate(aggregate("a", [b"x", b"yz"]), "a")
+    [('a', b'x'), ('a', b'yz')]
+    """
+    body = data[len(KPL_MAGIC) : -_DIGEST_BYTES]
+    if (
+        len(data) <= len(KPL_MAGIC) + _DIGEST_BYTES
+        or not data.startswith(KPL_MAGIC)
+        or hashlib.md5(body, usedforsecurity=False).digest() != data[-_DIGEST_BYTES:]
+    ):
+        return [(partition_key, data)]
+    try:
+        keys: list[str] = []
+        users: list[tuple[str, bytes]] = []
+        for number, value in _fields(body):
+            if number == 1 and isinstance(value, bytes):
+                keys.append(value.decode("utf-8"))
+            elif number == 3 and isinstance(value, bytes):
+                index, payload = 0, b""
+                for inner_number, inner in _fields(value):
+                    if inner_number == 1 and isinstance(inner, int):
+                        index = inner
+                    elif inner_number == 3 and isinstance(inner, bytes):
+                        payload = inner
+                users.append((keys[index], payload))
+        return users
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return [(partition_key, data)]
 
 
 class KinesisSink(RecordStreamSink):
@@ -199,6 +270,31 @@ class KinesisSink(RecordStreamSink):
             open_records[key] = (frames, datas, aggregated_size(key, [len(data)]))
             packed.append((key, frames, datas))
         return [OutRecord(frames, aggregate(key, datas), key) for key, frames, datas in packed]
+
+    def read_frames(self, pk: str) -> list[dict[str, Any]]:
+        """Every frame of one connection in the stream, oldest first (GetRecords on every shard
+        from the trim horizon, deaggregated, filtered on the partition key). For tools and
+        tests: it reads whole shards."""
+        key = connection_id_from_pk(pk)
+        frames: list[dict[str, Any]] = []
+        shards = self._client.list_shards(**self._target)["Shards"]
+        for shard in shards:
+            iterator = self._client.get_shard_iterator(
+                ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON", **self._target
+            )["ShardIterator"]
+            while iterator:
+                page = self._client.get_records(ShardIterator=iterator, Limit=1000)
+                for record in page["Records"]:
+                    if record["PartitionKey"] != key:
+                        continue
+                    for _key, data in deaggregate(record["Data"], key):
+                        frames.append(json.loads(data))
+                records = page["Records"]
+                caught_up = not records or (
+                    page.get("MillisBehindLatest") == 0 and len(records) < 1000
+                )
+                iterator = None if caught_up else page.get("NextShardIterator")
+        return frames
 
     def _send(self, records: Sequence[OutRecord]) -> list[str | None]:
         response = self._client.put_records(

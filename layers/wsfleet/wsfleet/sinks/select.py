@@ -24,10 +24,12 @@ def sink_from_settings(
     dynamodb: Any = None,
     kinesis: Any = None,
     firehose: Any = None,
+    s3: Any = None,
     max_pool_connections: int = 10,
 ) -> FrameSink:
     """The configured sink (:class:`wsfleet.settings.Settings`), with the client given for
-    its service or a new one (standard retries, ``max_pool_connections`` connections)."""
+    its service or a new one (standard retries, ``max_pool_connections`` connections);
+    ``s3`` only serves reading a Firehose sink's deliveries back."""
     kind = settings.message_sink
     if kind == "kinesis":
         from ..aws import kinesis_client
@@ -42,7 +44,7 @@ def sink_from_settings(
         from .firehose import FirehoseSink
 
         client = firehose or firehose_client(max_pool_connections=max_pool_connections)
-        return FirehoseSink(client, settings.message_stream)
+        return FirehoseSink(client, settings.message_stream, s3=s3)
     from ..messages import MessageStore
 
     return MessageStore.from_settings(settings, dynamodb)
