@@ -13,6 +13,7 @@ from wsfleet_worker.session_rules import (
     ErrorCategory,
     ExitReason,
     FinalWrite,
+    IncompleteMessage,
     ReconnectPolicy,
     close_action,
     exit_plan,
@@ -95,6 +96,40 @@ def test_reconnect_delays_grow_are_jittered_and_reset():
     policy.reset()
     assert policy.attempts == 0
     assert policy.next_delay() <= 0.1
+
+
+# ---------------------------------------------------------------- incomplete messages
+def test_an_incomplete_message_is_overdue_its_timeout_after_its_first_byte_however_it_trickles():
+    message = IncompleteMessage(timeout=30.0)
+    assert message.deadline is None and not message.overdue(10**6)
+    message.observe(100.0, True)
+    for now in (101.0, 110.0, 129.0):  # more bytes, still incomplete: the clock keeps running
+        message.observe(now, True)
+    assert message.deadline == 130.0
+    assert not message.overdue(129.99) and message.overdue(130.0)
+
+
+def test_a_completed_message_clears_the_clock_and_the_next_one_starts_its_own():
+    message = IncompleteMessage(timeout=30.0)
+    message.observe(100.0, True)
+    message.observe(120.0, False)
+    assert message.deadline is None and not message.overdue(500.0)
+    message.observe(200.0, True)
+    assert message.deadline == 230.0
+
+
+def test_no_timeout_means_never_overdue():
+    message = IncompleteMessage(timeout=None)
+    message.observe(0.0, True)
+    assert message.deadline is None and not message.overdue(10.0**9)
+
+
+def test_the_message_timeout_close_counts_towards_the_breaker_and_names_itself():
+    assert is_poison(False, 1008, worker_initiated=True)
+    assert not is_poison(False, 1008, worker_initiated=False)
+    assert last_error_text(ErrorCategory.CLOSED_BY_WORKER, 1008, "message timeout") == (
+        "closed_by_worker (code 1008: message timeout)"
+    )
 
 
 # ---------------------------------------------------------------- hint triage

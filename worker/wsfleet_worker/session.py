@@ -109,6 +109,7 @@ from .handshake import Handshake, plan_handshake
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .session_rules import (
+    MESSAGE_TIMEOUT_CODE,
     CloseAction,
     ErrorCategory,
     ExitReason,
@@ -675,6 +676,8 @@ class Session:
             self._ws = None
             if by_worker and sent is not None:
                 error = last_error_text(ErrorCategory.CLOSED_BY_WORKER, sent.code, sent.reason)
+                if sent.code == MESSAGE_TIMEOUT_CODE:
+                    ctx.metrics.count("MessageTimeouts")
                 poison = is_poison(False, sent.code, worker_initiated=True)
                 if poison and self._count_failure(error, crashed=False):
                     self.finish(ExitReason.FAILED, via="breaker")  # the final write stores it

@@ -9,6 +9,7 @@ the worker lease (renew, self-fence) is :class:`wsfleet.lease.WorkerLeaseTimer`.
   write, how to close the socket, whether to hint a peer.
 * :func:`close_action` - an upstream close: end the connection, or reconnect and resume.
 * :class:`ReconnectPolicy` - jittered exponential backoff between reconnects.
+* :class:`IncompleteMessage` - the progress timeout of a message still arriving.
 * :class:`ErrorCategory` / :func:`last_error_text` - the coarse ``last_error`` the API shows.
 * :func:`is_poison` - which failures the crash-loop breaker counts.
 * :func:`triage_hints` - which hint messages of a receive batch to act on.
@@ -26,6 +27,8 @@ from wsfleet.bodies import excerpt
 from wsfleet.hints import Hint
 
 __all__ = [
+    "MESSAGE_TIMEOUT_CODE",
+    "MESSAGE_TIMEOUT_REASON",
     "NORMAL_CLOSE_CODES",
     "POISON_CLOSE_CODES",
     "CloseAction",
@@ -34,6 +37,7 @@ __all__ = [
     "ExitReason",
     "FinalWrite",
     "HintTriage",
+    "IncompleteMessage",
     "ReconnectPolicy",
     "SessionState",
     "close_action",
@@ -188,6 +192,49 @@ class ReconnectPolicy:
         self._delays = None
 
 
+#: The close the worker sends when a message is still incomplete ``WORKER_MESSAGE_TIMEOUT_SECONDS``
+#: after its first byte (policy violation: the upstream breaks no framing rule, it is too slow).
+MESSAGE_TIMEOUT_CODE = 1008
+MESSAGE_TIMEOUT_REASON = "message timeout"
+
+
+@dataclass
+class IncompleteMessage:
+    """When the message being received started, for its progress timeout.
+
+    The connection feeds :meth:`observe` after every read: ``incomplete`` while a fragmented
+    message or a partly read frame is pending. A message (or frame) trickled a byte at a time
+    is not progress: the clock runs from its first byte until it completes.
+
+    >>> m = IncompleteMessage(timeout=30.0)
+    >>> m.observe(100.0, True); m.observe(125.0, True); m.deadline, m.overdue(129.9)
+    (130.0, False)
+    >>> m.overdue(130.0)
+    True
+    >>> m.observe(131.0, False); m.deadline
+    """
+
+    timeout: float | None
+    since: float | None = None
+
+    def observe(self, now: float, incomplete: bool) -> None:
+        if not incomplete:
+            self.since = None
+        elif self.since is None:
+            self.since = now
+
+    @property
+    def deadline(self) -> float | None:
+        """When the pending message must be complete (None: nothing pending, or no bound)."""
+        if self.since is None or self.timeout is None:
+            return None
+        return self.since + self.timeout
+
+    def overdue(self, now: float) -> bool:
+        deadline = self.deadline
+        return deadline is not None and now >= deadline
+
+
 # ============================================================================ hints
 
 
@@ -234,13 +281,14 @@ def triage_hints(
 
 
 #: Close codes the *worker* sends because of what the upstream sent: a protocol error, an
-#: invalid payload, a message too big. The same input comes back on every resume from the
-#: same checkpoint, so these count towards the crash-loop breaker.
-POISON_CLOSE_CODES = frozenset({1002, 1007, 1009})
+#: invalid payload, a message that did not complete in time, a message too big. The same input
+#: tends to come back on every resume, so these count towards the crash-loop breaker.
+POISON_CLOSE_CODES = frozenset({1002, 1007, MESSAGE_TIMEOUT_CODE, 1009})
 
 _CLOSE_CODE_NAMES = {
     1002: "protocol error",
     1007: "invalid payload",
+    1008: "policy violation",
     1009: "message too big",
     1011: "internal error",
 }

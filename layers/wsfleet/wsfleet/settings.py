@@ -191,6 +191,11 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "A seq more than this above the highest seen on the connection is an invalid frame "
            "(stored under a local key, counted), so one bogus seq cannot jam the stream; 0 "
            "turns the check off. Seqs are always 1 to 2^53-1.", "worker", scope="worker"),
+    EnvVar("WORKER_MESSAGE_TIMEOUT_SECONDS", "message_timeout_seconds", "30",
+           "A message (a fragmented one, or one frame) still incomplete this long after its "
+           "first byte fails the connection (close 1008 \"message timeout\", counted by the "
+           "crash-loop breaker, metric MessageTimeouts): a trickled message cannot hold a "
+           "session. 0 turns it off.", "worker", scope="worker"),
     EnvVar("WORKER_BREAKER_MAX_FAILURES", "breaker_max_failures", "5",
            "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
            "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
