@@ -17,6 +17,7 @@ from wsfleet_worker.session_rules import (
     ReconnectPolicy,
     close_action,
     exit_plan,
+    is_empty_close,
     is_poison,
     last_error_text,
     supersedes,
@@ -72,19 +73,31 @@ def test_first_reason_wins_except_fencing_which_always_wins():
 
 
 # ---------------------------------------------------------------- upstream closes
+@pytest.mark.parametrize("code", [1000, 1001, 1011, 1006, 4000, None])
+def test_every_upstream_close_reconnects_by_default(code):
+    assert close_action(code) is CloseAction.RECONNECT
+
+
 @pytest.mark.parametrize(
     ("code", "action"),
     [
         (1000, CloseAction.END),
         (1001, CloseAction.END),
         (1011, CloseAction.RECONNECT),
-        (1006, CloseAction.RECONNECT),
         (4000, CloseAction.RECONNECT),
         (None, CloseAction.RECONNECT),
     ],
 )
-def test_only_normal_closes_end_a_connection(code, action):
-    assert close_action(code) is action
+def test_normal_close_final_makes_only_a_normal_close_end_the_stream(code, action):
+    assert close_action(code, final_normal_close=True) is action
+
+
+@pytest.mark.parametrize(
+    ("code", "frames", "counted"),
+    [(1000, 0, True), (1001, 0, True), (1000, 1, False), (1011, 0, False), (None, 0, False)],
+)
+def test_only_a_normal_close_before_any_frame_counts_towards_the_breaker(code, frames, counted):
+    assert is_empty_close(code, frames) is counted
 
 
 def test_reconnect_delays_grow_are_jittered_and_reset():
@@ -96,6 +109,22 @@ def test_reconnect_delays_grow_are_jittered_and_reset():
     policy.reset()
     assert policy.attempts == 0
     assert policy.next_delay() <= 0.1
+
+
+def test_only_a_connection_that_stayed_open_resets_the_backoff():
+    # GIVEN a policy several attempts in
+    policy = ReconnectPolicy(initial=0.1, cap=10.0, stable_seconds=10.0, rng=random.Random(1))
+    for _ in range(4):
+        policy.next_delay()
+    # WHEN connections end after a moment (whatever they received)
+    policy.connection_ended(0.05)
+    policy.connection_ended(9.99)
+    # THEN the backoff keeps growing
+    assert policy.attempts == 4
+    # WHEN one stayed open the stable time
+    policy.connection_ended(10.0)
+    # THEN the next trouble starts from the smallest delay
+    assert policy.attempts == 0
 
 
 # ---------------------------------------------------------------- incomplete messages

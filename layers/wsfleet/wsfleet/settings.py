@@ -197,9 +197,17 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "crash-loop breaker, metric MessageTimeouts): a trickled message cannot hold a "
            "session. 0 turns it off.", "worker", scope="worker"),
     EnvVar("WORKER_BREAKER_MAX_FAILURES", "breaker_max_failures", "5",
-           "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
-           "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
-           "FAILED. 0 turns the breaker off.", "worker", scope="worker"),
+           "Crash-loop breaker: failures counted, across all workers, before the connection "
+           "ends FAILED: session crashes, closes the worker sent for what the upstream sent "
+           "(1002/1007/1008/1009), unreadable credentials, normal upstream closes before any "
+           "frame. They count at one checkpoint whatever the time, and at any position within "
+           "WORKER_BREAKER_WINDOW_SECONDS of the first. 0 turns the breaker off.",
+           "worker", scope="worker"),
+    EnvVar("WORKER_BREAKER_WINDOW_SECONDS", "breaker_window_seconds", "600",
+           "Crash-loop breaker window: failures this close to the first one counted add up "
+           "even when each session moved the checkpoint (an upstream that sends one new frame, "
+           "then a poison one, on every connect). 0 counts at one checkpoint only.",
+           "worker", scope="worker"),
     EnvVar("WORKER_SECRET_CACHE_SECONDS", "secret_cache_seconds", "60",
            "How long a worker reuses a resolved upstream credential (Secrets Manager / SSM "
            "SecureString) before reading it again at the next connect: a rotated secret is "
