@@ -171,4 +171,7 @@ def test_progress_then_an_oversize_frame_on_every_connect_ends_failed(fleet, spa
     assert record.stop_reason.startswith("closed_by_worker (code 1009"), record.stop_reason
     assert record.failure_count == MAX_FAILURES
     assert upstream.connections == MAX_FAILURES
-    assert record.last_seq == MAX_FAILURES  # one new frame per session, all kept
+    # the checkpoint moved on every session (the breaker's position rule alone never trips);
+    # the last session's frame may still have been in flight at the final write
+    assert record.failure_seq is not None and record.failure_seq >= MAX_FAILURES - 1
+    assert record.last_seq >= MAX_FAILURES - 1
