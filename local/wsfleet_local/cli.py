@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -52,7 +52,12 @@ from .client import (
     read_upstream_json,
 )
 
+if TYPE_CHECKING:
+    from .procs import StopSignals
+
 __all__ = ["app", "main"]
+
+_T = TypeVar("_T")
 
 API_ENV = "WSFLEET_API_URL"
 
@@ -166,8 +171,7 @@ def local_up(
         status.update(message)
         console.print(f"  {message}", style="dim", highlight=False)
 
-    # The first Ctrl-C drains; a second one interrupts the drain, which then kills everything.
-    with StopSignals(interrupt_on_force=True) as signals:
+    with StopSignals() as signals:
         try:
             timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
             fleet = LocalFleet(
@@ -180,17 +184,78 @@ def local_up(
             )
         except WsfleetError as exc:
             raise _fail(exc) from exc
-        failed = _supervise(fleet, status, signals.should_exit)
+        failed = _supervise(fleet, status, signals)
     if failed:
         raise typer.Exit(1)
 
 
-def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
-    """Start the fleet, restart dead workers until ``stop``, then stop it; True if it failed."""
-    failed = False
+#: After a second Ctrl-C, how long the supervisor waits for its work thread once every child
+#: was killed (the README's bound: everything gone within 25 s, the kills' own 5 s included).
+_ABORT_JOIN_SECONDS = 10.0
+
+
+class _Forced(Exception):
+    """A second signal: every process was killed, the work thread left behind."""
+
+
+def _supervised(
+    signals: StopSignals, work: Callable[[threading.Event], _T], abort: Callable[[], object]
+) -> _T:
+    """``work(stop)`` on a thread of its own; its result, or its exception re-raised here.
+
+    The main thread (where Python runs signal handlers) only waits for signals, so no handler
+    ever interrupts the work's own waits and locks. The first signal sets ``stop`` (the work
+    then stops its fleet gracefully: workers drain first); a second one calls ``abort`` from
+    here, which kills every process without waiting for the drain, and raises
+    :class:`_Forced`; a third gets the default action.
+    """
+    stop = threading.Event()  # set by this thread's ordinary code, never by a handler
+    results: list[_T] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work(stop))
+        except BaseException as exc:  # re-raised by the main thread
+            failures.append(exc)
+        finally:
+            signals.wake()
+
+    thread = threading.Thread(target=run, name="supervised-work", daemon=True)
+    thread.start()
+    while thread.is_alive() and not signals.force_exit:
+        if signals.should_exit:
+            stop.set()
+        signals.pause(1.0)
+    if thread.is_alive():
+        console.print("[yellow]forced: killing every process now[/yellow]")
+        abort()
+        thread.join(_ABORT_JOIN_SECONDS)
+        raise _Forced
+    if failures:
+        raise failures[0]
+    return results[0]
+
+
+def _supervise(fleet: Any, status: Any, signals: StopSignals) -> bool:
+    """Run the fleet until the first signal (see :func:`_supervised`); True if it failed."""
+    try:
+        _supervised(signals, lambda stop: _run_fleet(fleet, status, stop), fleet.abort)
+    except _Forced:
+        console.print("stopped; nothing left running", highlight=False)
+    except WsfleetError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        return True
+    return False
+
+
+def _run_fleet(fleet: Any, status: Any, stop: threading.Event) -> None:
+    """Start the fleet, restart dead workers until ``stop``, then stop it (always)."""
     try:
         with status:
             fleet.start()
+        if stop.is_set():
+            return
         _print_usage(fleet)
         sys.stdout.flush()
         while not stop.wait(0.5):
@@ -200,25 +265,11 @@ def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
                 console.print(f"[yellow]worker(s) exited: {names}; restarting[/yellow]")
                 for slot in dead:
                     fleet.restart_worker(slot.index)
-    except KeyboardInterrupt:
-        pass
-    except WsfleetError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        failed = True
     finally:
-        _shutdown(fleet)
-    return failed
-
-
-def _shutdown(fleet: Any) -> None:
-    console.print("stopping (Ctrl-C again to force)", highlight=False)
-    try:
+        console.print("stopping (Ctrl-C again to force)", highlight=False)
         with console.status("stopping", spinner="dots"):
             fleet.stop()
-    except KeyboardInterrupt:
-        console.print("[yellow]forced: killing every process now[/yellow]")
-        fleet.abort()
-    console.print("stopped; nothing left running", highlight=False)
+        console.print("stopped; nothing left running", highlight=False)
 
 
 # ----------------------------------------------------------------------------- demo
@@ -240,8 +291,9 @@ def demo(
     ] = None,
 ) -> None:
     """Crash a worker, deploy another, STOP some streams; audit for lost and duplicated frames."""
-    from .demo import DemoOptions, render_summary, run_demo
+    from .demo import DemoInterrupted, DemoOptions, render_summary, run_demo
     from .fleet import FleetTimings
+    from .procs import StopSignals
 
     try:
         options = DemoOptions(
@@ -254,9 +306,18 @@ def demo(
             run_dir=run_dir,
             timings=FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat),
         )
-        report = run_demo(options, console)
-    except KeyboardInterrupt:
+        fleets: list[Any] = []
+        with StopSignals() as signals:
+            report = _supervised(
+                signals,
+                lambda stop: run_demo(options, console, cancel=stop, on_fleet=fleets.append),
+                lambda: [fleet.abort() for fleet in fleets],
+            )
+    except DemoInterrupted:
         err_console.print("interrupted; the fleet was stopped")
+        raise typer.Exit(130) from None
+    except _Forced:
+        err_console.print("interrupted; every process was killed")
         raise typer.Exit(130) from None
     except WsfleetError as exc:
         raise _fail(exc) from exc

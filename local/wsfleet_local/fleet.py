@@ -275,6 +275,7 @@ class LocalFleet(Service):
         self.simulator_url: str | None = None
         self.workers: list[WorkerSlot] = []
         self._started = False
+        self._aborted = False  # set by abort(), perhaps from another thread than start()'s
 
     # ------------------------------------------------------------------ properties
 
@@ -368,6 +369,7 @@ class LocalFleet(Service):
     ) -> tuple[ChildProcess, dict[str, Any]]:
         """``python -m wsfleet_local.<name> --host 127.0.0.1 --port 0 ARGS``, logged to
         run_dir; returns the child and its JSON ready line."""
+        self._refuse_if_aborted(name)
         child = spawn(
             name,
             [sys.executable, "-m", f"wsfleet_local.{name}", "--host", "127.0.0.1", "--port", "0",
@@ -606,6 +608,7 @@ class LocalFleet(Service):
 
     def _spawn_worker(self, index: int, generation: int) -> WorkerSlot:
         worker_id = f"w{index}" if generation == 0 else f"w{index}-r{generation}"
+        self._refuse_if_aborted(f"worker {worker_id}")
         task = metadata_uri = None
         if self._metadata is not None:
             task = LocalTask.new(cluster_arn(self.resources.region, self.stack_name))
@@ -721,7 +724,10 @@ class LocalFleet(Service):
         self._started = False
 
     def abort(self) -> None:
-        """Kill every child at once (SIGKILL), no drain: the second Ctrl-C. Safe to call twice."""
+        """Kill every child at once (SIGKILL), no drain: the second Ctrl-C. Safe to call twice,
+        and from another thread while :meth:`start` or :meth:`stop` runs (the CLI's main
+        thread does): from now on nothing new is spawned and nothing is drained."""
+        self._aborted = True
         watcher, self._task_watcher = self._task_watcher, None
         if watcher is not None:
             watcher.stop()
@@ -734,9 +740,16 @@ class LocalFleet(Service):
                 child.stop(signal.SIGKILL, 5)
         self.stop()  # now quick: releases threads and sockets, reaps what is left
 
+    def _refuse_if_aborted(self, name: str) -> None:
+        if self._aborted:
+            raise FleetError(f"not starting {name}: the fleet was aborted")
+
     def _drain_workers(self) -> None:
         alive = [slot for slot in self.workers if slot.alive()]
-        if alive:
+        if alive and self._aborted:
+            for slot in alive:
+                slot.process.stop(signal.SIGKILL, 5)
+        elif alive:
             bound = self.timings.drain_timeout_seconds + 5
             self._progress(f"draining {len(alive)} worker(s) (SIGTERM, at most {bound:.0f} s)")
             with ThreadPoolExecutor(max_workers=len(alive)) as pool:
