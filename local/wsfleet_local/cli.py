@@ -143,6 +143,7 @@ def _print_usage(fleet: Any) -> None:
         "wsfleet get s1",
         f"curl '{api}/connections?state=STARTED'",
         f"curl -X DELETE {api}/connections/s1",
+        f"wsfleet tail s1 --fleet {fleet.run_dir}",
         "wsfleet status --watch",
     ]
     for command in commands:
@@ -160,6 +161,9 @@ def local_up(
     run_dir: Annotated[
         Path | None, typer.Option(help="Where logs go (default: a new temp directory).")
     ] = None,
+    sink: Annotated[
+        str, typer.Option(help="Where workers store frames: dynamodb, kinesis or firehose.")
+    ] = "dynamodb",
 ) -> None:
     """Start the backend, simulator, API, reconciler, streams poller and N workers; stay up."""
     from .fleet import FleetTimings, LocalFleet
@@ -181,6 +185,7 @@ def local_up(
                 api_port=port,
                 run_dir=run_dir,
                 progress=progress,
+                sink=sink,
             )
         except WsfleetError as exc:
             raise _fail(exc) from exc
@@ -596,6 +601,25 @@ def status(
     except KeyboardInterrupt:
         return
     except WsfleetError as exc:  # ApiError included
+        raise _fail(exc) from exc
+
+
+@app.command()
+def tail(
+    connection_id: Annotated[str, typer.Argument(metavar="ID")],
+    fleet: Annotated[
+        Path | None, typer.Option(help="A local fleet's run directory (its fleet.json).")
+    ] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Last N frames; 0: all.")] = 20,
+) -> None:
+    """A connection's stored frames, one JSON line each, from whichever sink is configured
+    (MESSAGE_SINK, MESSAGE_STREAM, MESSAGES_TABLE; with --fleet, the local fleet's)."""
+    from .frame_sinks import tail_frames
+
+    try:
+        for line in tail_frames(connection_id, fleet, lines):
+            typer.echo(line)
+    except WsfleetError as exc:
         raise _fail(exc) from exc
 
 

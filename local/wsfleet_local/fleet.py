@@ -66,6 +66,7 @@ from wsfleet.settings import ENVIRONMENT
 
 from .api import DEFAULT_STAGE, LocalApi
 from .backend import Resources, find_template, load_template, local_client
+from .frame_sinks import create_local_sink
 from .lambda_process import FunctionProcess
 from .procs import ChildProcess, Service, spawn
 from .scheduler import ReconcileScheduler
@@ -239,12 +240,14 @@ class LocalFleet(Service):
         progress: Progress | None = None,
         tables: TablesService | None = None,
         task_events: bool = True,
+        sink: str = "dynamodb",
     ) -> None:
         """``tables``: where the tables live (not started yet; the fleet starts and stops it),
         None for the embedded backend. ``task_events``: publish each worker process's exit as
         its ECS task state change event to the task exit function (crash failover in about a
         second); False leaves a crashed worker's connections to its lease, as without the
-        event rule."""
+        event rule. ``sink``: where the workers store frames (``MESSAGE_SINK``; a stream
+        sink's stream is created on the backend, :mod:`wsfleet_local.frame_sinks`)."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
         self.tables = tables
@@ -257,6 +260,7 @@ class LocalFleet(Service):
         self.stage = stage
         self.stream_poll_seconds = stream_poll_seconds
         self.extra_worker_env = dict(extra_worker_env or {})
+        self.sink = sink
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="wsfleet-local-"))
         self._on_progress = progress or (lambda message: None)
         self._template_path = find_template()
@@ -576,6 +580,13 @@ class LocalFleet(Service):
         self._progress(f"REST API listening on {self._api.url}")
 
     def _start_workers(self) -> None:
+        if self.sink != "dynamodb":
+            self._progress(f"creating the {self.sink} frame sink")
+            self.extra_worker_env.update(
+                create_local_sink(
+                    self.sink, self.endpoint_url, self.resources.region, self.stack_name
+                )
+            )
         if not self.worker_count:
             return
         self._progress(f"starting {self.worker_count} worker process(es)")
@@ -792,6 +803,9 @@ class LocalFleet(Service):
             "simulator_url": self.simulator_url,
             "connections_table": self.resources.connections_table,
             "messages_table": self.resources.messages_table,
+            "message_sink": self.extra_worker_env.get("MESSAGE_SINK", "dynamodb"),
+            "message_stream": self.extra_worker_env.get("MESSAGE_STREAM", ""),
+            "region": self.resources.region,
             "supervisor_pid": os.getpid(),
             "workers": [{"worker_id": s.worker_id, "pid": s.pid} for s in self.workers],
             "child_pids": self.child_pids(),
