@@ -54,13 +54,13 @@ def test_local_up_on_the_kinesis_sink_streams_into_the_stream_and_tail_reads_it(
         # WHEN a connection is STARTed
         url = SimulatorClient(state["simulator_url"]).url_for("k1")
         assert call("PUT", f"{state['api_url']}/connections/k1", {"ws_url": url})[0] == 201
+
         # THEN `wsfleet tail` reads its frames back from the stream, in order, with their fields
+        def tailed() -> list[dict]:
+            return [json.loads(line) for line in tail(run_dir, "k1").stdout.splitlines()]
+
         frames = wait_until(
-            lambda: (
-                len(f := [json.loads(x) for x in tail(run_dir, "k1").stdout.split()]) >= 5 and f
-            ),
-            message="frames in the stream",
-            timeout=90,
+            lambda: len(f := tailed()) >= 5 and f, message="frames in the stream", timeout=90
         )
         seqs = [f["seq"] for f in frames]
         assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
