@@ -34,6 +34,7 @@ import contextlib
 import itertools
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from wsfleet.exceptions import WsfleetError
 from wsfleet.messages import MessageStore
 from wsfleet.record import DesiredState, connection_pk
 
@@ -54,7 +56,14 @@ from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
 from .simulator import SessionRecord, first_frame_after
 
-__all__ = ["DemoOptions", "DemoReport", "PhaseTiming", "render_summary", "run_demo"]
+__all__ = [
+    "DemoInterrupted",
+    "DemoOptions",
+    "DemoReport",
+    "PhaseTiming",
+    "render_summary",
+    "run_demo",
+]
 
 #: How long each wait may take beyond what the timings imply before the phase counts as failed.
 CONVERGE_SLACK_SECONDS = 20.0
@@ -80,6 +89,10 @@ class DemoOptions:
     steady_seconds: float = 3.0
     timings: FleetTimings = field(default_factory=FleetTimings)
     run_dir: Path | None = None
+
+
+class DemoInterrupted(WsfleetError):
+    """The demo was asked to stop (``cancel``) before it ended; the fleet was stopped."""
 
 
 @dataclass
@@ -130,8 +143,15 @@ class Snapshot:
 class _Monitor:
     """Reads the system, keeps the live view fresh, waits for conditions. Main thread only."""
 
-    def __init__(self, fleet: LocalFleet, console: Console, stream_ids: Sequence[str]) -> None:
+    def __init__(
+        self,
+        fleet: LocalFleet,
+        console: Console,
+        stream_ids: Sequence[str],
+        cancel: threading.Event | None = None,
+    ) -> None:
         self.fleet = fleet
+        self.cancel = cancel or threading.Event()
         self.console = console
         self.stream_ids = list(stream_ids)
         self.started = time.monotonic()
@@ -179,13 +199,18 @@ class _Monitor:
             if time.monotonic() > deadline:
                 self.event(f"[red]timed out waiting for {what}[/red]")
                 return False
-            time.sleep(REFRESH_SECONDS)
+            self._sleep()
 
     def pause(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self.snapshot()
-            time.sleep(REFRESH_SECONDS)
+            self._sleep()
+
+    def _sleep(self) -> None:
+        """One refresh interval; raises DemoInterrupted once ``cancel`` is set."""
+        if self.cancel.wait(REFRESH_SECONDS):
+            raise DemoInterrupted("the demo was interrupted")
 
     # -- the live view -----------------------------------------------------------------------
 
@@ -461,8 +486,18 @@ def _read_messages(monitor: _Monitor, stream_id: str) -> list[dict[str, Any]]:
     )
 
 
-def run_demo(options: DemoOptions, console: Console) -> DemoReport:
-    """Run the whole scenario; the fleet is always stopped before this returns."""
+def run_demo(
+    options: DemoOptions,
+    console: Console,
+    *,
+    cancel: threading.Event | None = None,
+    on_fleet: Callable[[LocalFleet], object] | None = None,
+) -> DemoReport:
+    """Run the whole scenario; the fleet is always stopped before this returns.
+
+    ``cancel`` set: the scenario raises :class:`DemoInterrupted` at its next wait, after
+    stopping the fleet (the first Ctrl-C). ``on_fleet`` is given the fleet before it starts
+    (the CLI keeps it to abort it on a second Ctrl-C)."""
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(10_000)
     rng = random.Random(seed)
     ids = [f"demo-{n:02d}" for n in range(options.streams)]
@@ -491,8 +526,10 @@ def run_demo(options: DemoOptions, console: Console) -> DemoReport:
         progress=lambda message: console.print(f"  {message}", style="dim", highlight=False),
     )
     report.run_dir = fleet.run_dir
+    if on_fleet is not None:
+        on_fleet(fleet)
     with fleet:
-        monitor = _Monitor(fleet, console, ids)
+        monitor = _Monitor(fleet, console, ids, cancel)
         if console.is_terminal:
             monitor.live = Live(monitor.render(), console=console, auto_refresh=False)
         with monitor.live or contextlib.nullcontext():

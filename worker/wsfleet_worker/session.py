@@ -758,8 +758,8 @@ class Session:
         metrics.count("ResumeGaps")
         metrics.count("ResumeGapFrames", gap)
         self._ctx.logger.warning(
-            "upstream resumed past the checkpoint: frames lost",
-            extra={**self._log, "gap_frames": gap, "after_seq": baseline, "first_seq": seq,
+            "upstream resumed past the highest seq received or stored: frames lost",
+            extra={**self._log, "gap_frames": gap, "highest_seq": baseline, "first_seq": seq,
                    "resume_gaps": self.gap_resumes, "gap_frames_total": self.gap_frames},
         )
         task = asyncio.get_running_loop().create_task(self._store_gaps())

@@ -632,16 +632,19 @@ def render_subscribe(
     return text
 
 
-def resume_gap(checkpoint: int, first_seq: int) -> int:
+def resume_gap(highest_seq: int, first_seq: int) -> int:
     """Frames the upstream never delivered across a resume: the first seq received after the
-    (re)connect minus the checkpoint minus one, never negative. With ``resume: none`` this is
-    what a failover cost; with a replaying upstream it should be 0.
+    (re)connect minus the highest seq the stream already has minus one, never negative. The
+    caller picks ``highest_seq``: the highest seq the session received, at a takeover the
+    checkpoint it acquired with, or for an upstream that cannot replay the highest seq stored
+    (frames stored above the last checkpoint are not lost). With ``resume: none`` this is what
+    a failover cost; with a replaying upstream it should be 0.
 
-    A brand-new stream (checkpoint 0) has no gap: feeds may start anywhere.
+    A brand-new stream (nothing received or stored: 0) has no gap: feeds may start anywhere.
 
     >>> resume_gap(100, 101), resume_gap(100, 131), resume_gap(100, 90), resume_gap(0, 500)
     (0, 30, 0, 0)
     """
-    if checkpoint <= 0:
+    if highest_seq <= 0:
         return 0
-    return max(0, first_seq - checkpoint - 1)
+    return max(0, first_seq - highest_seq - 1)
