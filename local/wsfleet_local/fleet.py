@@ -65,7 +65,7 @@ from wsfleet.exceptions import WsfleetError
 from wsfleet.settings import ENVIRONMENT
 
 from .api import DEFAULT_STAGE, LocalApi
-from .backend import Resources, find_template, load_template, local_client
+from .backend import DEFAULT_REGION, Resources, find_template, load_template, local_client
 from .frame_sinks import create_local_sink
 from .lambda_process import FunctionProcess
 from .procs import ChildProcess, Service, spawn
@@ -75,7 +75,15 @@ from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, rea
 from .streams import StreamPoller
 from .tasks import LocalTask, MetadataServer, TaskExitWatcher, cluster_arn
 
-__all__ = ["FleetError", "FleetTimings", "LocalFleet", "TablesService", "WorkerSlot"]
+__all__ = [
+    "FleetError",
+    "FleetTimings",
+    "LocalFleet",
+    "TablesService",
+    "WorkerSlot",
+    "create_local_secret",
+    "local_secret_prefixes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +226,40 @@ def local_secret_prefixes(region: str) -> tuple[str, str]:
         f"arn:aws:secretsmanager:{region}:{LOCAL_ACCOUNT_ID}:secret:wsfleet/",
         f"arn:aws:ssm:{region}:{LOCAL_ACCOUNT_ID}:parameter/wsfleet/",
     )
+
+
+def create_local_secret(
+    endpoint_url: str, name: str, value: str, *, ssm: bool = False, region: str = DEFAULT_REGION
+) -> str:
+    """Store ``value`` as a secret a local fleet's STARTs may name; return the ARN to name.
+
+    ``name`` goes under the local prefix whether or not it is spelled out (``key``,
+    ``wsfleet/key`` and ``/wsfleet/key`` are the same): a Secrets Manager secret
+    ``wsfleet/<name>`` or, with ``ssm``, an SSM SecureString parameter ``/wsfleet/<name>``
+    (SSM names with a path start with ``/``). The client carries the local dummy
+    credentials and region, so no AWS configuration or ``aws`` CLI is needed. An existing
+    secret or parameter gets the new value (a rotation).
+
+    Example::
+
+        arn = create_local_secret(fleet.endpoint_url, "speech", "tok-42")
+        # arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/speech-AbCdEf
+    """
+    parts = [part for part in name.split("/") if part]
+    relative = "/".join(parts[1:] if parts[:1] == ["wsfleet"] else parts)
+    if not relative:
+        raise ValueError("the secret needs a name under wsfleet/, e.g. 'feed-key'")
+    if ssm:
+        client = local_client("ssm", endpoint_url, region)
+        parameter = f"/wsfleet/{relative}"
+        client.put_parameter(Name=parameter, Value=value, Type="SecureString", Overwrite=True)
+        return f"arn:aws:ssm:{region}:{LOCAL_ACCOUNT_ID}:parameter{parameter}"
+    client = local_client("secretsmanager", endpoint_url, region)
+    secret = f"wsfleet/{relative}"
+    try:
+        return str(client.create_secret(Name=secret, SecretString=value)["ARN"])
+    except client.exceptions.ResourceExistsException:
+        return str(client.put_secret_value(SecretId=secret, SecretString=value)["ARN"])
 
 
 class LocalFleet(Service):
