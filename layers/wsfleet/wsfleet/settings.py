@@ -203,10 +203,23 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "A seq more than this above the highest seen on the connection is an invalid frame "
            "(stored under a local key, counted), so one bogus seq cannot jam the stream; 0 "
            "turns the check off. Seqs are always 1 to 2^53-1.", "worker", scope="worker"),
+    EnvVar("WORKER_MESSAGE_TIMEOUT_SECONDS", "message_timeout_seconds", "30",
+           "A message (a fragmented one, or one frame) still incomplete this long after its "
+           "first byte fails the connection (close 1008 \"message timeout\", counted by the "
+           "crash-loop breaker, metric MessageTimeouts): a trickled message cannot hold a "
+           "session. 0 turns it off.", "worker", scope="worker"),
     EnvVar("WORKER_BREAKER_MAX_FAILURES", "breaker_max_failures", "5",
-           "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
-           "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
-           "FAILED. 0 turns the breaker off.", "worker", scope="worker"),
+           "Crash-loop breaker: failures counted, across all workers, before the connection "
+           "ends FAILED: session crashes, closes the worker sent for what the upstream sent "
+           "(1002/1007/1008/1009), unreadable credentials, normal upstream closes before any "
+           "frame. They count at one checkpoint whatever the time, and at any position within "
+           "WORKER_BREAKER_WINDOW_SECONDS of the first. 0 turns the breaker off.",
+           "worker", scope="worker"),
+    EnvVar("WORKER_BREAKER_WINDOW_SECONDS", "breaker_window_seconds", "600",
+           "Crash-loop breaker window: failures this close to the first one counted add up "
+           "even when each session moved the checkpoint (an upstream that sends one new frame, "
+           "then a poison one, on every connect). 0 counts at one checkpoint only.",
+           "worker", scope="worker"),
     EnvVar("WORKER_SECRET_CACHE_SECONDS", "secret_cache_seconds", "60",
            "How long a worker reuses a resolved upstream credential (Secrets Manager / SSM "
            "SecureString) before reading it again at the next connect: a rotated secret is "
