@@ -35,6 +35,15 @@ def template() -> dict[str, Any]:
     return load_template(ROOT / "template.yaml")
 
 
+#: The other parameters as a stack gets them without overrides (rules about them, such as the
+#: message sink's, then hold or are not applicable); "" for the required ones.
+OTHER_DEFAULTS = {
+    name: str(spec.get("Default", "")).lower() if isinstance(spec.get("Default"), bool)
+    else str(spec.get("Default", ""))
+    for name, spec in load_template(ROOT / "template.yaml")["Parameters"].items()
+}
+
+
 def allowed(spec: Mapping[str, Any]) -> list[str]:
     """Every value CloudFormation accepts for a Number parameter, as the string it passes on."""
     if "AllowedValues" in spec:
@@ -82,7 +91,12 @@ def _members(members: Any, values: Mapping[str, str]) -> Any:
     return evaluate(members, values)
 
 
-def rules_accept(rules: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+def rules_accept(
+    rules: Mapping[str, Any], values: Mapping[str, str], others: Mapping[str, str] | None = None
+) -> bool:
+    """Whether every rule holds; parameters other than ``values`` take ``others`` (their
+    template Defaults, by default)."""
+    values = {**(others if others is not None else OTHER_DEFAULTS), **values}
     for rule in rules.values():
         condition = rule.get("RuleCondition")
         if condition is not None and not evaluate(condition, values):

@@ -340,6 +340,7 @@ class Worker:
             connector=connector
             or make_connector(
                 max_frame_bytes=config.max_frame_bytes,
+                message_timeout=config.message_timeout_seconds,
                 allowed_hosts=settings.allowed_upstream_hosts,
                 allow_insecure=settings.allow_insecure_ws,
             ),
