@@ -3,6 +3,9 @@
 Commands::
 
     wsfleet local up [--workers N] [--port P]   the whole system on 127.0.0.1 until Ctrl-C
+            [--secret-cache-seconds S]
+    wsfleet local secret NAME VALUE --endpoint-url URL [--ssm]
+                                                a secret in the local fleet; prints its ARN
     wsfleet demo [--workers 3] [--streams 12]   crash + deploy + STOP scenario, then an audit
     wsfleet start ID URL [--api URL]            START a connection (PUT /connections/ID)
             [-H 'Name: value'] [--subprotocol P] [--secret-ref ARN --secret-in header:NAME]
@@ -73,8 +76,9 @@ local_app = typer.Typer(
 )
 app.add_typer(local_app, name="local")
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji off: rich would print a Secrets Manager ARN's ":secret:" as an emoji.
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 ApiOption = Annotated[
     str | None,
@@ -143,7 +147,10 @@ def _print_usage(fleet: Any) -> None:
         "wsfleet get s1",
         f"curl '{api}/connections?state=STARTED'",
         f"curl -X DELETE {api}/connections/s1",
+        f"wsfleet tail s1 --fleet {fleet.run_dir}",
         "wsfleet status --watch",
+        f"wsfleet local secret feed-key VALUE --endpoint-url {fleet.endpoint_url}"
+        "   # prints the ARN for credential.ref",
     ]
     for command in commands:
         console.print(command, soft_wrap=True, highlight=False, markup=False)
@@ -157,9 +164,20 @@ def local_up(
     rate: Annotated[float, typer.Option(help="Simulator frames per second per stream.")] = 10.0,
     lease: Annotated[float, typer.Option(help="LEASE_SECONDS.")] = 4.0,
     heartbeat: Annotated[float, typer.Option(help="HEARTBEAT_EVERY (seconds).")] = 1.0,
+    secret_cache_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="WORKER_SECRET_CACHE_SECONDS: how long workers reuse a resolved credential "
+            "(0: read it at every connect; default: the worker's 60).",
+        ),
+    ] = None,
     run_dir: Annotated[
         Path | None, typer.Option(help="Where logs go (default: a new temp directory).")
     ] = None,
+    sink: Annotated[
+        str, typer.Option(help="Where workers store frames: dynamodb, kinesis or firehose.")
+    ] = "dynamodb",
 ) -> None:
     """Start the backend, simulator, API, reconciler, streams poller and N workers; stay up."""
     from .fleet import FleetTimings, LocalFleet
@@ -181,12 +199,65 @@ def local_up(
                 api_port=port,
                 run_dir=run_dir,
                 progress=progress,
+                extra_worker_env=_worker_overrides(secret_cache_seconds),
+                sink=sink,
             )
         except WsfleetError as exc:
             raise _fail(exc) from exc
         failed = _supervise(fleet, status, signals)
     if failed:
         raise typer.Exit(1)
+
+
+def _worker_overrides(secret_cache_seconds: float | None) -> dict[str, str]:
+    """Worker settings ``local up`` takes as options (the fleet strips them from the shell's
+    environment, so each process gets exactly what the template or an option says).
+
+    >>> _worker_overrides(0), _worker_overrides(None)
+    ({'WORKER_SECRET_CACHE_SECONDS': '0'}, {})
+    """
+    if secret_cache_seconds is None:
+        return {}
+    return {"WORKER_SECRET_CACHE_SECONDS": f"{secret_cache_seconds:g}"}
+
+
+@local_app.command("secret")
+def local_secret(
+    name: Annotated[str, typer.Argument(help="Name under wsfleet/ (e.g. feed-key).")],
+    value: Annotated[
+        str, typer.Argument(help="The secret's value ('-': read it from standard input).")
+    ],
+    endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint-url",
+            envvar="AWS_ENDPOINT_URL",
+            help="The local fleet's endpoint (the DynamoDB/SQS line `wsfleet local up` prints).",
+        ),
+    ] = None,
+    ssm: Annotated[
+        bool, typer.Option("--ssm", help="An SSM SecureString parameter, not a secret.")
+    ] = False,
+) -> None:
+    """Store a secret in a running local fleet and print the ARN to name in credential.ref."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from .client import is_loopback_url
+    from .fleet import create_local_secret
+
+    if not endpoint_url:
+        raise _usage_error(ValueError("--endpoint-url is required (`wsfleet local up` prints it)"))
+    if not is_loopback_url(endpoint_url):
+        raise _usage_error(ValueError("--endpoint-url must be the local fleet's (127.0.0.1)"))
+    secret = sys.stdin.read().rstrip("\n") if value == "-" else value
+    try:
+        arn = create_local_secret(endpoint_url, name, secret, ssm=ssm)
+    except ValueError as exc:
+        raise _usage_error(exc) from exc
+    except (BotoCoreError, ClientError) as exc:  # the endpoint is down or not a local fleet
+        failure = ValueError(f"could not store the secret at {endpoint_url}: {exc}")
+        raise _usage_error(failure, 1) from exc
+    typer.echo(arn)  # plain: rich would render ":secret:" as an emoji
 
 
 #: After a second Ctrl-C, how long the supervisor waits for its work thread once every child
@@ -596,6 +667,25 @@ def status(
     except KeyboardInterrupt:
         return
     except WsfleetError as exc:  # ApiError included
+        raise _fail(exc) from exc
+
+
+@app.command()
+def tail(
+    connection_id: Annotated[str, typer.Argument(metavar="ID")],
+    fleet: Annotated[
+        Path | None, typer.Option(help="A local fleet's run directory (its fleet.json).")
+    ] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Last N frames; 0: all.")] = 20,
+) -> None:
+    """A connection's stored frames, one JSON line each, from whichever sink is configured
+    (MESSAGE_SINK, MESSAGE_STREAM, MESSAGES_TABLE; with --fleet, the local fleet's)."""
+    from .frame_sinks import tail_frames
+
+    try:
+        for line in tail_frames(connection_id, fleet, lines):
+            typer.echo(line)
+    except WsfleetError as exc:
         raise _fail(exc) from exc
 
 

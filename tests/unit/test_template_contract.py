@@ -758,35 +758,14 @@ def test_metric_alarms_use_the_dimensions_the_code_emits(
 
 
 def test_dashboard_body_is_json_once_substituted(resources: dict[str, Any]) -> None:
-    body = props(resources, "Dashboard")["DashboardBody"]["Fn::Sub"]
+    body, _variables = props(resources, "Dashboard")["DashboardBody"]["Fn::Sub"]
 
-    parsed = json.loads(re.sub(r"\$\{[^}]+\}", "1", body))
+    # the sink alarms' ARNs (a Sub variable) are empty without a stream sink
+    parsed = json.loads(re.sub(r"\$\{[^}]+\}", "1", body.replace("${SinkAlarmArns}", "")))
     assert len(parsed["widgets"]) >= 6
 
 
 # ============================================================================ parameters
-def test_lease_rules_spell_out_lease_at_least_twice_the_heartbeat(template: dict[str, Any]) -> None:
-    heartbeats = [int(h) for h in template["Parameters"]["HeartbeatSeconds"]["AllowedValues"]]
-    lease_min = template["Parameters"]["LeaseSeconds"]["MinValue"]
-    rules = template["Rules"].values()
-
-    for heartbeat in heartbeats:
-        too_short = [str(v) for v in range(lease_min, 2 * heartbeat)]
-        matching = [
-            r
-            for r in rules
-            if r["RuleCondition"] == {"Fn::Equals": [{"Ref": "HeartbeatSeconds"}, str(heartbeat)]}
-        ]
-        if not too_short:
-            assert matching == []
-            continue
-        (rule,) = matching
-        (assertion,) = rule["Assertions"]
-        assert assertion["Assert"] == {
-            "Fn::Not": [{"Fn::Contains": [too_short, {"Ref": "LeaseSeconds"}]}]
-        }
-
-
 def _samconfig_parameters() -> dict[str, dict[str, str]]:
     config = tomllib.loads((ROOT / "samconfig.toml").read_text())
     found = {}
@@ -885,9 +864,9 @@ def test_deploy_doc_covers_every_parameter_alarm_and_output(template: dict[str, 
 #: runs every worker-side LeaseStore write against the moto server and checks the attribute
 #: names of each request against these lists, so the three (store, test, template) move together.
 WORKER_CONNECTION_ATTRIBUTES = {
-    "pk", "desired_state", "expires_at", "failure_count", "failure_seq", "gap_frames",
-    "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch", "lease_owner",
-    "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
+    "pk", "desired_state", "expires_at", "failure_count", "failure_seq", "failure_since_ms",
+    "gap_frames", "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch",
+    "lease_owner", "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
     "unowned_since_ms", "updated_at_ms",
 }
 WORKER_ITEM_ATTRIBUTES = {

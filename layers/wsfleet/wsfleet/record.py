@@ -201,6 +201,9 @@ class ConnectionRecord:
     #: the item (not in a worker) so the count survives hand-overs between workers.
     failure_count: int = 0
     failure_seq: int | None = None
+    #: When the first failure of the current count happened (worker clock, ms): the breaker
+    #: also counts failures at other positions within its window of this.
+    failure_since_ms: int | None = None
     #: Free and STARTED since then (the gsi_unowned sort key); None while owned or not STARTED.
     unowned_since_ms: int | None = None
     #: How to talk to the upstream beyond its URL (headers, credential reference, subscribe
@@ -247,6 +250,7 @@ class ConnectionRecord:
             resume=bool(item.get("resume", True)),
             failure_count=_int(item, "failure_count"),
             failure_seq=_opt_int(item, "failure_seq"),
+            failure_since_ms=_opt_int(item, "failure_since_ms"),
             unowned_since_ms=_opt_int(item, "unowned_since_ms"),
             upstream=UpstreamOptions.from_item(item.get("upstream")),
             resume_gaps=_int(item, "resume_gaps"),
