@@ -172,8 +172,9 @@ NODE24_MAJORS = {
 def test_every_action_runs_on_node24_and_sam_is_the_tested_version(
     workflow: dict[str, Any],
 ) -> None:
-    lint = (ROOT / ".ci" / "lint").read_text()
-    (tested,) = re.findall(r"^readonly SAM_CLI_VERSION=(\S+)$", lint, flags=re.MULTILINE)
+    # the pin .ci/lint and make sam-local install (.ci/tools.sh)
+    pins = (ROOT / ".ci" / "tools.sh").read_text()
+    (tested,) = re.findall(r"^readonly SAM_CLI_VERSION=(\S+)$", pins, flags=re.MULTILINE)
     for job in workflow["jobs"]:
         for step in steps(workflow, job):
             if "uses" not in step:
