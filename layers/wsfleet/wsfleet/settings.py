@@ -67,8 +67,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("HINT_QUEUE_URL", "hint_queue_url", "",
            "SQS queue URL for work hints (required by router, reconciler, worker).", "all"),
     EnvVar("LEASE_SECONDS", "lease_seconds", "20",
-           "Worker lease duration: a crashed worker's connections are taken over this long "
-           "after its last heartbeat. Must be at least twice HEARTBEAT_EVERY.", "all"),
+           "Worker lease duration: a worker that stops renewing without a task exit event (hung, "
+           "partitioned, or its event lost) has its connections taken over this long after "
+           "its last heartbeat; a crash fails over from the exit event in about a second. "
+           "Must be at least twice HEARTBEAT_EVERY.", "all"),
     EnvVar("HEARTBEAT_EVERY", "heartbeat_seconds", "5",
            "Seconds between renewals of a worker's one lease (one write per worker, whatever "
            "it holds).", "all"),
