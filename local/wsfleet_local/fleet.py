@@ -55,7 +55,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,16 +239,19 @@ class LocalFleet(Service):
         progress: Progress | None = None,
         tables: TablesService | None = None,
         task_events: bool = True,
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         """``tables``: where the tables live (not started yet; the fleet starts and stops it),
         None for the embedded backend. ``task_events``: publish each worker process's exit as
         its ECS task state change event to the task exit function (crash failover in about a
         second); False leaves a crashed worker's connections to its lease, as without the
-        event rule."""
+        event rule. ``allowed_hosts``: upstream host suffixes the router and the workers accept
+        besides loopback (``AllowedUpstreamHosts``; the workers then connect to them)."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
         self.tables = tables
         self.task_events = task_events
+        self.allowed_hosts = tuple(allowed_hosts)
         self.worker_count = workers
         self.timings = timings or FleetTimings()
         self.rate = rate
@@ -424,6 +427,7 @@ class LocalFleet(Service):
             "LeaseSeconds": _number(t.lease_seconds),
             "HeartbeatSeconds": _number(t.heartbeat_seconds),
             "CheckpointSeconds": _number(t.checkpoint_seconds),
+            "WorkerSweepSeconds": _number(t.sweep_seconds),
             "ReconcilePassSeconds": _number(t.pass_seconds),
             "MaxConnectionsPerTask": t.max_connections,
             "RebalanceSeconds": _number(t.rebalance_seconds),
@@ -437,7 +441,7 @@ class LocalFleet(Service):
                 if t.rebalance_max_moves is not None
                 else {}
             ),
-            "AllowedUpstreamHosts": "127.0.0.1,localhost",
+            "AllowedUpstreamHosts": ",".join(("127.0.0.1", "localhost", *self.allowed_hosts)),
             "AllowInsecureWs": "true",
             "UpstreamSecretPrefix": ",".join(local_secret_prefixes(self.resources.region)),
             "Stage": self.stage,
@@ -596,7 +600,6 @@ class LocalFleet(Service):
             "WORKER_HINT_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_CONTROL_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_METRICS_FLUSH_SECONDS": "10",
-            "WORKER_SWEEP_SECONDS": _number(t.sweep_seconds),
             **({"ECS_CONTAINER_METADATA_URI_V4": metadata_uri} if metadata_uri else {}),
             **self.extra_worker_env,
         }
