@@ -60,7 +60,7 @@ FUNCTION ?= RouterFunction
 EVENT    ?= api_post_events_start
 
 local-backend: $(STAMP)
-	$(BIN)/python -m wsfleet_local.backend --port 4566 --create-resources wsfleet
+	$(BIN)/python -m wsfleet_local.backend --port 4566 --create-resources wsfleet --seed-samples
 
 invoke:
 	sam build
