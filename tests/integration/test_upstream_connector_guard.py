@@ -174,3 +174,33 @@ def test_a_redirect_loop_stops_after_the_hop_limit():
     loop, message = run(scenario())
     assert "more than 3 redirects" in message
     assert len(loop.handshakes) == 4  # the original request and three followed hops
+
+
+@pytest.mark.parametrize(
+    ("location", "needle"),
+    [
+        ("http://127.0.0.1:{port}/s1?token=s3cret", "scheme must be wss or ws, got 'http'"),
+        ("https://127.0.0.1:{port}/s1", "scheme must be wss or ws, got 'https'"),
+        ("ws://127.0.0.1:{port}/s1#frag", "must not have a #fragment"),
+        ("ws://127.0.0.1./s1", "must not end with a dot"),
+        ("ws://[::1/s1", "not a valid"),
+    ],
+)
+def test_a_redirect_to_a_target_websockets_cannot_parse_is_a_policy_refusal(location, needle):
+    # Issue #23: websockets' own parser raised InvalidURI on such a Location, which the worker
+    # took for its own ws_url being invalid (stop_reason invalid_ws_url, last_error empty).
+    async def scenario():
+        listener = Listener("127.0.0.1")
+        async with listener.serve() as server:
+            listener.redirect_to = location.format(port=port_of(server))
+            connect = make_connector(allowed_hosts=("127.0.0.1",), allow_insecure=True)
+            with pytest.raises(UpstreamRefused) as caught:
+                await connect(f"ws://127.0.0.1:{port_of(server)}/start")
+        return listener, str(caught.value)
+
+    listener, message = run(scenario())
+    assert message.startswith("redirect refused: ")
+    assert needle in message
+    assert "s3cret" not in message
+    assert len(listener.handshakes) == 1 and listener.accepted == 0
+

@@ -84,3 +84,48 @@ def test_a_redirect_to_a_refused_host_stores_nothing_and_stops_visibly(
         timeout=30,
         message=lambda: worker.tail(30),
     )
+
+
+def test_a_redirect_to_http_stops_as_a_refusal_naming_the_scheme(env, allowed_sim, worker):
+    # Issue #23: this ended STOPPED with stop_reason invalid_ws_url and an empty last_error,
+    # though the stored ws_url was fine and the upstream's redirect was what was refused.
+    fleet = StoreDriver(env)
+    allowed_sim.open_stream("to-http")
+    allowed_sim.redirect_stream("to-http", "http://127.0.0.1:9/to-http?token=s3cret")
+
+    fleet.start("to-http", allowed_sim.url_for("to-http"))
+
+    record = fleet.wait_for_state(
+        "to-http",
+        DesiredState.STOPPED,
+        timeout=60,
+        message=lambda: f"not stopped: {fleet.record('to-http')}\n{worker.tail(30)}",
+    )
+    assert record.stop_reason == "upstream_refused"
+    assert record.last_error is not None
+    assert "scheme must be wss or ws, got 'http'" in record.last_error
+    assert "s3cret" not in record.last_error
+    assert allowed_sim.redirects_served("to-http") == 1
+
+
+def test_a_stored_trailing_dot_host_stops_instead_of_retrying_a_lookup(env, allowed_sim, worker):
+    # Issue #23: "ws://127.0.0.1./" passed the router's check (it read an address) and the
+    # worker's resolver then failed on the name "127.0.0.1." on every retry, forever. The
+    # record is written directly, as one the router accepted before the rule would be.
+    fleet = StoreDriver(env)
+    allowed_sim.open_stream("dotted")
+    dotted = allowed_sim.url_for("dotted").replace("://127.0.0.1:", "://127.0.0.1.:")
+    assert dotted != allowed_sim.url_for("dotted")
+
+    fleet.start("dotted", dotted)
+
+    record = fleet.wait_for_state(
+        "dotted",
+        DesiredState.STOPPED,
+        timeout=60,
+        message=lambda: f"not stopped: {fleet.record('dotted')}\n{worker.tail(30)}",
+    )
+    assert record.stop_reason == "upstream_refused"
+    assert record.last_error is not None
+    assert "must not end with a dot" in record.last_error
+    assert allowed_sim.sessions("dotted") == []

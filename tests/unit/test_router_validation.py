@@ -317,3 +317,20 @@ def test_a_hint_sender_that_raises_does_not_fail_the_start(monkeypatch, capsys):
     assert status == 201
     assert body["outcome"] == "created"
     assert '"HintSendFailed":[1.0]' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "ws_url", ["wss://feed.example.com./x", "wss://example.com./x", "wss://[::1]x/"]
+)
+def test_a_ws_url_host_in_a_second_spelling_is_a_422_before_any_store_call(monkeypatch, ws_url):
+    # Issue #23: the router read "127.0.0.1." (or a listed "example.com.") as the listed host
+    # and stored it; the worker's resolver then failed on it forever.
+    use(monkeypatch, Untouchable())
+
+    status, body = call(event(body=json.dumps(
+        {"event_type": "START", "connection_id": "c1", "ws_url": ws_url}
+    )))
+
+    assert status == 422
+    assert body["field"] == "ws_url"
+    assert "must not end with a dot" in body["message"] or "malformed" in body["message"]

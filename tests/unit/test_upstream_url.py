@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import doctest
 import ipaddress
+from urllib.parse import urlsplit
 
 import pytest
+from websockets.uri import parse_uri
 
 from wsfleet import upstream_url
 from wsfleet.exceptions import WsfleetError
@@ -46,7 +48,6 @@ class TestAccepted:
             "wss://stream.example.com/v1/trades?symbol=BTC-USD&token=abc",
             "wss://stream.example.com",
             "WSS://Stream.Example.COM:8443/feed",
-            "wss://stream.example.com./feed",  # absolute DNS name
             "wss://under_score.example.com/",
             "wss://xn--bcher-kva.example/",  # IDN in punycode
             "wss://93.184.216.34/feed",
@@ -172,6 +173,57 @@ class TestNumericHosts:
         assert "cannot be in brackets" in message or "not a plain IPv6 address" in message
 
 
+class TestOneSpellingPerHost:
+    """Issue #23: the router accepted ``ws://127.0.0.1./`` (its parser read an address), the
+    worker's resolver read a name it could not find and retried forever. A host has one
+    spelling, so the router and the worker judge and reach the same thing."""
+
+    @pytest.mark.parametrize(
+        ("url", "listed"),
+        [
+            ("ws://127.0.0.1./s", "127.0.0.1"),  # a listed literal, dotted
+            ("ws://127.0.0.1.:8765/s", "127.0.0.1"),
+            ("ws://10.0.0.1./s", "10.0.0.1"),
+            ("wss://localhost./", "localhost"),
+            ("wss://feed.example./v1", "feed.example"),  # a listed name, dotted
+            ("wss://stream.example.com./feed", ""),  # a public name, dotted
+            ("wss://feed.example../v1", ""),
+        ],
+    )
+    def test_a_trailing_dot_is_refused_even_where_the_host_is_listed(self, url, listed):
+        message = refusal(url, listed, insecure=True)
+        assert "must not end with a dot" in message
+        assert "write '" in message  # says what to write instead
+
+    @pytest.mark.parametrize(
+        "url", ["wss://[::1]./", "wss://[::1]x/", "wss://[2606:4700::1111]x:443/"]
+    )
+    def test_text_after_a_bracketed_address_is_refused(self, url):
+        assert "host and port are malformed" in refusal(url, "::1", "2606:4700::1111")
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "wss://stream.example.com/v1",
+            "WSS://Stream.Example.COM:8443/feed",
+            "wss://93.184.216.34:9/x",
+            "wss://[2606:4700::1111]:443/feed",
+            "wss://stream.example.com:/feed",
+            "wss://under_score.example.com/x;p=1?q=2",
+        ],
+    )
+    def test_the_worker_library_reads_the_host_the_router_judged(self, url):
+        # GIVEN a URL the router accepts WHEN websockets (the worker's client) parses it THEN it
+        # names the same host and port, and an IP literal stays a literal (no resolver involved)
+        check(url)
+        parsed, seen = urlsplit(url), parse_uri(url)
+        assert seen.host == parsed.hostname
+        assert seen.port == (parsed.port or 443)
+        host = parsed.hostname or ""
+        if host.replace(".", "").isdigit() or ":" in host:
+            assert ipaddress.ip_address(seen.host)
+
+
 class TestPrivateAddresses:
     @pytest.mark.parametrize(
         ("host", "reason"),
@@ -182,7 +234,6 @@ class TestPrivateAddresses:
             ("0.0.0.0", "an unspecified address"),
             ("[::]", "an unspecified address"),
             ("127.0.0.1", "a loopback address"),
-            ("127.0.0.1.", "a loopback address"),
             ("[::1]", "a loopback address"),
             ("169.254.1.1", "a link-local address"),
             ("[fe80::1]", "a link-local address"),
@@ -209,7 +260,7 @@ class TestPrivateAddresses:
 
     @pytest.mark.parametrize(
         "host",
-        ["localhost", "LOCALHOST.", "api.localhost", "ip6-localhost", "localhost.localdomain"],
+        ["localhost", "LOCALHOST", "api.localhost", "ip6-localhost", "localhost.localdomain"],
     )
     def test_loopback_names_are_refused(self, host):
         assert "a loopback name" in refusal(f"wss://{host}/")

@@ -149,3 +149,12 @@ def test_the_hop_count_is_bounded():
 
 def test_the_refusal_never_repeats_the_query_string():
     assert "s3cret" not in refusal("wss://10.0.0.1/s?token=s3cret")
+
+
+def test_a_tls_upstream_redirecting_to_http_is_refused_for_its_scheme():
+    # Not reported as a wss-to-ws downgrade: http is no WebSocket scheme at all (issue #23).
+    with pytest.raises(InvalidUpstreamUrl, match="scheme must be wss, got 'http'"):
+        validate_redirect(
+            "wss://feed.example/s", "http://feed.example/s", hop=1, allowed_hosts=(),
+            allow_insecure=False,
+        )

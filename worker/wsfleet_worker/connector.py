@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidURI
+from websockets.exceptions import InvalidStatus, InvalidURI
 
 from wsfleet.exceptions import InvalidUpstreamUrl, UpstreamRefused
 from wsfleet.upstream_url import (
@@ -116,12 +116,18 @@ class _GuardedConnect(connect):
         self._hops = 0
 
     def process_redirect(self, exc: Exception) -> Exception | str:
-        outcome = super().process_redirect(exc)
-        if outcome is exc:
-            return outcome  # not a redirect: websockets raises it as the handshake error
+        response = exc.response if isinstance(exc, InvalidStatus) else None
+        location = response.headers.get("Location") if response is not None else None
+        if response is None or response.status_code not in _REDIRECTS or location is None:
+            return exc  # not a redirect: websockets raises it as the handshake error
         self._hops += 1
-        location = getattr(getattr(exc, "response", None), "headers", {}).get("Location", "")
-        target = outcome if isinstance(outcome, str) else urljoin(self.uri, location)
+        # Judged before websockets parses it: its parser raises InvalidURI on an http:// or
+        # malformed target, which would end the connection as an invalid ws_url with no rule
+        # in last_error, though the stored ws_url is fine and the upstream is what misbehaved.
+        try:
+            target = urljoin(self.uri, location)
+        except ValueError:
+            return UpstreamRefused("redirect refused: the Location header is not a valid URL")
         try:
             validate_redirect(
                 self.uri,
@@ -137,6 +143,10 @@ class _GuardedConnect(connect):
                 "redirect refused: a connection carrying a credential is not redirected to "
                 f"another origin (to {redact_url(target)})"
             )
+        try:
+            outcome = super().process_redirect(exc)
+        except (InvalidURI, ValueError) as refusal:  # defensive: our check already passed it
+            return UpstreamRefused(f"redirect refused: {describe_error(refusal)}")
         if isinstance(outcome, Exception):  # websockets' own refusal (e.g. a TLS downgrade)
             return UpstreamRefused(f"redirect refused: {describe_error(outcome)}")
         return outcome
@@ -170,6 +180,9 @@ class _GuardedConnect(connect):
         assert last is not None  # found is never empty: the policy refuses an empty answer
         raise last
 
+
+#: The statuses websockets follows as redirects (``connect.process_redirect``).
+_REDIRECTS = frozenset({300, 301, 302, 303, 307, 308})
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 

@@ -15,6 +15,11 @@ What it checks (each refusal is an :class:`InvalidUpstreamUrl` whose message nam
 * the host is a DNS name made of ``[a-z0-9_-]`` labels, or a canonical IP literal. Numeric
   hosts in the legacy forms resolvers still accept (``127.1``, ``2130706433``, ``0x7f.0.0.1``)
   are refused outright: they would slip past a check that only knows dotted quads;
+* no trailing dot (``feed.example.``, ``127.0.0.1.``): what a dotted host reaches depends on
+  who reads it (a URL parser calls ``127.0.0.1.`` an address, the system resolver a name it
+  cannot find; ``/etc/hosts`` and TLS certificate names never match the dotted form), so the
+  worker would either connect somewhere the router did not judge or retry a connect that
+  can never succeed. One spelling per host: write it without the dot;
 * IP literals that are not globally routable (loopback, private, link-local, CGNAT, reserved,
   multicast, unspecified, the cloud metadata addresses ``169.254.169.254`` and
   ``fd00:ec2::254``), including IPv6 forms that embed such an IPv4 address (IPv4-mapped,
@@ -109,6 +114,9 @@ _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 #: WHATWG URL rule: a host whose last label is numeric is parsed as an IPv4 address.
 _NUMERIC_LABEL = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
 _MAX_HOST_LENGTH = 253
+#: The netloc once user info is refused: a host (bracketed IPv6 or anything without brackets
+#: and colons) and an optional port. urlsplit itself ignores text after "]" ("[::1]x").
+_AUTHORITY = re.compile(r"(?P<host>\[[^\[\]]*\]|[^\[\]:]*)(?::[0-9]*)?")
 
 
 def normalize_allowed_hosts(entries: Iterable[str]) -> tuple[str, ...]:
@@ -156,6 +164,7 @@ def validate_ws_url(url: object, *, allowed_hosts: tuple[str, ...], allow_insecu
         raise InvalidUpstreamUrl("ws_url must name a host")
     if port == 0:
         raise InvalidUpstreamUrl("ws_url port must be between 1 and 65535")
+    _check_authority(parts.netloc)
     _check_host(parts.hostname, parts.netloc, allowed_hosts)
     return url
 
@@ -167,6 +176,19 @@ def _check_scheme(scheme: str, allow_insecure: bool) -> None:
         raise InvalidUpstreamUrl("ws_url scheme must be wss (ws:// needs ALLOW_INSECURE_WS=true)")
     expected = "wss or ws" if allow_insecure else "wss"
     raise InvalidUpstreamUrl(f"ws_url scheme must be {expected}, got {scheme or 'none'!r}")
+
+
+def _check_authority(netloc: str) -> None:
+    """Refuse what urlsplit tolerates around the host: text after ``[...]`` and a trailing dot."""
+    matched = _AUTHORITY.fullmatch(netloc)
+    if matched is None:
+        raise InvalidUpstreamUrl("ws_url host and port are malformed (write host:port)")
+    host = matched.group("host")
+    if host.endswith("."):
+        raise InvalidUpstreamUrl(
+            f"ws_url host {host!r} must not end with a dot; write {host.rstrip('.')!r} "
+            "(resolvers, /etc/hosts and TLS certificates do not read the dotted form alike)"
+        )
 
 
 def _check_host(hostname: str, netloc: str, allowed_hosts: tuple[str, ...]) -> None:
@@ -197,11 +219,10 @@ def _parse_ip_host(hostname: str, bracketed: bool) -> IPAddress | None:
         if address is None or address.scope_id:
             raise InvalidUpstreamUrl(f"ws_url host [{hostname}] is not a plain IPv6 address")
         return address
-    name = hostname[:-1] if hostname.endswith(".") else hostname
-    if not _NUMERIC_LABEL.fullmatch(name.rpartition(".")[2]):
+    if not _NUMERIC_LABEL.fullmatch(hostname.rpartition(".")[2]):
         return None
     try:
-        return ipaddress.IPv4Address(name)
+        return ipaddress.IPv4Address(hostname)
     except ValueError:
         raise InvalidUpstreamUrl(
             f"ws_url host {hostname} looks like an IPv4 address but is not a canonical "
@@ -210,12 +231,11 @@ def _parse_ip_host(hostname: str, bracketed: bool) -> IPAddress | None:
 
 
 def _parse_dns_host(hostname: str) -> str:
-    """The DNS name, lower-case and without a trailing dot; refuses invalid names."""
-    name = hostname[:-1] if hostname.endswith(".") else hostname
-    labels = name.split(".")
-    if len(name) > _MAX_HOST_LENGTH or not all(_LABEL.fullmatch(label) for label in labels):
+    """The DNS name (urlsplit lower-cases it); refuses invalid names."""
+    labels = hostname.split(".")
+    if len(hostname) > _MAX_HOST_LENGTH or not all(_LABEL.fullmatch(label) for label in labels):
         raise InvalidUpstreamUrl(f"ws_url host {hostname!r} is not a valid DNS name")
-    return name
+    return hostname
 
 
 def _is_listed(host: str, address: IPAddress | None, allowed: tuple[str, ...]) -> bool:
@@ -333,9 +353,8 @@ def validate_redirect(
     """
     if hop > MAX_REDIRECTS:
         raise InvalidUpstreamUrl(f"redirect refused: more than {MAX_REDIRECTS} redirects")
-    downgrade = current_url.lower().startswith("wss:") and not location_url.lower().startswith(
-        "wss:"
-    )
+    # Only a ws:// target is a downgrade; any other scheme is refused by the URL rules below.
+    downgrade = current_url.lower().startswith("wss:") and location_url.lower().startswith("ws:")
     if downgrade and not allow_insecure:
         raise InvalidUpstreamUrl("redirect refused: wss:// to ws:// needs ALLOW_INSECURE_WS=true")
     try:
