@@ -381,6 +381,8 @@ def demo(
 
 
 def _report_json(report: Any) -> dict[str, Any]:
+    from .demo import crash_path
+
     audit = report.audit
     return {
         "ok": report.ok,
@@ -388,6 +390,7 @@ def _report_json(report: Any) -> dict[str, Any]:
         "failures": report.failures,
         "elapsed_seconds": round(report.elapsed_seconds, 1),
         "task_exit_events": report.options.task_events,
+        "crash_path": crash_path(report.options),
         "crash_failover_seconds": report.crash.seconds,
         "handoff_seconds": report.handoff.seconds,
         "stop_seconds": report.stop.seconds,

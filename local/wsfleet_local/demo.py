@@ -56,7 +56,7 @@ from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
 from .simulator import SessionRecord, first_frame_after
 
-__all__ = ["DemoOptions", "DemoReport", "PhaseTiming", "render_summary", "run_demo"]
+__all__ = ["DemoOptions", "DemoReport", "PhaseTiming", "crash_path", "render_summary", "run_demo"]
 
 #: How long each wait may take beyond what the timings imply before the phase counts as failed.
 CONVERGE_SLACK_SECONDS = 20.0
@@ -609,7 +609,7 @@ def _timing_row(label: str, timing: PhaseTiming, what: str) -> tuple[str, str, s
     return (label, f"{summary[0]:.2f} s", f"{summary[1]:.2f} s", f"{victim}{streams}, {what}")
 
 
-def _crash_path(options: DemoOptions) -> str:
+def crash_path(options: DemoOptions) -> str:
     """How the crash was failed over: what the summary's crash line measured."""
     if options.task_events:
         return "SIGKILL -> task exit event -> first frame elsewhere"
@@ -633,7 +633,7 @@ def render_summary(report: DemoReport) -> Table:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     joined = report.rebalance_line or "a worker joins -> the spread evens out"
     phases = (
-        ("crash failover", report.crash, _crash_path(options)),
+        ("crash failover", report.crash, crash_path(options)),
         ("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere"),
         ("rebalance", report.rebalance, joined),
         ("STOP", report.stop, "API call -> upstream socket closed"),
