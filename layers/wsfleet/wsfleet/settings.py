@@ -166,7 +166,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("WORKER_SWEEP_SECONDS", "sweep_seconds", "30",
            "The worker reads its own connections from gsi_owner this often: a STOP whose "
            "control message was lost ends within this long, and a connection it owns without "
-           "a session is released. About 45/N read units per connection-hour.",
+           "a session is released. Template parameter WorkerSweepSeconds. Each sweep reads "
+           "about 1 unit per 125 connections held (at least 0.5): at 30 s about 6 read units "
+           "per connection-hour at 10 connections per worker, 1 at 1,000 (docs/tradeoffs.md).",
            "worker", scope="worker"),
     EnvVar("WORKER_METRICS_FLUSH_SECONDS", "metrics_flush_seconds", "60",
            "EMF metrics are printed this often.", "worker", scope="worker"),
