@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration lint-py demo up bench tradeoffs tradeoffs-render clean local-backend invoke image push deploy openapi
+.PHONY: install test unit integration lint-py demo up bench tradeoffs tradeoffs-render clean local-backend invoke image push deploy openapi dynalite
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
+
+# dynalite (npm), the second DynamoDB: into .dynalite/ (git-ignored; kept between runs). With it
+# `make test` also runs the store's contract tests and a fleet test on it; without it they skip.
+dynalite: $(STAMP)
+	$(BIN)/python -m bench.dynalite --install
 
 # Static Python checks: ruff's lint rules over the repository and mypy --strict over the shipped
 # code (both configured in pyproject.toml), then a looser mypy pass over the local runtime and

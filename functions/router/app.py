@@ -36,7 +36,8 @@ Decisions worth knowing:
   field: 400 unreadable request (body not JSON as :func:`parse_json` reads it, malformed
   ``next_token``), 404 unknown connection or route, 413 body over 16 KiB, 415 non-JSON
   ``Content-Type`` or non-UTF-8 charset, 422 well-formed but invalid (missing/extra/mistyped
-  fields, unknown ``event_type``, bad ``connection_id``, refused ``ws_url``, bad
+  fields, unknown ``event_type``, bad ``connection_id`` in the body or the path, a START id
+  of only dots, refused ``ws_url``, bad
   ``state``/``limit``), 503 the store is unavailable (retry), 500 only for a misconfigured or
   broken router.
 * **Upstream URLs are secrets-bearing.** They often carry a token in the query string, so
@@ -50,6 +51,7 @@ import binascii
 import decimal
 import functools
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from decimal import Decimal
@@ -63,13 +65,21 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
     RequestValidationError,
 )
-from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from boto3.dynamodb.types import DYNAMODB_CONTEXT
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+)
 from pydantic_core import PydanticCustomError
 
 from wsfleet import lease as lease_rules
@@ -80,12 +90,14 @@ from wsfleet.exceptions import ConfigurationError, ConnectionNotFound, StoreErro
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
 from wsfleet.record import (
+    CONNECTION_ID_PATTERN,
     INDEX_SHARDS,
     ConnectionRecord,
     DesiredState,
     WorkerRecord,
     connection_id_from_pk,
     connection_pk,
+    is_startable_connection_id,
     is_valid_connection_id,
 )
 from wsfleet.settings import Settings
@@ -172,11 +184,24 @@ def reset_dependencies() -> None:
 
 
 # ---------------------------------------------------------------------- request models
+#: The id rule as every 422 on ``connection_id`` words it (body field or path segment).
+_ID_RULE = "must be 1-128 characters from A-Z a-z 0-9 . _ : -"
+_ID_NOT_ONLY_DOTS = "must not be only dots (clients drop . and .. from a URL path)"
+#: ``/connections/<one segment>``: where an id that Powertools' route pattern cannot match
+#: (``#``, NUL, emoji, bidi marks: it only matches word characters and URI punctuation) lands.
+_CONNECTION_PATH = re.compile(r"/connections/[^/]+/*", re.DOTALL)
+_CONNECTION_METHODS = frozenset({"GET", "PUT", "DELETE"})
+
+
 def _connection_id(value: str) -> str:
     if not is_valid_connection_id(value):
-        raise PydanticCustomError(
-            "connection_id", "must be 1-128 characters from A-Z a-z 0-9 . _ : -"
-        )
+        raise PydanticCustomError("connection_id", _ID_RULE)
+    return value
+
+
+def _new_connection_id(value: str) -> str:
+    if not is_startable_connection_id(value):
+        raise PydanticCustomError("connection_id", _ID_NOT_ONLY_DOTS)
     return value
 
 
@@ -185,6 +210,24 @@ def _upper(value: object) -> object:
 
 
 ConnectionId = Annotated[StrictStr, AfterValidator(_connection_id)]
+#: A START's id: :data:`ConnectionId` and not only dots (wsfleet.record.is_startable_connection_id).
+NewConnectionId = Annotated[
+    StrictStr, AfterValidator(_connection_id), AfterValidator(_new_connection_id)
+]
+#: The rules as docs/openapi.json states them (checked by the validators above, so the 422
+#: names the rule instead of repeating a regular expression).
+_ID_SCHEMA = {"pattern": f"^{CONNECTION_ID_PATTERN.pattern}$", "maxLength": 128, "minLength": 1}
+_PATH_ID = Path(
+    description="1-128 characters from A-Z a-z 0-9 . _ : - (any other is a 422 on connection_id)",
+    json_schema_extra=_ID_SCHEMA,
+)
+_NEW_PATH_ID = Path(
+    description=(
+        "1-128 characters from A-Z a-z 0-9 . _ : -, not only dots (a 422 on connection_id "
+        "otherwise: clients drop . and .. from a URL path)"
+    ),
+    json_schema_extra={**_ID_SCHEMA, "pattern": f"^(?!\\.+$){CONNECTION_ID_PATTERN.pattern}$"},
+)
 EventType = Annotated[Literal["START", "STOP"], BeforeValidator(_upper)]
 StateFilter = Annotated[DesiredState, BeforeValidator(_upper)]
 
@@ -195,7 +238,10 @@ class EventRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     event_type: EventType
-    connection_id: ConnectionId
+    connection_id: Annotated[
+        ConnectionId,
+        Field(description="1-128 characters from A-Z a-z 0-9 . _ : -; START: not only dots"),
+    ]
     ws_url: StrictStr | None = None
     #: Per-connection upstream options (wsfleet.upstream_options), START only.
     upstream: dict[str, Any] | None = None
@@ -455,21 +501,26 @@ def post_event(body: EventRequest) -> JsonResponse:
         return _stop(body.connection_id)
     if body.ws_url is None:
         raise ApiError(HTTPStatus.UNPROCESSABLE_ENTITY, "ws_url is required for START", "ws_url")
+    if not is_startable_connection_id(body.connection_id):
+        message = f"connection_id: {_ID_NOT_ONLY_DOTS}"
+        raise ApiError(HTTPStatus.UNPROCESSABLE_ENTITY, message, "connection_id")
     return _start(body.connection_id, body.ws_url, resume=True, upstream=body.upstream)
 
 
 @app.put("/connections/<connection_id>", responses=_CREATED_OR_OUTCOME)
-def put_connection(connection_id: ConnectionId, body: StartRequest) -> JsonResponse:
+def put_connection(
+    connection_id: Annotated[NewConnectionId, _NEW_PATH_ID], body: StartRequest
+) -> JsonResponse:
     return _start(connection_id, body.ws_url, resume=body.resume, upstream=body.upstream)
 
 
 @app.delete("/connections/<connection_id>", responses=_OUTCOME)
-def delete_connection(connection_id: ConnectionId) -> JsonResponse:
+def delete_connection(connection_id: Annotated[ConnectionId, _PATH_ID]) -> JsonResponse:
     return _stop(connection_id)
 
 
 @app.get("/connections/<connection_id>", responses=_documents(HTTPStatus.OK, ConnectionView))
-def get_connection(connection_id: ConnectionId) -> JsonResponse:
+def get_connection(connection_id: Annotated[ConnectionId, _PATH_ID]) -> JsonResponse:
     store = dependencies().store
     record = store.get(connection_pk(connection_id))
     if record is None:
@@ -671,6 +722,12 @@ def _on_not_found(exc: ConnectionNotFound) -> Response:
 @app.not_found
 def _on_unknown_route(exc: NotFoundError) -> Response:
     event = app.current_event
+    if event.http_method in _CONNECTION_METHODS and _CONNECTION_PATH.fullmatch(event.path or ""):
+        # The route exists; the id is what Powertools' path pattern could not match. The
+        # contract answers a bad id with 422, whichever character made it bad.
+        logger.info("request refused", extra={"status": 422, "fields": ["connection_id"]})
+        message = f"connection_id: {_ID_RULE}"
+        return _error(HTTPStatus.UNPROCESSABLE_ENTITY, message, "connection_id")
     return _error(HTTPStatus.NOT_FOUND, f"no route for {event.http_method} {event.path}", None)
 
 

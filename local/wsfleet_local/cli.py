@@ -3,6 +3,9 @@
 Commands::
 
     wsfleet local up [--workers N] [--port P]   the whole system on 127.0.0.1 until Ctrl-C
+            [--secret-cache-seconds S]
+    wsfleet local secret NAME VALUE --endpoint-url URL [--ssm]
+                                                a secret in the local fleet; prints its ARN
     wsfleet demo [--workers 3] [--streams 12]   crash + deploy + STOP scenario, then an audit
     wsfleet start ID URL [--api URL]            START a connection (PUT /connections/ID)
             [-H 'Name: value'] [--subprotocol P] [--secret-ref ARN --secret-in header:NAME]
@@ -37,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -60,7 +63,12 @@ from .client import (
     read_upstream_json,
 )
 
+if TYPE_CHECKING:
+    from .procs import StopSignals
+
 __all__ = ["EXIT_CODES", "app", "main"]
+
+_T = TypeVar("_T")
 
 API_ENV = "WSFLEET_API_URL"
 API_KEY_ENV = "WSFLEET_API_KEY"
@@ -89,8 +97,9 @@ local_app = typer.Typer(
 )
 app.add_typer(local_app, name="local")
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji off: rich would print a Secrets Manager ARN's ":secret:" as an emoji.
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 ApiOption = Annotated[
     str | None,
@@ -227,7 +236,10 @@ def _print_usage(fleet: Any) -> None:
         "wsfleet get s1",
         f"curl '{api}/connections?state=STARTED'",
         f"curl -X DELETE {api}/connections/s1",
+        f"wsfleet tail s1 --fleet {fleet.run_dir}",
         "wsfleet status --watch",
+        f"wsfleet local secret feed-key VALUE --endpoint-url {fleet.endpoint_url}"
+        "   # prints the ARN for credential.ref",
     ]
     for command in commands:
         console.print(command, soft_wrap=True, highlight=False, markup=False)
@@ -241,6 +253,14 @@ def local_up(
     rate: Annotated[float, typer.Option(help="Simulator frames per second per stream.")] = 10.0,
     lease: Annotated[float, typer.Option(help="LEASE_SECONDS.")] = 4.0,
     heartbeat: Annotated[float, typer.Option(help="HEARTBEAT_EVERY (seconds).")] = 1.0,
+    secret_cache_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="WORKER_SECRET_CACHE_SECONDS: how long workers reuse a resolved credential "
+            "(0: read it at every connect; default: the worker's 60).",
+        ),
+    ] = None,
     run_dir: Annotated[
         Path | None, typer.Option(help="Where logs go (default: a new temp directory).")
     ] = None,
@@ -254,6 +274,9 @@ def local_up(
             "workers then connect to those hosts for real.",
         ),
     ] = None,
+    sink: Annotated[
+        str, typer.Option(help="Where workers store frames: dynamodb, kinesis or firehose.")
+    ] = "dynamodb",
 ) -> None:
     """Start the backend, simulator, API, reconciler, streams poller and N workers; stay up."""
     from .fleet import FleetTimings, LocalFleet
@@ -265,8 +288,7 @@ def local_up(
         status.update(message)
         console.print(f"  {message}", style="dim", highlight=False)
 
-    # The first Ctrl-C drains; a second one interrupts the drain, which then kills everything.
-    with StopSignals(interrupt_on_force=True) as signals:
+    with StopSignals() as signals:
         try:
             timings = FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat)
             fleet = LocalFleet(
@@ -278,12 +300,14 @@ def local_up(
                 progress=progress,
                 task_events=not no_task_events,
                 allowed_hosts=_host_suffixes(allow_hosts or []),
+                extra_worker_env=_worker_overrides(secret_cache_seconds),
+                sink=sink,
             )
         except WsfleetError as exc:
             raise _fail(exc) from exc
-        failed = _supervise(fleet, status, signals.should_exit)
+        failed = _supervise(fleet, status, signals)
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _host_suffixes(hosts: list[str]) -> list[str]:
@@ -297,12 +321,123 @@ def _host_suffixes(hosts: list[str]) -> list[str]:
     return hosts
 
 
-def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
-    """Start the fleet, restart dead workers until ``stop``, then stop it; True if it failed."""
-    failed = False
+def _worker_overrides(secret_cache_seconds: float | None) -> dict[str, str]:
+    """Worker settings ``local up`` takes as options (the fleet strips them from the shell's
+    environment, so each process gets exactly what the template or an option says).
+
+    >>> _worker_overrides(0), _worker_overrides(None)
+    ({'WORKER_SECRET_CACHE_SECONDS': '0'}, {})
+    """
+    if secret_cache_seconds is None:
+        return {}
+    return {"WORKER_SECRET_CACHE_SECONDS": f"{secret_cache_seconds:g}"}
+
+
+@local_app.command("secret")
+def local_secret(
+    name: Annotated[str, typer.Argument(help="Name under wsfleet/ (e.g. feed-key).")],
+    value: Annotated[
+        str, typer.Argument(help="The secret's value ('-': read it from standard input).")
+    ],
+    endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint-url",
+            envvar="AWS_ENDPOINT_URL",
+            help="The local fleet's endpoint (the DynamoDB/SQS line `wsfleet local up` prints).",
+        ),
+    ] = None,
+    ssm: Annotated[
+        bool, typer.Option("--ssm", help="An SSM SecureString parameter, not a secret.")
+    ] = False,
+) -> None:
+    """Store a secret in a running local fleet and print the ARN to name in credential.ref."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from .client import is_loopback_url
+    from .fleet import create_local_secret
+
+    if not endpoint_url:
+        raise _error("--endpoint-url is required (`wsfleet local up` prints it)", EXIT_USAGE)
+    if not is_loopback_url(endpoint_url):
+        raise _error("--endpoint-url must be the local fleet's (127.0.0.1)", EXIT_USAGE)
+    secret = sys.stdin.read().rstrip("\n") if value == "-" else value
+    try:
+        arn = create_local_secret(endpoint_url, name, secret, ssm=ssm)
+    except ValueError as exc:
+        raise _error(str(exc), EXIT_USAGE) from exc
+    except (BotoCoreError, ClientError) as exc:  # the endpoint is down or not a local fleet
+        raise _error(f"could not store the secret at {endpoint_url}: {exc}", EXIT_FAILED) from exc
+    typer.echo(arn)  # plain: rich would render ":secret:" as an emoji
+
+
+#: After a second Ctrl-C, how long the supervisor waits for its work thread once every child
+#: was killed (the README's bound: everything gone within 25 s, the kills' own 5 s included).
+_ABORT_JOIN_SECONDS = 10.0
+
+
+class _Forced(Exception):
+    """A second signal: every process was killed, the work thread left behind."""
+
+
+def _supervised(
+    signals: StopSignals, work: Callable[[threading.Event], _T], abort: Callable[[], object]
+) -> _T:
+    """``work(stop)`` on a thread of its own; its result, or its exception re-raised here.
+
+    The main thread (where Python runs signal handlers) only waits for signals, so no handler
+    ever interrupts the work's own waits and locks. The first signal sets ``stop`` (the work
+    then stops its fleet gracefully: workers drain first); a second one calls ``abort`` from
+    here, which kills every process without waiting for the drain, and raises
+    :class:`_Forced`; a third gets the default action.
+    """
+    stop = threading.Event()  # set by this thread's ordinary code, never by a handler
+    results: list[_T] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work(stop))
+        except BaseException as exc:  # re-raised by the main thread
+            failures.append(exc)
+        finally:
+            signals.wake()
+
+    thread = threading.Thread(target=run, name="supervised-work", daemon=True)
+    thread.start()
+    while thread.is_alive() and not signals.force_exit:
+        if signals.should_exit:
+            stop.set()
+        signals.pause(1.0)
+    if thread.is_alive():
+        console.print("[yellow]forced: killing every process now[/yellow]")
+        abort()
+        thread.join(_ABORT_JOIN_SECONDS)
+        raise _Forced
+    if failures:
+        raise failures[0]
+    return results[0]
+
+
+def _supervise(fleet: Any, status: Any, signals: StopSignals) -> bool:
+    """Run the fleet until the first signal (see :func:`_supervised`); True if it failed."""
+    try:
+        _supervised(signals, lambda stop: _run_fleet(fleet, status, stop), fleet.abort)
+    except _Forced:
+        console.print("stopped; nothing left running", highlight=False)
+    except WsfleetError as exc:
+        _error(str(exc), EXIT_FAILED)
+        return True
+    return False
+
+
+def _run_fleet(fleet: Any, status: Any, stop: threading.Event) -> None:
+    """Start the fleet, restart dead workers until ``stop``, then stop it (always)."""
     try:
         with status:
             fleet.start()
+        if stop.is_set():
+            return
         _print_usage(fleet)
         sys.stdout.flush()
         while not stop.wait(0.5):
@@ -312,25 +447,11 @@ def _supervise(fleet: Any, status: Any, stop: threading.Event) -> bool:
                 console.print(f"[yellow]worker(s) exited: {names}; restarting[/yellow]")
                 for slot in dead:
                     fleet.restart_worker(slot.index)
-    except KeyboardInterrupt:
-        pass
-    except WsfleetError as exc:
-        _error(str(exc), EXIT_FAILED)
-        failed = True
     finally:
-        _shutdown(fleet)
-    return failed
-
-
-def _shutdown(fleet: Any) -> None:
-    console.print("stopping (Ctrl-C again to force)", highlight=False)
-    try:
+        console.print("stopping (Ctrl-C again to force)", highlight=False)
         with console.status("stopping", spinner="dots"):
             fleet.stop()
-    except KeyboardInterrupt:
-        console.print("[yellow]forced: killing every process now[/yellow]")
-        fleet.abort()
-    console.print("stopped; nothing left running", highlight=False)
+        console.print("stopped; nothing left running", highlight=False)
 
 
 # ----------------------------------------------------------------------------- demo
@@ -354,8 +475,9 @@ def demo(
     no_task_events: NoTaskEventsOption = False,
 ) -> None:
     """Crash a worker, deploy another, STOP some streams; audit for lost and duplicated frames."""
-    from .demo import DemoOptions, render_summary, run_demo
+    from .demo import DemoInterrupted, DemoOptions, render_summary, run_demo
     from .fleet import FleetTimings
+    from .procs import StopSignals
 
     try:
         options = DemoOptions(
@@ -369,9 +491,17 @@ def demo(
             timings=FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat),
             task_events=not no_task_events,
         )
-        report = run_demo(options, console)
-    except KeyboardInterrupt:
+        fleets: list[Any] = []
+        with StopSignals() as signals:
+            report = _supervised(
+                signals,
+                lambda stop: run_demo(options, console, cancel=stop, on_fleet=fleets.append),
+                lambda: [fleet.abort() for fleet in fleets],
+            )
+    except DemoInterrupted:
         raise _error("interrupted; the fleet was stopped", EXIT_INTERRUPTED) from None
+    except _Forced:
+        raise _error("interrupted; every process was killed", EXIT_INTERRUPTED) from None
     except WsfleetError as exc:
         raise _fail(exc) from exc
     console.print(render_summary(report))
@@ -718,6 +848,25 @@ def status(
     except KeyboardInterrupt:
         return
     except WsfleetError as exc:  # ApiError and TableError included
+        raise _fail(exc) from exc
+
+
+@app.command()
+def tail(
+    connection_id: Annotated[str, typer.Argument(metavar="ID")],
+    fleet: Annotated[
+        Path | None, typer.Option(help="A local fleet's run directory (its fleet.json).")
+    ] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Last N frames; 0: all.")] = 20,
+) -> None:
+    """A connection's stored frames, one JSON line each, from whichever sink is configured
+    (MESSAGE_SINK, MESSAGE_STREAM, MESSAGES_TABLE; with --fleet, the local fleet's)."""
+    from .frame_sinks import tail_frames
+
+    try:
+        for line in tail_frames(connection_id, fleet, lines):
+            typer.echo(line)
+    except WsfleetError as exc:
         raise _fail(exc) from exc
 
 

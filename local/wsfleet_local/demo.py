@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,6 +48,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from wsfleet.exceptions import WsfleetError
 from wsfleet.messages import MessageStore
 from wsfleet.record import DesiredState, connection_pk
 
@@ -56,7 +58,15 @@ from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
 from .simulator import SessionRecord, first_frame_after
 
-__all__ = ["DemoOptions", "DemoReport", "PhaseTiming", "crash_path", "render_summary", "run_demo"]
+__all__ = [
+    "DemoInterrupted",
+    "DemoOptions",
+    "DemoReport",
+    "PhaseTiming",
+    "crash_path",
+    "render_summary",
+    "run_demo",
+]
 
 #: How long each wait may take beyond what the timings imply before the phase counts as failed.
 CONVERGE_SLACK_SECONDS = 20.0
@@ -86,6 +96,10 @@ class DemoOptions:
     #: crash fails over in about a second; False shows the lease path instead (a hung,
     #: partitioned or unreported worker: its connections wait out its lease).
     task_events: bool = True
+
+
+class DemoInterrupted(WsfleetError):
+    """The demo was asked to stop (``cancel``) before it ended; the fleet was stopped."""
 
 
 @dataclass
@@ -136,8 +150,15 @@ class Snapshot:
 class _Monitor:
     """Reads the system, keeps the live view fresh, waits for conditions. Main thread only."""
 
-    def __init__(self, fleet: LocalFleet, console: Console, stream_ids: Sequence[str]) -> None:
+    def __init__(
+        self,
+        fleet: LocalFleet,
+        console: Console,
+        stream_ids: Sequence[str],
+        cancel: threading.Event | None = None,
+    ) -> None:
         self.fleet = fleet
+        self.cancel = cancel or threading.Event()
         self.console = console
         self.stream_ids = list(stream_ids)
         self.started = time.monotonic()
@@ -185,13 +206,18 @@ class _Monitor:
             if time.monotonic() > deadline:
                 self.event(f"[red]timed out waiting for {what}[/red]")
                 return False
-            time.sleep(REFRESH_SECONDS)
+            self._sleep()
 
     def pause(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self.snapshot()
-            time.sleep(REFRESH_SECONDS)
+            self._sleep()
+
+    def _sleep(self) -> None:
+        """One refresh interval; raises DemoInterrupted once ``cancel`` is set."""
+        if self.cancel.wait(REFRESH_SECONDS):
+            raise DemoInterrupted("the demo was interrupted")
 
     # -- the live view -----------------------------------------------------------------------
 
@@ -467,8 +493,18 @@ def _read_messages(monitor: _Monitor, stream_id: str) -> list[dict[str, Any]]:
     )
 
 
-def run_demo(options: DemoOptions, console: Console) -> DemoReport:
-    """Run the whole scenario; the fleet is always stopped before this returns."""
+def run_demo(
+    options: DemoOptions,
+    console: Console,
+    *,
+    cancel: threading.Event | None = None,
+    on_fleet: Callable[[LocalFleet], object] | None = None,
+) -> DemoReport:
+    """Run the whole scenario; the fleet is always stopped before this returns.
+
+    ``cancel`` set: the scenario raises :class:`DemoInterrupted` at its next wait, after
+    stopping the fleet (the first Ctrl-C). ``on_fleet`` is given the fleet before it starts
+    (the CLI keeps it to abort it on a second Ctrl-C)."""
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(10_000)
     rng = random.Random(seed)
     ids = [f"demo-{n:02d}" for n in range(options.streams)]
@@ -498,8 +534,10 @@ def run_demo(options: DemoOptions, console: Console) -> DemoReport:
         task_events=options.task_events,
     )
     report.run_dir = fleet.run_dir
+    if on_fleet is not None:
+        on_fleet(fleet)
     with fleet:
-        monitor = _Monitor(fleet, console, ids)
+        monitor = _Monitor(fleet, console, ids, cancel)
         if console.is_terminal:
             monitor.live = Live(monitor.render(), console=console, auto_refresh=False)
         with monitor.live or contextlib.nullcontext():

@@ -65,7 +65,8 @@ from wsfleet.exceptions import WsfleetError
 from wsfleet.settings import ENVIRONMENT
 
 from .api import DEFAULT_STAGE, LocalApi
-from .backend import Resources, find_template, load_template, local_client
+from .backend import DEFAULT_REGION, Resources, find_template, load_template, local_client
+from .frame_sinks import create_local_sink
 from .lambda_process import FunctionProcess
 from .procs import ChildProcess, Service, spawn
 from .scheduler import ReconcileScheduler
@@ -74,7 +75,15 @@ from .stack import LOCAL_ACCOUNT_ID, FunctionSpec, StackResolver, StackSpec, rea
 from .streams import StreamPoller
 from .tasks import LocalTask, MetadataServer, TaskExitWatcher, cluster_arn
 
-__all__ = ["FleetError", "FleetTimings", "LocalFleet", "TablesService", "WorkerSlot"]
+__all__ = [
+    "FleetError",
+    "FleetTimings",
+    "LocalFleet",
+    "TablesService",
+    "WorkerSlot",
+    "create_local_secret",
+    "local_secret_prefixes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +228,40 @@ def local_secret_prefixes(region: str) -> tuple[str, str]:
     )
 
 
+def create_local_secret(
+    endpoint_url: str, name: str, value: str, *, ssm: bool = False, region: str = DEFAULT_REGION
+) -> str:
+    """Store ``value`` as a secret a local fleet's STARTs may name; return the ARN to name.
+
+    ``name`` goes under the local prefix whether or not it is spelled out (``key``,
+    ``wsfleet/key`` and ``/wsfleet/key`` are the same): a Secrets Manager secret
+    ``wsfleet/<name>`` or, with ``ssm``, an SSM SecureString parameter ``/wsfleet/<name>``
+    (SSM names with a path start with ``/``). The client carries the local dummy
+    credentials and region, so no AWS configuration or ``aws`` CLI is needed. An existing
+    secret or parameter gets the new value (a rotation).
+
+    Example::
+
+        arn = create_local_secret(fleet.endpoint_url, "speech", "tok-42")
+        # arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/speech-AbCdEf
+    """
+    parts = [part for part in name.split("/") if part]
+    relative = "/".join(parts[1:] if parts[:1] == ["wsfleet"] else parts)
+    if not relative:
+        raise ValueError("the secret needs a name under wsfleet/, e.g. 'feed-key'")
+    if ssm:
+        client = local_client("ssm", endpoint_url, region)
+        parameter = f"/wsfleet/{relative}"
+        client.put_parameter(Name=parameter, Value=value, Type="SecureString", Overwrite=True)
+        return f"arn:aws:ssm:{region}:{LOCAL_ACCOUNT_ID}:parameter{parameter}"
+    client = local_client("secretsmanager", endpoint_url, region)
+    secret = f"wsfleet/{relative}"
+    try:
+        return str(client.create_secret(Name=secret, SecretString=value)["ARN"])
+    except client.exceptions.ResourceExistsException:
+        return str(client.put_secret_value(SecretId=secret, SecretString=value)["ARN"])
+
+
 class LocalFleet(Service):
     """Starts, supervises and stops the local system. Not thread-safe: drive it from one thread
     (the one that will outlive it; children receive SIGTERM when that thread's process dies).
@@ -239,14 +282,17 @@ class LocalFleet(Service):
         progress: Progress | None = None,
         tables: TablesService | None = None,
         task_events: bool = True,
+        sink: str = "dynamodb",
         allowed_hosts: Sequence[str] = (),
     ) -> None:
         """``tables``: where the tables live (not started yet; the fleet starts and stops it),
         None for the embedded backend. ``task_events``: publish each worker process's exit as
         its ECS task state change event to the task exit function (crash failover in about a
         second); False leaves a crashed worker's connections to its lease, as without the
-        event rule. ``allowed_hosts``: upstream host suffixes the router and the workers accept
-        besides loopback (``AllowedUpstreamHosts``; the workers then connect to them)."""
+        event rule. ``sink``: where the workers store frames (``MESSAGE_SINK``; a stream
+        sink's stream is created on the backend, :mod:`wsfleet_local.frame_sinks`).
+        ``allowed_hosts``: upstream host suffixes the router and the workers accept besides
+        loopback (``AllowedUpstreamHosts``; the workers then connect to them)."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
         self.tables = tables
@@ -260,6 +306,7 @@ class LocalFleet(Service):
         self.stage = stage
         self.stream_poll_seconds = stream_poll_seconds
         self.extra_worker_env = dict(extra_worker_env or {})
+        self.sink = sink
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="wsfleet-local-"))
         self._on_progress = progress or (lambda message: None)
         self._template_path = find_template()
@@ -278,6 +325,7 @@ class LocalFleet(Service):
         self.simulator_url: str | None = None
         self.workers: list[WorkerSlot] = []
         self._started = False
+        self._aborted = False  # set by abort(), perhaps from another thread than start()'s
 
     # ------------------------------------------------------------------ properties
 
@@ -371,6 +419,7 @@ class LocalFleet(Service):
     ) -> tuple[ChildProcess, dict[str, Any]]:
         """``python -m wsfleet_local.<name> --host 127.0.0.1 --port 0 ARGS``, logged to
         run_dir; returns the child and its JSON ready line."""
+        self._refuse_if_aborted(name)
         child = spawn(
             name,
             [sys.executable, "-m", f"wsfleet_local.{name}", "--host", "127.0.0.1", "--port", "0",
@@ -578,6 +627,13 @@ class LocalFleet(Service):
         self._progress(f"REST API listening on {self._api.url}")
 
     def _start_workers(self) -> None:
+        if self.sink != "dynamodb":
+            self._progress(f"creating the {self.sink} frame sink")
+            self.extra_worker_env.update(
+                create_local_sink(
+                    self.sink, self.endpoint_url, self.resources.region, self.stack_name
+                )
+            )
         if not self.worker_count:
             return
         self._progress(f"starting {self.worker_count} worker process(es)")
@@ -609,6 +665,7 @@ class LocalFleet(Service):
 
     def _spawn_worker(self, index: int, generation: int) -> WorkerSlot:
         worker_id = f"w{index}" if generation == 0 else f"w{index}-r{generation}"
+        self._refuse_if_aborted(f"worker {worker_id}")
         task = metadata_uri = None
         if self._metadata is not None:
             task = LocalTask.new(cluster_arn(self.resources.region, self.stack_name))
@@ -724,7 +781,10 @@ class LocalFleet(Service):
         self._started = False
 
     def abort(self) -> None:
-        """Kill every child at once (SIGKILL), no drain: the second Ctrl-C. Safe to call twice."""
+        """Kill every child at once (SIGKILL), no drain: the second Ctrl-C. Safe to call twice,
+        and from another thread while :meth:`start` or :meth:`stop` runs (the CLI's main
+        thread does): from now on nothing new is spawned and nothing is drained."""
+        self._aborted = True
         watcher, self._task_watcher = self._task_watcher, None
         if watcher is not None:
             watcher.stop()
@@ -737,9 +797,16 @@ class LocalFleet(Service):
                 child.stop(signal.SIGKILL, 5)
         self.stop()  # now quick: releases threads and sockets, reaps what is left
 
+    def _refuse_if_aborted(self, name: str) -> None:
+        if self._aborted:
+            raise FleetError(f"not starting {name}: the fleet was aborted")
+
     def _drain_workers(self) -> None:
         alive = [slot for slot in self.workers if slot.alive()]
-        if alive:
+        if alive and self._aborted:
+            for slot in alive:
+                slot.process.stop(signal.SIGKILL, 5)
+        elif alive:
             bound = self.timings.drain_timeout_seconds + 5
             self._progress(f"draining {len(alive)} worker(s) (SIGTERM, at most {bound:.0f} s)")
             with ThreadPoolExecutor(max_workers=len(alive)) as pool:
@@ -782,6 +849,9 @@ class LocalFleet(Service):
             "simulator_url": self.simulator_url,
             "connections_table": self.resources.connections_table,
             "messages_table": self.resources.messages_table,
+            "message_sink": self.extra_worker_env.get("MESSAGE_SINK", "dynamodb"),
+            "message_stream": self.extra_worker_env.get("MESSAGE_STREAM", ""),
+            "region": self.resources.region,
             "supervisor_pid": os.getpid(),
             "workers": [{"worker_id": s.worker_id, "pid": s.pid} for s in self.workers],
             "child_pids": self.child_pids(),

@@ -19,7 +19,8 @@ The child side is :func:`serve_until_stopped`: one JSON ready line on stdout, th
 SIGTERM/SIGINT or (when asked) EOF on stdin. :class:`StopSignals` is the one signal policy,
 uvicorn's: the first signal asks for a graceful stop, a second sets ``force_exit`` (which every
 wait of the shutdown honours) and restores the original handlers, so a third one is the
-default action.
+default action. Its handler only records the signal; the main thread waits in ``select`` on a
+self-pipe, never on a lock a handler could need.
 
 Example::
 
@@ -35,6 +36,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -278,39 +280,83 @@ class StopSignals:
     """SIGTERM/SIGINT as uvicorn's ``Server`` handles them; a context manager that installs
     the handlers on entry (main thread only) and restores the originals on exit.
 
-    The first signal sets :attr:`should_exit` (an Event: wait on it); a second one sets
-    :attr:`force_exit` and restores the original handlers at once, so a third signal gets
-    the default action. Waits during the shutdown go through :meth:`join` / :meth:`sleep`,
-    which return early once ``force_exit`` is set. With ``interrupt_on_force`` the second
-    signal also raises KeyboardInterrupt in the main thread, for a shutdown that cannot look
-    at ``force_exit`` (the CLI's ``LocalFleet.stop()``, which it then aborts).
+    The first signal sets :attr:`should_exit`; a second one sets :attr:`force_exit` and
+    restores the original handlers at once, so a third signal gets the default action. The
+    main thread waits with :meth:`wait`; waits during the shutdown go through :meth:`join` /
+    :meth:`sleep`, which return early once ``force_exit`` is set.
+
+    The handler only *records*: it counts the signal and writes one byte to a self-pipe (the
+    interpreter's wakeup fd too, see :func:`signal.set_wakeup_fd`, so a signal the kernel
+    hands to another thread still wakes the waiting one). Python runs a handler in the main
+    thread between two bytecodes of whatever it interrupted, and that may be the inside of
+    a lock: a handler that sets a ``threading.Event`` can block forever on the Event's own
+    lock when the interrupted code is that Event's ``wait`` (issue #28). Nothing here takes
+    a lock in the handler; ``tests/unit/test_signal_handlers.py`` checks every handler in
+    the tree for that.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
-    #: How often a shutdown wait looks at ``force_exit``.
+    #: How often a shutdown wait looks at ``force_exit`` when it cannot wait on the pipe.
     POLL_SECONDS = 0.1
 
-    def __init__(self, *, interrupt_on_force: bool = False) -> None:
-        self.should_exit = threading.Event()
-        self.force_exit = False
-        self.interrupt_on_force = interrupt_on_force
+    def __init__(self) -> None:
+        self._signals = 0  # written by the handler only
+        self._requested = False  # request_stop(): a stop asked for by code, not by a signal
         self._originals: dict[int, Any] = {}
+        self._wakeup_fd_before: int | None = None
+        self._read_fd, self._write_fd = os.pipe()
+        for fd in (self._read_fd, self._write_fd):
+            os.set_blocking(fd, False)
+
+    @property
+    def should_exit(self) -> bool:
+        """A stop was asked: one signal, or :meth:`request_stop`."""
+        return self._signals > 0 or self._requested
+
+    @property
+    def force_exit(self) -> bool:
+        """A second signal arrived: every shutdown wait ends now."""
+        return self._signals > 1
 
     def __enter__(self) -> StopSignals:
         for signum in self.SIGNALS:
             self._originals[signum] = signal.signal(signum, self._handle)
+        # The wakeup fd is one per process: take it only when nobody else (an asyncio loop
+        # in this thread) has; without it a wait still polls, every POLL_SECONDS.
+        before = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        if before == -1:
+            self._wakeup_fd_before = before
+        else:
+            signal.set_wakeup_fd(before)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.restore()
+        if self._wakeup_fd_before is not None:
+            signal.set_wakeup_fd(self._wakeup_fd_before)
+            self._wakeup_fd_before = None
+        fds, self._read_fd, self._write_fd = (self._read_fd, self._write_fd), -1, -1
+        for fd in fds:  # a late wake() now writes to -1, never to a reused descriptor
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.should_exit.is_set():
-            self.force_exit = True
+        # Record, wake, nothing else: no lock, no logging, no print, no raise.
+        self._signals += 1
+        if self._signals > 1:
             self.restore()
-            if self.interrupt_on_force:
-                raise KeyboardInterrupt
-        self.should_exit.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the thread in :meth:`wait` / :meth:`pause` (say, work it waits for is done).
+        Any thread may call it; so does the handler."""
+        with contextlib.suppress(OSError):  # full (a wake is pending anyway) or closed
+            os.write(self._write_fd, b"\0")
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop as a first signal would; any thread may call it."""
+        self._requested = True
+        self.wake()
 
     def restore(self) -> None:
         """Put the original handlers back. Safe to call twice."""
@@ -318,11 +364,37 @@ class StopSignals:
         for signum, handler in originals.items():
             signal.signal(signum, handler)
 
+    def pause(self, timeout_seconds: float | None, *, fds: Sequence[int] = ()) -> list[int]:
+        """Block until the next wake (a signal, :meth:`wake`), a byte on one of ``fds``, or
+        the timeout; returns the ``fds`` that are readable. For one thread at a time.
+
+        The caller looks at :attr:`should_exit` / :attr:`force_exit` *before* it pauses: a
+        signal in between has left its byte in the pipe, so the pause returns at once.
+        """
+        if self._wakeup_fd_before is None:  # no wakeup fd: a signal may land elsewhere
+            poll = self.POLL_SECONDS
+            timeout_seconds = poll if timeout_seconds is None else min(timeout_seconds, poll)
+        ready, _, _ = select.select([self._read_fd, *fds], [], [], timeout_seconds)
+        if self._read_fd in ready:
+            with contextlib.suppress(OSError):
+                os.read(self._read_fd, 4096)
+        return [fd for fd in ready if fd != self._read_fd]
+
+    def wait(self, timeout_seconds: float | None = None) -> bool:
+        """Block until a stop is asked or the timeout; returns :attr:`should_exit`."""
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        while not self.should_exit:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self.pause(left)
+        return self.should_exit
+
     def sleep(self, seconds: float) -> None:
         """Sleep up to ``seconds``; return early once ``force_exit`` is set."""
         deadline = time.monotonic() + seconds
         while not self.force_exit and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, self.POLL_SECONDS))
+            self.pause(left)
 
     def join(self, thread: threading.Thread, timeout_seconds: float) -> None:
         """``thread.join(timeout_seconds)`` that gives up once ``force_exit`` is set."""
@@ -333,21 +405,12 @@ class StopSignals:
             thread.join(min(left, self.POLL_SECONDS))
 
 
-def _watch_stdin(stop: threading.Event) -> None:
-    """Set ``stop`` when stdin reaches EOF: the parent holding the pipe has gone.
-
-    Reads the raw descriptor with ``os.read``, not ``sys.stdin``: a daemon thread parked
-    inside the buffered reader would make interpreter shutdown abort.
-    """
-    fd = sys.stdin.fileno()
-
-    def drain() -> None:
-        with contextlib.suppress(OSError):
-            while os.read(fd, 4096):
-                pass
-        stop.set()
-
-    threading.Thread(target=drain, name="stdin-eof-watch", daemon=True).start()
+def _stdin_closed(fd: int) -> bool:
+    """Read what ``select`` found waiting on ``fd`` (a pipe from the parent); True at EOF."""
+    try:
+        return not os.read(fd, 4096)
+    except OSError:
+        return True
 
 
 def serve_until_stopped(
@@ -358,6 +421,7 @@ def serve_until_stopped(
     After the line, stdout is pointed at stderr: the parent reads exactly one line, and a
     later print into an unread pipe would fill it and block the child. With
     ``exit_on_stdin_eof`` an EOF on stdin (the parent closed it, or died) also stops.
+    The main thread waits in ``select`` on the signal pipe (and stdin), never on a lock.
 
     Example (a child's ``main``)::
 
@@ -367,8 +431,7 @@ def serve_until_stopped(
     sys.stdout.write(json.dumps(dict(ready)) + "\n")
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    if exit_on_stdin_eof:
-        _watch_stdin(stop.should_exit)
-    # A timed wait, so the main thread runs the signal handlers promptly on every platform.
-    while not stop.should_exit.wait(timeout=1.0):
-        pass
+    fds = (sys.stdin.fileno(),) if exit_on_stdin_eof else ()
+    while not stop.should_exit:
+        if any(_stdin_closed(fd) for fd in stop.pause(None, fds=fds)):
+            stop.request_stop()

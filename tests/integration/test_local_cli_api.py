@@ -7,7 +7,9 @@ server ``wsfleet local up`` uses, so the CLI sees exactly what it sees from a lo
 
 from __future__ import annotations
 
+import http.client
 import json
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,3 +146,56 @@ def test_get_of_an_unknown_connection_is_exit_2(api: str) -> None:
     # caller's to fix, like an unknown table for `status --table`.
     code, output = wsfleet("get", "nope", "--api", api)
     assert code == 2 and "HTTP 404" in output
+
+
+def raw_request(api: str, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+    """One request with ``path`` sent byte for byte (http.client normalises nothing)."""
+    parts = urllib.parse.urlsplit(api)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        headers = {"Content-Type": "application/json"} if body else {}
+        connection.request(method, parts.path + path, body=body or None, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        connection.close()
+
+
+#: '#', NUL, an emoji, bidi marks (RLM, RLO) and a byte that is not UTF-8, percent-encoded.
+BAD_PATH_IDS = ["a%23b", "a%00b", "%F0%9F%98%80", "a%E2%80%8Fb", "a%E2%80%AEb", "%FF"]
+
+
+def test_an_id_outside_the_rule_is_a_422_on_connection_id_not_a_404(api: str, aws: Any) -> None:
+    # Issue #23: Powertools' route pattern matches no '#', NUL, emoji or bidi mark, so these
+    # were "no route" 404s, where the contract (README, docs/openapi.json) says 422.
+    answers = {}
+    for encoded in BAD_PATH_IDS:
+        for method in ("GET", "PUT", "DELETE"):
+            body = json.dumps({"ws_url": URL}).encode() if method == "PUT" else b""
+            answers[method, encoded] = raw_request(api, method, f"/connections/{encoded}", body)
+    wrong = {key: answer for key, answer in answers.items() if answer[0] != 422}
+    assert wrong == {}
+    for _, answer in answers.values():
+        assert answer["field"] == "connection_id"
+        assert "A-Z a-z 0-9" in answer["message"]
+    assert dynamodb_client().scan(TableName=aws.connections_table)["Items"] == []
+
+
+def test_an_id_of_only_dots_is_refused_at_start(api: str, aws: Any) -> None:
+    start_body = json.dumps({"ws_url": URL}).encode()
+    for dots in (".", "..", "..."):
+        # GIVEN a client that keeps dot segments (curl would turn /connections/.. into /)
+        status, answer = raw_request(api, "PUT", f"/connections/{dots}", start_body)
+        assert status == 422 and answer["field"] == "connection_id", (dots, answer)
+        assert "only dots" in answer["message"]
+        # AND the body route gives the same answer (its id is out of any client's reach)
+        start = {"event_type": "START", "connection_id": dots, "ws_url": URL}
+        status, answer = raw_request(api, "POST", "/events", json.dumps(start).encode())
+        assert status == 422 and answer["field"] == "connection_id", (dots, answer)
+        assert "only dots" in answer["message"]
+        # AND the CLI says so with exit status 2
+        code, output = wsfleet("start", dots, URL, "--api", api)
+        assert code == 2 and "only dots" in output, output
+    assert dynamodb_client().scan(TableName=aws.connections_table)["Items"] == []
+    # AND ids with dots among other characters still start
+    assert raw_request(api, "PUT", "/connections/a..b", start_body)[0] == 201

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from fleet_helpers import wait_until
@@ -121,17 +122,31 @@ def test_children_die_with_a_sigkilled_supervisor():
     wait_until(lambda: not pid_alive(child_pid), timeout=30, message="the orphan still runs")
 
 
-def test_interrupt_on_force_raises_keyboard_interrupt_on_the_second_signal():
-    # GIVEN the CLI's policy: a shutdown that cannot poll force_exit is interrupted instead
+def test_the_handler_only_records_and_the_waits_wake_on_it():
+    # GIVEN the policy installed in this (main) thread
     original = signal.getsignal(signal.SIGTERM)
-    with StopSignals(interrupt_on_force=True) as stop:
-        # WHEN one signal arrives, the stop is only asked
+    with StopSignals() as stop:
+        # WHEN one signal arrives, the stop is only asked: wait() returns it, nothing raised
         os.kill(os.getpid(), signal.SIGTERM)
-        wait_until(stop.should_exit.is_set, timeout=10, message="the first signal")
-        assert not stop.force_exit
-        # AND a second one interrupts the main thread (where Python runs signal handlers)
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
-            stop.sleep(10)
-    # THEN it was forced and the original handler is back
-    assert stop.force_exit and signal.getsignal(signal.SIGTERM) is original
+        assert stop.wait(timeout_seconds=10)
+        assert stop.should_exit and not stop.force_exit
+        # AND a second one forces: a long sleep() of the shutdown returns at once
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop.sleep(600)
+        assert stop.force_exit
+        # AND the original handler is back already (a third signal: the default action)
+        assert signal.getsignal(signal.SIGTERM) is original
+    assert signal.getsignal(signal.SIGTERM) is original
+
+
+def test_a_signal_wakes_a_waiting_main_thread_even_when_another_thread_receives_it():
+    # GIVEN a main thread waiting with no timeout, and a busy second thread
+    busy = threading.Event()
+    spinner = threading.Thread(target=lambda: busy.wait(30), daemon=True)
+    spinner.start()
+    with StopSignals() as stop:
+        # WHEN the signal is sent to the other thread only (the kernel may pick any thread)
+        threading.Timer(0.2, signal.pthread_kill, (spinner.ident, signal.SIGTERM)).start()
+        # THEN the wait returns (the wakeup fd woke it), not only after some poll
+        assert stop.wait(timeout_seconds=30)
+    busy.set()

@@ -14,6 +14,7 @@ import json
 import uuid
 from collections.abc import Iterator
 
+import fleet_helpers
 import pytest
 from fleet_helpers import FAST_WORKER_ENV, StoreDriver, UpstreamThread, WorkerProcess, wait_until
 from websockets.asyncio.server import ServerConnection
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MAX_FRAME_BYTES = 1024
 MAX_FAILURES = 3
 POISON_SEQ = 3
+
+fleet, spawn = fleet_helpers.fleet, fleet_helpers.spawn
 
 
 async def poison_upstream(ws: ServerConnection) -> None:
@@ -138,3 +141,37 @@ def test_a_session_crashing_at_one_checkpoint_ends_failed(aws, upstream, monkeyp
     assert record.lease_epoch == MAX_FAILURES
     assert upstream.connections == MAX_FAILURES
     assert record.lease_owner == ""
+
+
+async def progress_then_oversize(ws: ServerConnection) -> None:
+    """Issue #23's loop: one new frame on every connect (the checkpoint moves each time),
+    then a frame over the limit. A live-only feed whose connect-time snapshot is too big."""
+    path = ws.request.path if ws.request is not None else ""
+    from_seq = int(path.partition("from_seq=")[2] or 1)
+    await ws.send(json.dumps({"seq": from_seq, "data": "new"}))
+    await ws.send(json.dumps({"seq": from_seq + 1, "data": "x" * (4 * MAX_FRAME_BYTES)}))
+    await ws.wait_closed()
+
+
+def test_progress_then_an_oversize_frame_on_every_connect_ends_failed(fleet, spawn):
+    # GIVEN a worker with a small frame limit and a breaker of 3 (its window the default)
+    with UpstreamThread(progress_then_oversize) as upstream:
+        worker = spawn(
+            WORKER_MAX_FRAME_BYTES=str(MAX_FRAME_BYTES),
+            WORKER_BREAKER_MAX_FAILURES=str(MAX_FAILURES),
+        )
+        # WHEN a connection streams from an upstream that moves the checkpoint on every
+        # session before the worker closes it with 1009
+        fleet.start("creeping", upstream.url("creeping"))
+        record = fleet.wait_for_state(
+            "creeping", DesiredState.FAILED, timeout=60, message=lambda: worker.tail(30)
+        )
+    # THEN it ends FAILED after MAX_FAILURES sessions, each of which made progress
+    assert record.stop_reason is not None
+    assert record.stop_reason.startswith("closed_by_worker (code 1009"), record.stop_reason
+    assert record.failure_count == MAX_FAILURES
+    assert upstream.connections == MAX_FAILURES
+    # the checkpoint moved on every session (the breaker's position rule alone never trips);
+    # the last session's frame may still have been in flight at the final write
+    assert record.failure_seq is not None and record.failure_seq >= MAX_FAILURES - 1
+    assert record.last_seq >= MAX_FAILURES - 1

@@ -9,6 +9,7 @@ over it. Assertions are on the messages table and the connection record.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ import fleet_helpers
 import pytest
 from fleet_helpers import UpstreamThread, wait_until
 from websockets.asyncio.server import ServerConnection
+
+from wsfleet.record import DesiredState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -95,3 +98,37 @@ def test_a_non_ascii_frame_under_the_item_limit_is_stored_whole(fleet, spawn, up
     by_seq = {item["seq"]: item for item in fleet.stored("cjk") if "seq" in item}
     assert sorted(by_seq) == [1, 2, 3]
     assert json.loads(by_seq[2]["message_data"]) == UNDER
+
+
+async def trickle_fragments(ws: ServerConnection) -> None:
+    """A fragmented message whose fragments come a byte at a time, forever (pings answered:
+    websockets' server answers them while this generator sleeps)."""
+
+    async def fragments():
+        yield '{"seq": 1, "data": "'
+        while True:
+            await asyncio.sleep(0.05)
+            yield "x"
+
+    await ws.send(fragments())
+
+
+def test_a_trickled_fragmented_message_is_timed_out_counted_and_shown(fleet, spawn):
+    # GIVEN a worker whose incomplete messages must complete within half a second, and an
+    # upstream that trickles one fragmented message on every connection
+    with UpstreamThread(trickle_fragments) as upstream:
+        worker = spawn(WORKER_MESSAGE_TIMEOUT_SECONDS="0.5", WORKER_BREAKER_MAX_FAILURES="2")
+        # WHEN a connection streams it
+        fleet.start("trickle", upstream.url("trickle"))
+        # THEN each session is failed by the worker (1008 "message timeout"), which the
+        # breaker counts: the connection ends FAILED instead of being held forever
+        record = fleet.wait_for_state(
+            "trickle", DesiredState.FAILED, timeout=60, message=lambda: worker.tail(30)
+        )
+        assert record.last_error == "closed_by_worker (code 1008: message timeout)"
+        assert upstream.connections == 2
+        wait_until(
+            lambda: worker.metric_total("MessageTimeouts") >= 2,
+            timeout=30,
+            message="MessageTimeouts not emitted",
+        )

@@ -122,7 +122,7 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     lease = Lease.of(store.acquire(connection_pk("a"), "w1"))
     store.checkpoint(lease, 4)
     store.record_error(lease, "upstream closed 1011")
-    store.note_failure(lease, "crashed", count=1, at_seq=4)
+    store.note_failure(lease, "crashed", count=1, at_seq=4, since_ms=1)
     store.note_gap(lease, resumes=1, frames=30)
     store.release(lease, last_seq=5)  # hand-off: free and STARTED (gsi_unowned)
     moved = Lease.of(store.acquire(connection_pk("a"), "w1"))
@@ -130,7 +130,7 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     # ... the endings: STOPPED by the holder, FAILED by the breaker, released after a STOP
     store.mark_stopped(Lease.of(store.acquire(connection_pk("b"), "w1")), "done", last_seq=1)
     failed = Lease.of(store.acquire(connection_pk("c"), "w1"))
-    store.mark_failed(failed, "poison", count=3, at_seq=0, last_seq=0)
+    store.mark_failed(failed, "poison", count=3, at_seq=0, since_ms=1, last_seq=0)
     stopped = Lease.of(store.acquire(connection_pk("e"), "w1"))
     setup.stop(connection_pk("e"))
     store.release(stopped, last_seq=2)  # not knowing of the STOP: refused once, then released

@@ -21,6 +21,7 @@ from fleet_helpers import (
 )
 
 from wsfleet.record import DesiredState
+from wsfleet.upstream_options import parse_upstream_options
 from wsfleet_local.simulator import SimulatorThread
 from wsfleet_worker.health import is_fresh
 
@@ -158,9 +159,40 @@ def test_abnormal_closes_reconnect_and_resume_without_gap(fleet, sim, workers):
     wait_until(lambda: metric(workers, "Reconnects") >= 4, timeout=10)
 
 
-def test_upstream_normal_close_marks_the_connection_stopped(fleet, sim, workers):
+def test_routine_normal_closes_reconnect_and_resume_without_gap(fleet, sim, workers):
+    # GIVEN a streaming connection with the default options
+    fleet.start("routine", sim.url_for("routine"))
+    streamed_past(fleet, "routine", 10, workers)
+    # WHEN the upstream closes it routinely: 1000 (a session limit), twice
+    for count in (2, 3):
+        sim.inject_fault("routine", "close_normal")
+        wait_until(
+            lambda n=count: len(sim.sessions("routine")) >= n,
+            timeout=30,
+            message=lambda: logs_of(workers),
+        )
+    # THEN every close reconnected and resumed where the stream was: nothing lost, still
+    # STARTED under the same lease, the close shown as the last error, nothing counted
+    sent = max(s.last_seq_sent or 0 for s in sim.sessions("routine"))
+    checkpoint = streamed_past(fleet, "routine", sent + 10, workers)
+    sessions = sim.sessions("routine")
+    assert resume_problems(sessions) == []
+    assert [s.close_code for s in sessions[:2]] == [1000, 1000]
+    check = check_stream(fleet.stored("routine"), "routine", checkpoint)
+    assert check.ok, check
+    record = fleet.record("routine")
+    assert (record.desired_state, record.lease_epoch, record.failure_count) == (
+        DesiredState.STARTED, 1, 0)  # fmt: skip
+    assert record.last_error == "upstream_closed (code 1000)"
+
+
+def test_with_normal_close_final_the_upstreams_end_stops_the_connection(fleet, sim, workers):
     sim.open_stream("finite", max_seq=40)  # sends 1..40, then closes with 1000
-    fleet.start("finite", sim.url_for("finite"))
+    fleet.start(
+        "finite",
+        sim.url_for("finite"),
+        upstream=parse_upstream_options({"normal_close": "final"}, secret_prefixes=()),
+    )
 
     record = fleet.wait_for_state(
         "finite",

@@ -13,7 +13,6 @@ import pytest
 from wsfleet.lease import (
     EARLY_HINT_MAX_WAIT_MS,
     MAX_HINT_DELAY_SECONDS,
-    BreakerVerdict,
     Lease,
     LeaseState,
     RefusalReason,
@@ -308,13 +307,59 @@ def _counted(count: int, at: int | None) -> ConnectionRecord:
 @pytest.mark.parametrize(
     ("count", "at", "checkpoint", "threshold", "expected"),
     [
-        (0, None, 0, 3, BreakerVerdict(1, 0, False)),  # first failure ever, even at seq 0
-        (1, 4, 4, 3, BreakerVerdict(2, 4, False)),  # same checkpoint: counts up
-        (2, 4, 4, 3, BreakerVerdict(3, 4, True)),  # reaches the threshold: trips
-        (2, 4, 5, 3, BreakerVerdict(1, 5, False)),  # checkpoint advanced: starts again
-        (0, None, 9, 1, BreakerVerdict(1, 9, True)),  # threshold 1 trips on the first
-        (99, 4, 4, 0, BreakerVerdict(100, 4, False)),  # 0 turns the breaker off
+        (0, None, 0, 3, (1, 0, False)),  # first failure ever, even at seq 0
+        (1, 4, 4, 3, (2, 4, False)),  # same checkpoint: counts up
+        (2, 4, 4, 3, (3, 4, True)),  # reaches the threshold: trips
+        (2, 4, 5, 3, (1, 5, False)),  # checkpoint advanced, no window: starts again
+        (0, None, 9, 1, (1, 9, True)),  # threshold 1 trips on the first
+        (99, 4, 4, 0, (100, 4, False)),  # 0 turns the breaker off
     ],
 )
-def test_breaker_verdict(count, at, checkpoint, threshold, expected):
-    assert breaker_verdict(_counted(count, at), checkpoint, threshold) == expected
+def test_breaker_verdict_at_one_position(count, at, checkpoint, threshold, expected):
+    verdict = breaker_verdict(_counted(count, at), checkpoint, threshold)
+    assert (verdict.count, verdict.at_seq, verdict.trip) == expected
+
+
+def _windowed(count: int, at: int, since: int | None) -> ConnectionRecord:
+    return _counted(count, at).with_changes(failure_since_ms=since)
+
+
+@pytest.mark.parametrize(
+    ("record", "checkpoint", "now", "expected"),
+    [
+        # progress on every session, failures inside the window: the count keeps growing
+        (_windowed(1, 4, 1_000), 5, 2_000, (2, 5, False, 1_000)),
+        (_windowed(2, 5, 1_000), 9, 60_999, (3, 9, True, 1_000)),
+        # the window has passed and the stream moved on: a new count, a new window
+        (_windowed(2, 5, 1_000), 9, 61_000, (1, 9, False, 61_000)),
+        # stuck at one position: counts however late (the window does not reset it)
+        (_windowed(2, 5, 1_000), 5, 10**9, (3, 5, True, 1_000)),
+        # a count stored before windows existed (no since): position rule only, window starts
+        (_windowed(2, 5, None), 5, 7_000, (3, 5, True, 7_000)),
+        (_windowed(2, 5, None), 6, 7_000, (1, 6, False, 7_000)),
+        # nothing counted yet: the first failure opens the window
+        (_windowed(0, 0, None), 0, 5_000, (1, 0, False, 5_000)),
+    ],
+)
+def test_breaker_verdict_within_a_window(record, checkpoint, now, expected):
+    verdict = breaker_verdict(record, checkpoint, 3, now_ms=now, window_ms=60_000)
+    assert (verdict.count, verdict.at_seq, verdict.trip, verdict.since_ms) == expected
+
+
+def test_a_loop_that_moves_the_checkpoint_every_session_trips_within_the_limit():
+    # GIVEN an upstream that sends one new frame, then poison, on every connect
+    record = ConnectionRecord.new("c", "wss://x", 0)
+    sessions = 0
+    verdict = None
+    # WHEN the worker counts each failure a second apart, each one seq further on
+    while sessions < 100 and not (verdict and verdict.trip):
+        sessions += 1
+        verdict = breaker_verdict(
+            record, sessions, 5, now_ms=sessions * 1_000, window_ms=600_000
+        )
+        record = record.with_changes(
+            failure_count=verdict.count, failure_seq=verdict.at_seq,
+            failure_since_ms=verdict.since_ms,
+        )  # fmt: skip
+    # THEN it trips at the limit, not never
+    assert sessions == 5

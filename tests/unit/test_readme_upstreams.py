@@ -108,7 +108,9 @@ def cli_lines() -> list[str]:
     lines: list[str] = []
     for block in blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
-            if line.startswith("wsfleet "):
+            # `wsfleet local secret` needs a running backend: tests/integration/
+            # test_readme_local_secrets.py runs those lines.
+            if line.startswith("wsfleet ") and not line.startswith("wsfleet local "):
                 lines.append(line.split("   #")[0])
     return lines
 

@@ -35,6 +35,7 @@ def test_every_variable_is_read():
         "REBALANCE": "false", "REBALANCE_SECONDS": "2", "REBALANCE_MAX_MOVES": "3",
         "REBALANCE_DWELL_SECONDS": "60", "REBALANCE_BAND_PERCENT": "5",
         "REBALANCE_PLACEMENT_SECONDS": "0.5",
+        "MESSAGE_SINK": "kinesis", "MESSAGE_STREAM": "frames", "MESSAGE_KINESIS_AGGREGATION": "no",
     }
     assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
@@ -44,6 +45,9 @@ def test_every_variable_is_read():
     assert (s.seq_field, s.resume_param, s.message_flush_ms) == ("n", "offset", 50)
     assert s.allowed_upstream_hosts == ("example.com", "127.0.0.1")
     assert s.allow_insecure_ws is True
+    assert (s.message_sink, s.message_stream, s.message_kinesis_aggregation) == (
+        "kinesis", "frames", False
+    )
     assert s.checkpoint_ms == 30_000
     assert s.control_queue_sender_arns == "arn:aws:iam::1:role/N"  # ARNs keep their case
     assert s.upstream_secret_prefixes == ("arn:aws:ssm:us-east-1:1:parameter/Wsfleet/", "x")

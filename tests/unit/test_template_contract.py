@@ -882,9 +882,9 @@ def test_deploy_doc_covers_every_parameter_alarm_and_output(template: dict[str, 
 #: runs every worker-side LeaseStore write against the moto server and checks the attribute
 #: names of each request against these lists, so the three (store, test, template) move together.
 WORKER_CONNECTION_ATTRIBUTES = {
-    "pk", "desired_state", "expires_at", "failure_count", "failure_seq", "gap_frames",
-    "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch", "lease_owner",
-    "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
+    "pk", "desired_state", "expires_at", "failure_count", "failure_seq", "failure_since_ms",
+    "gap_frames", "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch",
+    "lease_owner", "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
     "unowned_since_ms", "updated_at_ms",
 }
 WORKER_ITEM_ATTRIBUTES = {

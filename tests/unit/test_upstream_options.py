@@ -51,8 +51,10 @@ def test_full_options_round_trip_through_the_item() -> None:
             "subscribe": {"op": "sub", "from": "{{from_seq}}", "tags": ["a", 1.5]},
             "seq_pointer": "/meta/seq",
             "resume": "subscribe",
+            "normal_close": "final",
         }
     )
+    assert options.final_normal_close
     assert options.credential is not None
     assert options.credential.placement is CredentialPlacement.HEADER
     assert options.credential.service == "secretsmanager"
@@ -64,6 +66,13 @@ def test_full_options_round_trip_through_the_item() -> None:
     assert view["headers"] == {"X-Client": "***", "Origin": "***"}
     assert view["subscribe"] == {"op": "sub", "from": "{{from_seq}}", "tags": ["a", 1.5]}
     assert view["credential"]["ref"] == SECRET_ARN
+    assert view["normal_close"] == "final"
+
+
+def test_normal_close_reconnect_is_the_default_and_is_not_stored() -> None:
+    assert parse({"normal_close": "reconnect"}) == parse(None)
+    assert not parse(None).final_normal_close
+    assert "normal_close" not in parse({"normal_close": "reconnect"}).to_item()
 
 
 def test_default_options_leave_the_item_as_it_was() -> None:
@@ -108,6 +117,8 @@ def test_parameter_credentials_resolve_through_ssm() -> None:
         ({"resume": "replay"}, "upstream.resume", "one of"),
         ({"resume": "none", "resume_param": "p"}, "upstream.resume_param", "query"),
         ({"resume_param": "a b"}, "upstream.resume_param", "token"),
+        ({"normal_close": "stop"}, "upstream.normal_close", "reconnect, final"),
+        ({"normal_close": True}, "upstream.normal_close", "reconnect, final"),
         ({"seq_pointer": "seq"}, "upstream.seq_pointer", "JSON pointer"),
         ({"seq_pointer": "/a~2"}, "upstream.seq_pointer", "escape"),
         ({"seq_pointer": "/a" * 17}, "upstream.seq_pointer", "segments"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +69,21 @@ def test_connection_view_redacts_the_url_and_lists_every_field():
         "updated_at_ms",
     ]
     assert view["failures"] == {"count": 0, "at_seq": None}
+
+
+def test_the_readmes_name_the_gap_report_as_the_view_has_it():
+    # Issue #23: worker/README.md said the view shows `resume_gaps` and `gap_frames` (the
+    # item's attribute names); the view has gaps: {resumes, frames}.
+    root = Path(__file__).resolve().parents[2]
+    view = connection_view(record(resume_gaps=2, gap_frames=9), None, NOW)
+    assert view["gaps"] == {"resumes": 2, "frames": 9}
+    for readme in ("README.md", "worker/README.md"):
+        text = " ".join((root / readme).read_text(encoding="utf-8").split())
+        claims = re.findall(r"`GET /connections/\{id\}` shows (?:them as )?`([^`]+)`", text)
+        claims += re.findall(r"connection view has `([^`]+)`", text)
+        assert claims, readme
+        for claim in claims:
+            name, _, inner = claim.partition(":")
+            assert name.strip() in view, (readme, claim)
+            for key in re.findall(r'"(\w+)"', inner):
+                assert key in view[name.strip()], (readme, claim)

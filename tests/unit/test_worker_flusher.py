@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from bench.waiting import wait_until_async
-from wsfleet.messages import Message, PutResult, seq_sk
+from wsfleet.messages import Message, MessageStore, PutResult, seq_sk
 from wsfleet_worker.flusher import MAX_BATCH_BYTES, MessageFlusher, QueuedFrame
 from wsfleet_worker.observability import WorkerMetrics
 from wsfleet_worker.offload import Offloader
@@ -22,10 +22,12 @@ from wsfleet_worker.offload import Offloader
 WAIT = 10.0
 
 
-class RecordingStore:
-    """put_batch stand-in: records batch sizes; can refuse, reject, or block."""
+class RecordingStore(MessageStore):
+    """put_batch stand-in (the DynamoDB sink's limits): records batch sizes; can refuse,
+    reject, or block."""
 
     def __init__(self) -> None:
+        super().__init__(None, "messages")
         self.batches: list[list[Message]] = []
         self.unwritten_once: set[tuple[str, str]] = set()
         self.rejected: set[tuple[str, str]] = set()

@@ -8,13 +8,15 @@ the final write waits for pending totals.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
-from test_worker_decisions import Store, connect, ended, make_worker, receive, sync
+from test_worker_decisions import Store, connect, ended, log_of, make_worker, receive, sync
 
 from wsfleet.exceptions import StoreError
 from wsfleet.lease import Lease
 from wsfleet.record import connection_pk
+from wsfleet.upstream_options import resume_gap
 from wsfleet_worker.session_rules import ExitReason
 
 
@@ -122,3 +124,29 @@ def test_a_brand_new_stream_has_no_gap():
         await ended(worker, session)
 
     asyncio.run(scenario())
+
+
+@sync
+async def test_a_gap_is_logged_against_the_highest_seq_it_was_measured_from():
+    # Issue #23: the log line said "resumed past the checkpoint", while the baseline is the
+    # highest seq received (or, for a live-only takeover, stored), not the checkpoint.
+    store = GapStore()
+    worker = make_worker(store)
+    session = connect(worker, store, "g5")
+    session._first_frame(40, 46)
+    await settled(session)
+    lines = [(m, e) for _, m, e in log_of(worker).lines if "frames lost" in m]
+    assert len(lines) == 1
+    message, extra = lines[0]
+    assert "checkpoint" not in message and "highest seq" in message
+    assert (extra["highest_seq"], extra["first_seq"], extra["gap_frames"]) == (40, 46, 5)
+    session.finish(ExitReason.SHUTDOWN)
+    await ended(worker, session)
+
+
+def test_the_readme_gives_the_gap_formula_the_worker_uses():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    text = " ".join(readme.split())
+    assert "`first seq - checkpoint - 1`" not in text
+    assert "`first seq - highest seq - 1`" in text
+    assert resume_gap(40, 46) == 46 - 40 - 1

@@ -15,6 +15,7 @@ dict and honours the flusher's guard like the DynamoDB one. Each test reads GIVE
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.messages import Guard, Message, MessageStore, PutResult
 from wsfleet.record import ConnectionRecord, DesiredState, connection_pk
 from wsfleet.settings import Settings
+from wsfleet.upstream_options import parse_upstream_options
 from wsfleet_worker.config import WorkerConfig
 from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.observability import WorkerMetrics
@@ -78,6 +80,10 @@ class FakeSocket:
         """The link dies without a closing handshake."""
         self._inbox.put_nowait(None)
 
+    def fail_by_worker(self, code: int, reason: str = "") -> None:
+        """websockets fails the connection for what the upstream sent (1009: too big)."""
+        self._inbox.put_nowait(("fail", Close(code, reason)))
+
     def _abort(self) -> None:
         self.aborted = True
         self.drop()
@@ -96,6 +102,9 @@ class FakeSocket:
         item = await self._inbox.get()
         if isinstance(item, str):
             return item
+        if isinstance(item, tuple):
+            self.protocol.close_sent = item[1]
+            raise ConnectionClosedError(None, item[1])
         if isinstance(item, Close) and self.protocol.close_sent is None:
             self.protocol.close_rcvd = item
         if isinstance(item, Close) and item.code in (1000, 1001):
@@ -183,9 +192,12 @@ class Rig:
         await asyncio.gather(self._flushing, return_exceptions=True)
         self.offloader.shutdown()
 
-    def acquire(self, connection_id: str = "c1", *, checkpoint: int = 0) -> ConnectionRecord:
+    def acquire(
+        self, connection_id: str = "c1", *, checkpoint: int = 0, upstream: Any = None
+    ) -> ConnectionRecord:
         """START the connection and take its lease (over a checkpoint a holder before wrote)."""
-        self.store.start(connection_id, f"wss://up.example/{connection_id}")
+        options = {} if upstream is None else {"upstream": upstream}
+        self.store.start(connection_id, f"wss://up.example/{connection_id}", **options)
         pk = connection_pk(connection_id)
         if checkpoint:
             earlier = self.store.acquire(pk, "w0")
@@ -371,19 +383,95 @@ async def test_a_dropped_link_reconnects_from_the_highest_frame_received():
 
 
 @sync
-async def test_a_clean_upstream_close_marks_the_connection_stopped():
+async def test_a_normal_upstream_close_reconnects_and_resumes_after_what_it_has():
     async with Rig() as rig:
         # GIVEN a streaming session
         s = await rig.streaming(1, 2)
+        # WHEN the upstream closes with 1001 (its deploy), then 1000 (a session limit)
+        s.socket.close_from_upstream(1001)
+        second = await rig.upstream.socket(2)
+        second.feed(3)
+        await until(lambda: s.session.tracker.durable == 3, "the third frame")
+        second.close_from_upstream(1000)
+        third = await rig.upstream.socket(3)
+        # THEN each close reconnected, resuming right after what the session had
+        assert (second.from_seq, third.from_seq) == (3, 4)
+        await until(
+            lambda: rig.stored(s.record.pk).last_error == "upstream_closed (code 1000)",
+            "last_error recorded",
+        )
+        # AND the stream goes on: still STARTED, owned, nothing counted by the breaker
+        after = rig.stored(s.record.pk)
+        assert (after.desired_state, after.lease_owner, after.failure_count) == (
+            DesiredState.STARTED, WORKER, 0)  # fmt: skip
+        s.session.finish(ExitReason.SHUTDOWN)
+        await ended(s.task)
+
+
+@sync
+async def test_with_normal_close_final_a_normal_close_ends_the_connection_stopped():
+    async with Rig() as rig:
+        # GIVEN a session on a connection whose options make a normal close final
+        record = rig.acquire(upstream=parse_upstream_options(
+            {"normal_close": "final"}, secret_prefixes=()))  # fmt: skip
+        session, task = rig.run(record)
+        socket = await rig.upstream.socket()
+        socket.feed(1, 2)
+        await until(lambda: session.tracker.durable == 2, "frames written")
         # WHEN the upstream ends the stream with 1000
-        s.socket.close_from_upstream(1000)
-        result = await ended(s.task)
+        socket.close_from_upstream(1000)
+        result = await ended(task)
         # THEN the connection is STOPPED at its last frame, not handed to a peer
         assert (result.reason, result.released, result.hint) == (
             ExitReason.UPSTREAM_CLOSED, True, False)  # fmt: skip
-        after = rig.stored(s.record.pk)
-        assert (after.desired_state, after.lease_owner, after.last_seq) == (
-            DesiredState.STOPPED, "", 2)  # fmt: skip
+        after = rig.stored(record.pk)
+        assert (after.desired_state, after.stop_reason, after.lease_owner, after.last_seq) == (
+            DesiredState.STOPPED, "upstream_closed", "", 2)  # fmt: skip
+        assert len(rig.upstream.sockets) == 1
+
+
+@sync
+async def test_an_upstream_that_closes_normally_before_any_frame_ends_failed():
+    async with Rig() as rig:
+        # GIVEN a breaker of 3 and an upstream that closes 1000 at once on every connect
+        rig.config = dataclasses.replace(rig.config, breaker_max_failures=3)
+        record = rig.acquire()
+        _session, task = rig.run(record)
+        for number in range(1, 4):
+            (await rig.upstream.socket(number)).close_from_upstream(1000)
+        result = await ended(task)
+        # THEN it ends FAILED after three sessions, not a reconnect loop
+        assert result.reason is ExitReason.FAILED
+        after = rig.stored(record.pk)
+        assert (after.desired_state, after.failure_count) == (DesiredState.FAILED, 3)
+        assert after.last_error == "upstream_closed (code 1000)"
+        assert len(rig.upstream.sockets) == 3
+
+
+@sync
+async def test_progress_then_poison_on_every_connect_ends_failed_within_the_window():
+    async with Rig() as rig:
+        # GIVEN a breaker of 3, and an upstream that sends one new frame and then a frame the
+        # worker refuses (1009) on every connect: each session moves the checkpoint
+        rig.config = dataclasses.replace(rig.config, breaker_max_failures=3)
+        record = rig.acquire()
+        session, task = rig.run(record)
+        for number in range(1, 4):
+            socket = await rig.upstream.socket(number)
+            assert socket.from_seq == number  # resumed after the frame the last one sent
+            socket.feed(number)
+            await until(lambda n=number: session.tracker.durable == n, f"frame {number}")
+            socket.fail_by_worker(1009, "frame too big")
+        result = await ended(task)
+        # THEN the window counted every failure: FAILED after three sessions
+        assert result.reason is ExitReason.FAILED
+        after = rig.stored(record.pk)
+        assert (after.desired_state, after.failure_count, after.failure_seq) == (
+            DesiredState.FAILED, 3, 3)  # fmt: skip
+        assert after.failure_since_ms is not None
+        assert after.last_error == "closed_by_worker (code 1009: frame too big)"
+        assert len(rig.upstream.sockets) == 3
+        assert rig.metrics.totals["BreakerFailures"] == 3
 
 
 @sync

@@ -13,9 +13,11 @@ from wsfleet_worker.session_rules import (
     ErrorCategory,
     ExitReason,
     FinalWrite,
+    IncompleteMessage,
     ReconnectPolicy,
     close_action,
     exit_plan,
+    is_empty_close,
     is_poison,
     last_error_text,
     supersedes,
@@ -71,19 +73,31 @@ def test_first_reason_wins_except_fencing_which_always_wins():
 
 
 # ---------------------------------------------------------------- upstream closes
+@pytest.mark.parametrize("code", [1000, 1001, 1011, 1006, 4000, None])
+def test_every_upstream_close_reconnects_by_default(code):
+    assert close_action(code) is CloseAction.RECONNECT
+
+
 @pytest.mark.parametrize(
     ("code", "action"),
     [
         (1000, CloseAction.END),
         (1001, CloseAction.END),
         (1011, CloseAction.RECONNECT),
-        (1006, CloseAction.RECONNECT),
         (4000, CloseAction.RECONNECT),
         (None, CloseAction.RECONNECT),
     ],
 )
-def test_only_normal_closes_end_a_connection(code, action):
-    assert close_action(code) is action
+def test_normal_close_final_makes_only_a_normal_close_end_the_stream(code, action):
+    assert close_action(code, final_normal_close=True) is action
+
+
+@pytest.mark.parametrize(
+    ("code", "frames", "counted"),
+    [(1000, 0, True), (1001, 0, True), (1000, 1, False), (1011, 0, False), (None, 0, False)],
+)
+def test_only_a_normal_close_before_any_frame_counts_towards_the_breaker(code, frames, counted):
+    assert is_empty_close(code, frames) is counted
 
 
 def test_reconnect_delays_grow_are_jittered_and_reset():
@@ -95,6 +109,56 @@ def test_reconnect_delays_grow_are_jittered_and_reset():
     policy.reset()
     assert policy.attempts == 0
     assert policy.next_delay() <= 0.1
+
+
+def test_only_a_connection_that_stayed_open_resets_the_backoff():
+    # GIVEN a policy several attempts in
+    policy = ReconnectPolicy(initial=0.1, cap=10.0, stable_seconds=10.0, rng=random.Random(1))
+    for _ in range(4):
+        policy.next_delay()
+    # WHEN connections end after a moment (whatever they received)
+    policy.connection_ended(0.05)
+    policy.connection_ended(9.99)
+    # THEN the backoff keeps growing
+    assert policy.attempts == 4
+    # WHEN one stayed open the stable time
+    policy.connection_ended(10.0)
+    # THEN the next trouble starts from the smallest delay
+    assert policy.attempts == 0
+
+
+# ---------------------------------------------------------------- incomplete messages
+def test_an_incomplete_message_is_overdue_its_timeout_after_its_first_byte_however_it_trickles():
+    message = IncompleteMessage(timeout=30.0)
+    assert message.deadline is None and not message.overdue(10**6)
+    message.observe(100.0, True)
+    for now in (101.0, 110.0, 129.0):  # more bytes, still incomplete: the clock keeps running
+        message.observe(now, True)
+    assert message.deadline == 130.0
+    assert not message.overdue(129.99) and message.overdue(130.0)
+
+
+def test_a_completed_message_clears_the_clock_and_the_next_one_starts_its_own():
+    message = IncompleteMessage(timeout=30.0)
+    message.observe(100.0, True)
+    message.observe(120.0, False)
+    assert message.deadline is None and not message.overdue(500.0)
+    message.observe(200.0, True)
+    assert message.deadline == 230.0
+
+
+def test_no_timeout_means_never_overdue():
+    message = IncompleteMessage(timeout=None)
+    message.observe(0.0, True)
+    assert message.deadline is None and not message.overdue(10.0**9)
+
+
+def test_the_message_timeout_close_counts_towards_the_breaker_and_names_itself():
+    assert is_poison(False, 1008, worker_initiated=True)
+    assert not is_poison(False, 1008, worker_initiated=False)
+    assert last_error_text(ErrorCategory.CLOSED_BY_WORKER, 1008, "message timeout") == (
+        "closed_by_worker (code 1008: message timeout)"
+    )
 
 
 # ---------------------------------------------------------------- hint triage

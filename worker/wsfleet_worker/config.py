@@ -48,7 +48,9 @@ class WorkerConfig:
     queue_bytes: int = 128 * 1024 * 1024
     session_queue_bytes: int = 4 * 1024 * 1024
     max_seq_jump: int = 1_000_000
+    message_timeout_seconds: float = 30.0
     breaker_max_failures: int = 5
+    breaker_window_seconds: float = 600.0
     secret_cache_seconds: float = 60.0
     #: The ECS task and container this process runs in (read from the task metadata
     #: endpoint at start, :mod:`wsfleet_worker.task_identity`); None outside ECS.
@@ -75,6 +77,16 @@ class WorkerConfig:
             raise ConfigurationError(
                 f"{_VARIABLE_OF_FIELD['max_seq_jump']} must be 0 (off) or more, "
                 f"got {self.max_seq_jump}"
+            )
+        if self.breaker_window_seconds < 0:
+            raise ConfigurationError(
+                f"{_VARIABLE_OF_FIELD['breaker_window_seconds']} must be 0 (off) or more, "
+                f"got {self.breaker_window_seconds}"
+            )
+        if self.message_timeout_seconds < 0:
+            raise ConfigurationError(
+                f"{_VARIABLE_OF_FIELD['message_timeout_seconds']} must be 0 (off) or more, "
+                f"got {self.message_timeout_seconds}"
             )
         if self.secret_cache_seconds < 0:
             raise ConfigurationError(

@@ -59,6 +59,7 @@ from wsfleet.upstream_url import (
 )
 
 from .handshake import same_origin
+from .upstream_connection import bounded_connection
 
 __all__ = [
     "Connector",
@@ -199,6 +200,7 @@ def make_connector(
     open_timeout: float = 10.0,
     ping_interval: float | None = 20.0,
     close_timeout: float = 2.0,
+    message_timeout: float | None = None,
     allowed_hosts: tuple[str, ...],
     allow_insecure: bool,
     resolver: Resolver = system_resolver,
@@ -208,7 +210,9 @@ def make_connector(
     ``allowed_hosts`` / ``allow_insecure`` are the worker's ``ALLOWED_UPSTREAM_HOSTS`` /
     ``ALLOW_INSECURE_WS``; they are required so no caller gets a connector without the guard.
     The URL itself, every redirect hop and every resolved address are checked against them;
-    a refusal raises :class:`~wsfleet.exceptions.UpstreamRefused`.
+    a refusal raises :class:`~wsfleet.exceptions.UpstreamRefused`. ``close_timeout`` bounds
+    every closing handshake, and ``message_timeout`` an incomplete message
+    (:mod:`~wsfleet_worker.upstream_connection`).
 
     Example::
 
@@ -221,6 +225,7 @@ def make_connector(
     # the worker's log level.
     client_log = logging.getLogger("websockets.client")
     client_log.setLevel(max(client_log.getEffectiveLevel(), logging.INFO))
+    connection_class = bounded_connection(message_timeout)
 
     async def open_connection(
         url: str,
@@ -257,6 +262,7 @@ def make_connector(
             ping_interval=ping_interval,
             ping_timeout=ping_interval,
             close_timeout=close_timeout,
+            create_connection=connection_class,
             user_agent_header="wsfleet-worker",
             **options,
         )

@@ -1,15 +1,20 @@
 """MessageFlusher: one writer per worker process, batching frames of every connection.
 
-Sessions hand each received frame to :meth:`MessageFlusher.put`; the flusher writes them with
-BatchWriteItem, 25 per request, from all connections together. That coalescing is what keeps
-the request count per message low: at 100 frames/s a worker sends about 4 requests per second
-(<= 1 per 25 frames) instead of 100. A batch is sent when it is full or when its oldest frame
-has waited ``flush_ms`` (MESSAGE_FLUSH_MS), whichever comes first, and up to ``max_in_flight``
-batches are written concurrently.
+Sessions hand each received frame to :meth:`MessageFlusher.put`; the flusher writes them to
+the worker's sink (:class:`wsfleet.sinks.base.FrameSink`: the messages table by default, or a
+Kinesis or Firehose stream) in batches cut to the sink's :class:`~wsfleet.sinks.base.SinkLimits`
+(for DynamoDB, BatchWriteItem, 25 per request), from all connections together. That coalescing
+is what keeps the request count per message low: at 100 frames/s a worker sends about 4
+DynamoDB requests per second (<= 1 per 25 frames) instead of 100. A batch is sent when it is
+full or when its oldest frame has waited ``flush_ms`` (MESSAGE_FLUSH_MS), whichever comes
+first, and up to ``max_in_flight`` batches are written concurrently. For a sink that keeps
+each connection's order (``limits.ordered``: the streams) one batch is written at a time and
+the next is formed only once it settled, so a frame handed back unwritten is sent again before
+its connection's later frames.
 
 Acknowledgement flows back per frame (:meth:`FrameOwner.on_written`), which is what advances a
-session's checkpoint. Frames DynamoDB did not take (throttling beyond the store's retry bound,
-or an outage) go back to the front of the line after a pause; they are never silently dropped,
+session's checkpoint. Frames the sink did not take (throttling beyond its retry bound, or an
+outage) go back to the front of the line after a pause; they are never silently dropped,
 because the checkpoint must not pass them.
 
 Fencing: each frame's owner is asked :meth:`FrameOwner.may_write` when its batch is formed,
@@ -18,22 +23,24 @@ is sent. A session that lost its lease, or whose self-fence deadline has passed 
 process was paused past its lease), gets its frames dropped: a fenced worker writes nothing.
 The guard cannot recall a request that has already left, so a session that releases its lease
 first waits (:meth:`MessageFlusher.quiesce`) until no batch holding its frames is still being
-written: BatchWriteItem is unconditional, and a batch landing after the release could land after
+written: no sink write takes a condition, and a batch landing after the release could land after
 the next owner's acquire.
 
 Backpressure: the queue is bounded in frames (``capacity``) and in bytes (``capacity_bytes``:
-the DynamoDB item size of every frame held, from :meth:`put` until its write is settled, the
-batches being written included, because that is the memory they hold). When either is full,
+the sink's size of every frame held, :meth:`~wsfleet.sinks.base.FrameSink.frame_bytes`, from
+:meth:`put` until its write is settled, the batches being written included, because that is
+the memory they hold). When either is full,
 :meth:`put` waits, the session stops reading its socket, websockets stops reading TCP, and the
 upstream's sends block. Memory stays flat under any inbound rate. A frame is always admitted
 into an empty queue, so a frame larger than the budget cannot wedge the worker. Only the
 sessions' reading waits on it: renewals, the control channel and the flusher's own writes
 never do, so backpressure cannot starve the heartbeat or the fencing.
 
-Size: :meth:`put` computes each frame's item size before queueing it. A frame that cannot be
-stored (its item would exceed :data:`~wsfleet.messages.MAX_ITEM_BYTES`) is replaced by a marker
-item at its key (its size and SHA-256, see :meth:`~wsfleet.messages.Message.as_marker`),
-counted (``OversizeFrames``) and logged. So is a frame DynamoDB rejects anyway. Only a rejected
+Size: :meth:`put` computes each frame's size in the sink before queueing it. A frame that
+cannot be stored (over the sink's ``limits.frame_bytes``: for DynamoDB, an item over
+:data:`~wsfleet.messages.MAX_ITEM_BYTES`) is replaced by a marker at its key (its size and
+SHA-256, see :meth:`~wsfleet.messages.Message.as_marker`), counted (``OversizeFrames``) and
+logged. So is a frame the sink rejects anyway. Only a rejected
 *marker* reaches :meth:`FrameOwner.on_rejected`: the session then ends without its checkpoint
 passing the frame.
 """
@@ -49,19 +56,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wsfleet.clock import Clock, now_ms
-from wsfleet.messages import BATCH_WRITE_LIMIT, MAX_ITEM_BYTES, Message, MessageStore, PutResult
+from wsfleet.messages import MAX_BATCH_BYTES, Message, PutResult
+from wsfleet.sinks.base import FrameSink
 
 from .observability import WorkerMetrics
 from .offload import Offloader
 
 __all__ = ["MAX_BATCH_BYTES", "FrameOwner", "MessageFlusher", "QueuedFrame"]
 
-#: Item bytes per BatchWriteItem at most (a lone larger frame still goes alone). botocore
-#: builds each request as JSON with non-ASCII escaped (up to 2x for 3-byte UTF-8), then as
-#: bytes, then signs it: a batch of 25 maximum-size frames costs tens of MB while it is sent,
-#: times the batches in flight. 4 MiB keeps that transient bounded (and far below the 16 MB
-#: request limit); small frames still fill batches of 25.
-MAX_BATCH_BYTES = 4 * 1024 * 1024
+# MAX_BATCH_BYTES (re-exported): the DynamoDB sink's batch byte bound, wsfleet.messages.
 
 
 class FrameOwner(Protocol):
@@ -79,24 +82,24 @@ class QueuedFrame:
     message: Message
     owner: FrameOwner
     enqueued_at: float = field(default_factory=time.monotonic)
-    size: int = 0  # item bytes held against the byte budget (set by MessageFlusher.put)
+    size: int = 0  # sink bytes held against the byte budget (set by MessageFlusher.put)
 
 
 class MessageFlusher:
-    """Coalesces frames of all sessions into BatchWriteItem requests.
+    """Coalesces frames of all sessions into the sink's write requests.
 
-    :param store: the messages table.
+    :param store: the sink (the messages table by default).
     :param offloader: runs ``put_batch`` on its ``write`` pool.
     :param flush_ms: the longest a frame waits for its batch to fill.
     :param capacity: frames queued at most before :meth:`put` blocks (backpressure).
     :param capacity_bytes: item bytes held at most (queued and being written) before
         :meth:`put` blocks; ``None`` for no byte limit.
-    :param max_in_flight: batches being written at the same time.
+    :param max_in_flight: batches being written at the same time (1 for an ordered sink).
     """
 
     def __init__(
         self,
-        store: MessageStore,
+        store: FrameSink,
         offloader: Offloader,
         metrics: WorkerMetrics,
         *,
@@ -108,6 +111,8 @@ class MessageFlusher:
         clock: Clock = now_ms,
     ) -> None:
         self._store = store
+        self._limits = store.limits
+        self._ordered = store.limits.ordered
         self._offloader = offloader
         self._metrics = metrics
         self._flush_seconds = max(0, flush_ms) / 1000
@@ -121,7 +126,7 @@ class MessageFlusher:
         self._room_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
             collections.deque()
         )
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self._slots = asyncio.Semaphore(1 if self._ordered else max_in_flight)
         self._urgent = False
         self._writes: set[asyncio.Task[None]] = set()
         self._logger = logger
@@ -130,8 +135,8 @@ class MessageFlusher:
         self._write_ended = asyncio.Event()
 
     @property
-    def store(self) -> MessageStore:
-        """The messages table the flusher writes to (sessions read its highest seq)."""
+    def store(self) -> FrameSink:
+        """The sink the flusher writes to (sessions read its highest seq)."""
         return self._store
 
     @property
@@ -141,7 +146,7 @@ class MessageFlusher:
 
     @property
     def held_bytes(self) -> int:
-        """Item bytes of the frames held: queued, waiting for a retry, or being written."""
+        """Sink bytes of the frames held: queued, waiting for a retry, or being written."""
         return self._held_bytes
 
     @property
@@ -152,7 +157,7 @@ class MessageFlusher:
     async def put(self, frame: QueuedFrame) -> int:
         """Queue a frame; waits while the queue is full (the caller stops reading).
 
-        Returns the bytes the frame holds against the budget (its item size, or its marker's)
+        Returns the bytes the frame holds against the budget (its size, or its marker's)
         until the owner hears :meth:`FrameOwner.on_written` or ``on_rejected`` about it.
         """
         size = self._fit(frame)
@@ -226,13 +231,13 @@ class MessageFlusher:
             self._wake()
 
     def _fit(self, frame: QueuedFrame) -> int:
-        """The frame's item size; a frame too large to store is swapped for its marker."""
+        """The frame's size in the sink; a frame too large to store is swapped for its marker."""
         message = frame.message
-        expires_at = self._store.expires_at(message.received_at_ms)
-        size = message.item_bytes(expires_at)
-        if size > MAX_ITEM_BYTES and not message.is_marker:
-            frame.message = self._marker(message, size, "larger than a DynamoDB item")
-            size = frame.message.item_bytes(expires_at)
+        size = self._store.frame_bytes(message)
+        if size > self._limits.frame_bytes and not message.is_marker:
+            why = f"larger than the {self._store.kind} sink stores"
+            frame.message = self._marker(message, size, why)
+            size = self._store.frame_bytes(frame.message)
         return size
 
     def _marker(self, message: Message, size: int, why: str) -> Message:
@@ -267,18 +272,26 @@ class MessageFlusher:
     async def run(self) -> None:
         """Collect and send batches forever (cancel to stop; in-flight writes finish)."""
         while True:
-            batch = await self._collect()
-            await self._slots.acquire()
+            if self._ordered:  # the next batch starts after the last one's retries were queued
+                await self._slots.acquire()
+                try:
+                    batch = await self._collect()
+                except BaseException:
+                    self._slots.release()
+                    raise
+            else:
+                batch = await self._collect()
+                await self._slots.acquire()
             task = asyncio.create_task(self._write(batch))
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
     def _take(self, batch: list[QueuedFrame]) -> None:
-        """Move queued frames (retries first) into ``batch``, up to a full batch: 25 frames
-        or :data:`MAX_BATCH_BYTES`."""
+        """Move queued frames (retries first) into ``batch``, up to a full batch (the sink's
+        ``batch_frames`` and ``batch_bytes``)."""
         used = sum(frame.size for frame in batch)
         for source in (self._retry, self._frames):
-            while source and not _full(batch, used, source[0]):
+            while source and not self._full(batch, used, source[0]):
                 frame = source.popleft()
                 used += frame.size
                 batch.append(frame)
@@ -306,7 +319,7 @@ class MessageFlusher:
             await self._wait_for_frames(None)
             self._take(batch)
         deadline = batch[0].enqueued_at + self._flush_seconds
-        while not _full(batch, sum(frame.size for frame in batch), self._next()):
+        while not self._full(batch, sum(frame.size for frame in batch), self._next()):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._urgent:
                 break
@@ -342,7 +355,7 @@ class MessageFlusher:
                 self._metrics.count("FencedFramesDropped", len(result.fenced))
             self._settle(live, result)
             if result.unwritten:
-                await asyncio.sleep(random.uniform(0.05, 0.25))  # let DynamoDB recover
+                await asyncio.sleep(random.uniform(0.05, 0.25))  # let the sink recover
                 unwritten = _keys(result.unwritten)
                 self._retry.extend(frame for frame in live if frame.message.key in unwritten)
                 self._not_empty.set()
@@ -378,11 +391,11 @@ class MessageFlusher:
             if key in unwritten:
                 continue  # re-queued by the caller: still held
             if key in rejected and not frame.message.is_marker:
-                # DynamoDB refused the frame itself: store its marker instead (never skip it)
+                # the sink refused the frame itself: store its marker instead (never skip it)
                 self._metrics.count("MessagesRejected")
                 message = frame.message
-                size = message.item_bytes(self._store.expires_at(message.received_at_ms))
-                frame.message = self._marker(message, size, "rejected by DynamoDB")
+                size = self._store.frame_bytes(message)
+                frame.message = self._marker(message, size, f"rejected by {self._store.kind}")
                 self._retry.append(frame)
                 self._not_empty.set()
                 continue
@@ -401,16 +414,16 @@ class MessageFlusher:
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
+    def _full(self, batch: list[QueuedFrame], used: int, following: QueuedFrame | None) -> bool:
+        """Whether ``batch`` (holding ``used`` bytes) cannot take ``following`` as well."""
+        limits = self._limits
+        if len(batch) >= limits.batch_frames:
+            return True
+        return bool(batch) and following is not None and used + following.size > limits.batch_bytes
+
     def _log_warning(self, message: str, exc: BaseException) -> None:
         if self._logger is not None:
             self._logger.warning(message, extra={"error": str(exc)})
-
-
-def _full(batch: list[QueuedFrame], used: int, following: QueuedFrame | None) -> bool:
-    """Whether ``batch`` (holding ``used`` item bytes) cannot take ``following`` as well."""
-    if len(batch) >= BATCH_WRITE_LIMIT:
-        return True
-    return bool(batch) and following is not None and used + following.size > MAX_BATCH_BYTES
 
 
 def _keys(messages: list[Message]) -> set[tuple[str, str]]:

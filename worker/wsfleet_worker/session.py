@@ -13,6 +13,9 @@ lease lost          :attr:`ExitReason.FENCED`                  abort socket, wri
   or the sweep)
 worker fenced       :attr:`ExitReason.FENCED`                  abort socket, write nothing
 upstream 1000/1001  :attr:`ExitReason.UPSTREAM_CLOSED`         flush, mark STOPPED
+  (only with
+  normal_close:
+  final)
 worker draining     :attr:`ExitReason.SHUTDOWN`                flush, release, hint a peer
 rebalancing         :attr:`ExitReason.REBALANCED`              flush, release (moved), the
                                                                worker hints the chosen peer
@@ -20,11 +23,14 @@ bug                 :attr:`ExitReason.CRASHED`                 flush, release, h
 breaker tripped     :attr:`ExitReason.FAILED`                  flush, mark FAILED (no hint)
 ==================  =========================================  ================================
 
-Crash-loop breaker: a crash, or a close the worker itself sent for a protocol reason (1002,
-1007, 1009), is counted on the connection item at the position it happened
-(:func:`wsfleet.lease.breaker_verdict`, :func:`~wsfleet_worker.session_rules.is_poison`). The count
-survives hand-overs; ``WORKER_BREAKER_MAX_FAILURES`` of them at one position end the connection
-FAILED. A crash that trips it turns into :attr:`ExitReason.FAILED`.
+Crash-loop breaker: a crash, a close the worker itself sent for what the upstream sent (1002,
+1007, 1008, 1009), an unreadable credential, or a normal upstream close before any frame, is
+counted on the connection item at the position it happened
+(:func:`wsfleet.lease.breaker_verdict`, :func:`~wsfleet_worker.session_rules.is_poison`,
+:func:`~wsfleet_worker.session_rules.is_empty_close`). The count survives hand-overs;
+``WORKER_BREAKER_MAX_FAILURES`` of them at one position, or within
+``WORKER_BREAKER_WINDOW_SECONDS`` of the first, end the connection FAILED. A crash that trips
+it turns into :attr:`ExitReason.FAILED`.
 
 Shape: :meth:`Session.run` opens a task group holding the streaming task (connect, receive,
 reconnect with backoff) and waits for the *done* signal that :meth:`Session.finish` raises from
@@ -45,9 +51,11 @@ connection it does not stream, and no expiry would free it. A write that fails f
 that may pass is retried with jittered backoff until it lands, the lease turns out lost, or
 the worker is fenced (then the worker's expiry frees the connection).
 
-Abnormal upstream trouble (a dropped link, close codes other than 1000/1001, a failed
-connect) does not end the session: it records ``last_error``, backs off with jitter and
-reconnects with ``from_seq = checkpoint + 1``. Frames replayed that way are recognised by the
+Upstream trouble (a dropped link, any close from the upstream, a failed connect) does not end
+the session: it records ``last_error``, backs off with jitter (reset only by a connection that
+stayed open, :class:`~wsfleet_worker.session_rules.ReconnectPolicy`) and reconnects with
+``from_seq = checkpoint + 1``. Only ``normal_close: final`` makes a 1000/1001 close the end.
+Frames replayed that way are recognised by the
 :class:`~wsfleet_worker.checkpoint.CheckpointTracker` (or overwrite themselves in the table).
 
 Each connect sends the connection's handshake options (:mod:`~wsfleet_worker.handshake`:
@@ -109,6 +117,7 @@ from .handshake import Handshake, plan_handshake
 from .observability import WorkerMetrics
 from .offload import Offloader
 from .session_rules import (
+    MESSAGE_TIMEOUT_CODE,
     CloseAction,
     ErrorCategory,
     ExitReason,
@@ -117,6 +126,7 @@ from .session_rules import (
     SessionState,
     close_action,
     exit_plan,
+    is_empty_close,
     is_poison,
     last_error_text,
     supersedes,
@@ -219,6 +229,9 @@ class Session:
         self._ending = False  # the final lease write has begun: no other write may follow
         self._verdict: BreakerVerdict | None = None  # a crash counted, not yet written
         self._failure = ""  # last_error of the failure the breaker counted last
+        #: The last_error the record holds as far as this session knows: the same trouble again
+        #: (an upstream that keeps closing, say) is not written again on every reconnect.
+        self._error_noted = record.last_error
         self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
         options = record.upstream
         self._seq_pointer = options.seq_pointer  # None: the fleet's SEQ_FIELD, top level
@@ -459,6 +472,7 @@ class Session:
                 self._failure,
                 count=record.failure_count,
                 at_seq=record.failure_seq if record.failure_seq is not None else last_seq,
+                since_ms=record.failure_since_ms,
                 last_seq=last_seq,
             )
         elif kind is FinalWrite.MARK_STOPPED:
@@ -654,19 +668,23 @@ class Session:
             if self._done.is_set():  # finished while the handshake was in flight
                 return
             self.state = SessionState.STREAMING
+            opened_at = asyncio.get_running_loop().time()
+            frames = 0
             # Every seq frame up to here is written or in flight (this session writes those).
             self._gap_baseline = max(self.tracker.highest_received, self._stored_high or 0)
             try:
                 if handshake.subscribe is not None:
                     await ws.send(handshake.subscribe)
                 async for raw in ws:
+                    frames += 1
                     await self._on_frame(raw)
-                    if policy.attempts:
-                        policy.reset()
             except ConnectionClosedError:
                 pass
             except ConnectionClosed:  # defensive: websockets ends the loop on a clean close
                 pass
+            # Only a connection that stayed open resets the backoff, never frames received
+            # (an upstream that sends one frame and then poison or a close on every connect).
+            policy.connection_ended(asyncio.get_running_loop().time() - opened_at)
             close_frame = ws.protocol.close_rcvd  # None: the link died without a close frame
             received = close_frame.code if close_frame is not None else None
             sent = ws.protocol.close_sent
@@ -675,24 +693,23 @@ class Session:
             self._ws = None
             if by_worker and sent is not None:
                 error = last_error_text(ErrorCategory.CLOSED_BY_WORKER, sent.code, sent.reason)
-                poison = is_poison(False, sent.code, worker_initiated=True)
-                if poison and self._count_failure(error, crashed=False):
-                    self.finish(ExitReason.FAILED, via="breaker")  # the final write stores it
-                    return
-                if poison:
-                    await self._write_verdict()  # also the last_error: no record_error needed
-                    if self._done.is_set():  # the count found the lease lost
-                        return
-                await self._upstream_trouble(error, policy, noted=poison)
-                continue
-            if close_action(received) is CloseAction.END:
-                self.finish(ExitReason.UPSTREAM_CLOSED, via="upstream")
-                return
-            if received is None:
-                error = last_error_text(ErrorCategory.CONNECTION_LOST)
+                if sent.code == MESSAGE_TIMEOUT_CODE:
+                    ctx.metrics.count("MessageTimeouts")
+                counted = is_poison(False, sent.code, worker_initiated=True)
             else:
-                error = last_error_text(ErrorCategory.UPSTREAM_CLOSED, received)
-            await self._upstream_trouble(error, policy)
+                final = self.record.upstream.final_normal_close
+                if close_action(received, final_normal_close=final) is CloseAction.END:
+                    self.finish(ExitReason.UPSTREAM_CLOSED, via="upstream")
+                    return
+                if received is None:
+                    error = last_error_text(ErrorCategory.CONNECTION_LOST)
+                else:
+                    error = last_error_text(ErrorCategory.UPSTREAM_CLOSED, received)
+                counted = is_empty_close(received, frames)
+            if counted and await self._counted_failure(error):
+                return
+            # (a counted failure's write also stored the last_error: no record_error needed)
+            await self._upstream_trouble(error, policy, noted=counted)
 
     async def _handshake(self, default_resume_param: str) -> Handshake:
         """This connect's request; resolves the credential (CredentialUnavailable if not)."""
@@ -721,14 +738,20 @@ class Session:
             "upstream credential unavailable", extra={**self._log, "error": describe_error(exc)}
         )
         error = last_error_text(ErrorCategory.CREDENTIAL_UNAVAILABLE)
+        if await self._counted_failure(error):
+            return True
+        await self._upstream_trouble(error, policy, detail=describe_error(exc), noted=True)
+        return False
+
+    async def _counted_failure(self, error: str) -> bool:
+        """A failure the crash-loop breaker counts (not a crash: :meth:`_end` counts those).
+        Trips: the session ends FAILED (its final write stores the count). Else the count
+        and ``last_error`` are stored now, in one write. True if the session is over."""
         if self._count_failure(error, crashed=False):
             self.finish(ExitReason.FAILED, via="breaker")
             return True
         await self._write_verdict()
-        if self._done.is_set():
-            return True
-        await self._upstream_trouble(error, policy, detail=describe_error(exc), noted=True)
-        return False
+        return self._done.is_set()  # the count found the lease lost
 
     async def _read_stored_high(self) -> None:
         """The highest seq already stored (live-only upstreams; see the module docstring).
@@ -758,8 +781,8 @@ class Session:
         metrics.count("ResumeGaps")
         metrics.count("ResumeGapFrames", gap)
         self._ctx.logger.warning(
-            "upstream resumed past the checkpoint: frames lost",
-            extra={**self._log, "gap_frames": gap, "after_seq": baseline, "first_seq": seq,
+            "upstream resumed past the highest seq received or stored: frames lost",
+            extra={**self._log, "gap_frames": gap, "highest_seq": baseline, "first_seq": seq,
                    "resume_gaps": self.gap_resumes, "gap_frames_total": self.gap_frames},
         )
         task = asyncio.get_running_loop().create_task(self._store_gaps())
@@ -840,12 +863,19 @@ class Session:
         previous owners' failures) and is updated in memory; the store write follows
         (:meth:`_write_verdict` or the final write), fenced by our lease.
         """
+        config = self._ctx.config
         position = max(self.tracker.highest_received, self.tracker.durable)
         verdict = breaker_verdict(
-            self.record, position, self._ctx.config.breaker_max_failures
+            self.record,
+            position,
+            config.breaker_max_failures,
+            now_ms=self._ctx.clock(),
+            window_ms=int(config.breaker_window_seconds * 1000),
         )
         self.record = self.record.with_changes(
-            failure_count=verdict.count, failure_seq=verdict.at_seq
+            failure_count=verdict.count,
+            failure_seq=verdict.at_seq,
+            failure_since_ms=verdict.since_ms,
         )
         self._failure = error
         self._verdict = verdict
@@ -862,6 +892,7 @@ class Session:
         ours: a worker past its self-fence deadline writes nothing)."""
         if self._lease_writable():
             await self._ctx.offloader.io(self._ctx.leases.record_error, self.lease, message)
+            self._error_noted = message
 
     async def _store_failure(self, verdict: BreakerVerdict) -> None:
         """The counted failure and its position on the record (fenced by our lease)."""
@@ -874,7 +905,9 @@ class Session:
             self._failure,
             count=verdict.count,
             at_seq=verdict.at_seq,
+            since_ms=verdict.since_ms,
         )
+        self._error_noted = self._failure
 
     async def _write_verdict(self) -> None:
         """Store a counted in-session failure now (the final write stores a tripping one)."""
@@ -906,7 +939,7 @@ class Session:
             extra={**self._log, "error": message, "detail": detail, "retry_in_s": round(delay, 3)},
         )
         try:
-            if not noted:
+            if not noted and message != self._error_noted:
                 await self._record_error(message)
         except LeaseLost:
             self.finish(ExitReason.FENCED, via="record_error")

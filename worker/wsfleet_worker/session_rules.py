@@ -7,10 +7,13 @@ the worker lease (renew, self-fence) is :class:`wsfleet.lease.WorkerLeaseTimer`.
 
 * :class:`ExitReason` / :func:`exit_plan` - how a session ends: flush or not, which final
   write, how to close the socket, whether to hint a peer.
-* :func:`close_action` - an upstream close: end the connection, or reconnect and resume.
-* :class:`ReconnectPolicy` - jittered exponential backoff between reconnects.
+* :func:`close_action` - an upstream close: reconnect and resume, or (``normal_close: final``)
+  end the connection.
+* :class:`ReconnectPolicy` - jittered exponential backoff between reconnects, reset only by a
+  connection that stayed open.
+* :class:`IncompleteMessage` - the progress timeout of a message still arriving.
 * :class:`ErrorCategory` / :func:`last_error_text` - the coarse ``last_error`` the API shows.
-* :func:`is_poison` - which failures the crash-loop breaker counts.
+* :func:`is_poison` / :func:`is_empty_close` - which failures the crash-loop breaker counts.
 * :func:`triage_hints` - which hint messages of a receive batch to act on.
 """
 
@@ -26,18 +29,24 @@ from wsfleet.bodies import excerpt
 from wsfleet.hints import Hint
 
 __all__ = [
+    "MESSAGE_TIMEOUT_CODE",
+    "MESSAGE_TIMEOUT_REASON",
     "NORMAL_CLOSE_CODES",
     "POISON_CLOSE_CODES",
+    "RECONNECT_CAP_SECONDS",
+    "RECONNECT_STABLE_SECONDS",
     "CloseAction",
     "ErrorCategory",
     "ExitPlan",
     "ExitReason",
     "FinalWrite",
     "HintTriage",
+    "IncompleteMessage",
     "ReconnectPolicy",
     "SessionState",
     "close_action",
     "exit_plan",
+    "is_empty_close",
     "is_poison",
     "last_error_text",
     "supersedes",
@@ -63,7 +72,7 @@ class ExitReason(StrEnum):
 
     STOPPED = "stopped"  # a control-channel STOP, or the checkpoint or the sweep saw STOPPED
     FENCED = "fenced"  # lease lost, or the worker lease is over (self-fence, killed)
-    UPSTREAM_CLOSED = "upstream_closed"  # the upstream closed normally (1000/1001)
+    UPSTREAM_CLOSED = "upstream_closed"  # a normal close (1000/1001) with normal_close: final
     INVALID_URL = "invalid_ws_url"  # the stored ws_url can never be connected to
     REFUSED = "upstream_refused"  # SSRF guard: a redirect hop or resolved address refused
     SHUTDOWN = "shutdown"  # the worker is draining (SIGTERM/SIGINT)
@@ -147,28 +156,61 @@ def supersedes(new: ExitReason, current: ExitReason | None) -> bool:
 
 NORMAL_CLOSE_CODES = frozenset({1000, 1001})
 
+#: Reconnect backoff: full jitter, the ceiling doubling from 0.1 s to this cap.
+RECONNECT_CAP_SECONDS = 10.0
+#: A connection open at least this long was healthy: the next trouble starts from the
+#: smallest delay again. Shorter ones (whatever they received) keep the backoff growing.
+RECONNECT_STABLE_SECONDS = 10.0
+
 
 class CloseAction(Enum):
-    END = "end"  # the upstream ended the stream: mark the connection STOPPED
-    RECONNECT = "reconnect"  # trouble: back off and resume from the checkpoint
+    END = "end"  # the stream is over: mark the connection STOPPED (upstream_closed)
+    RECONNECT = "reconnect"  # back off and resume as the connection's resume mode says
 
 
-def close_action(received_code: int | None) -> CloseAction:
+def close_action(received_code: int | None, *, final_normal_close: bool = False) -> CloseAction:
     """Decide from the close code the upstream sent (None: no close frame, the TCP link died).
 
+    Any close reconnects: servers close routinely (1001 on their deploys, 1000 at session
+    limits or to force re-authentication) and the stream goes on. Only a connection whose
+    options say ``normal_close: final`` ends on a normal close (1000/1001).
+
     >>> [close_action(code).value for code in (1000, 1001, 1011, None)]
+    ['reconnect', 'reconnect', 'reconnect', 'reconnect']
+    >>> [close_action(code, final_normal_close=True).value for code in (1000, 1001, 1011, None)]
     ['end', 'end', 'reconnect', 'reconnect']
     """
-    return CloseAction.END if received_code in NORMAL_CLOSE_CODES else CloseAction.RECONNECT
+    if final_normal_close and received_code in NORMAL_CLOSE_CODES:
+        return CloseAction.END
+    return CloseAction.RECONNECT
+
+
+def is_empty_close(received_code: int | None, frames_received: int) -> bool:
+    """Does an upstream close count towards the crash-loop breaker? Only a *normal* close
+    (1000/1001) before the session received a single frame: the upstream deliberately sends
+    nothing (a refused subscription, a stream it considers over). Error closes and dropped
+    links are outages, retried with capped backoff however long they last.
+
+    >>> is_empty_close(1000, 0), is_empty_close(1000, 1), is_empty_close(1011, 0)
+    (True, False, False)
+    """
+    return received_code in NORMAL_CLOSE_CODES and frames_received == 0
 
 
 @dataclass
 class ReconnectPolicy:
-    """Full-jitter exponential delays between reconnect attempts, reset once frames flow."""
+    """Full-jitter exponential delays between reconnect attempts.
+
+    The delay resets only after a connection stayed open ``stable_seconds``
+    (:meth:`connection_ended`), never because frames arrived: an upstream that sends one frame
+    and then something that ends the session (an oversize frame, a close) on every connect
+    would otherwise reconnect at full speed forever.
+    """
 
     initial: float = 0.1
     factor: float = 2.0
-    cap: float = 10.0
+    cap: float = RECONNECT_CAP_SECONDS
+    stable_seconds: float = RECONNECT_STABLE_SECONDS
     rng: random.Random | None = None
     attempts: int = 0
     _delays: Iterator[float] | None = field(default=None, repr=False)
@@ -182,10 +224,58 @@ class ReconnectPolicy:
         self.attempts += 1
         return next(self._delays)
 
+    def connection_ended(self, open_seconds: float) -> None:
+        """A connection ended after ``open_seconds``: a stable one resets the backoff."""
+        if open_seconds >= self.stable_seconds:
+            self.reset()
+
     def reset(self) -> None:
-        """The upstream delivered a frame: the next trouble starts from the smallest delay."""
+        """The next trouble starts from the smallest delay."""
         self.attempts = 0
         self._delays = None
+
+
+#: The close the worker sends when a message is still incomplete ``WORKER_MESSAGE_TIMEOUT_SECONDS``
+#: after its first byte (policy violation: the upstream breaks no framing rule, it is too slow).
+MESSAGE_TIMEOUT_CODE = 1008
+MESSAGE_TIMEOUT_REASON = "message timeout"
+
+
+@dataclass
+class IncompleteMessage:
+    """When the message being received started, for its progress timeout.
+
+    The connection feeds :meth:`observe` after every read: ``incomplete`` while a fragmented
+    message or a partly read frame is pending. A message (or frame) trickled a byte at a time
+    is not progress: the clock runs from its first byte until it completes.
+
+    >>> m = IncompleteMessage(timeout=30.0)
+    >>> m.observe(100.0, True); m.observe(125.0, True); m.deadline, m.overdue(129.9)
+    (130.0, False)
+    >>> m.overdue(130.0)
+    True
+    >>> m.observe(131.0, False); m.deadline
+    """
+
+    timeout: float | None
+    since: float | None = None
+
+    def observe(self, now: float, incomplete: bool) -> None:
+        if not incomplete:
+            self.since = None
+        elif self.since is None:
+            self.since = now
+
+    @property
+    def deadline(self) -> float | None:
+        """When the pending message must be complete (None: nothing pending, or no bound)."""
+        if self.since is None or self.timeout is None:
+            return None
+        return self.since + self.timeout
+
+    def overdue(self, now: float) -> bool:
+        deadline = self.deadline
+        return deadline is not None and now >= deadline
 
 
 # ============================================================================ hints
@@ -234,13 +324,14 @@ def triage_hints(
 
 
 #: Close codes the *worker* sends because of what the upstream sent: a protocol error, an
-#: invalid payload, a message too big. The same input comes back on every resume from the
-#: same checkpoint, so these count towards the crash-loop breaker.
-POISON_CLOSE_CODES = frozenset({1002, 1007, 1009})
+#: invalid payload, a message that did not complete in time, a message too big. The same input
+#: tends to come back on every resume, so these count towards the crash-loop breaker.
+POISON_CLOSE_CODES = frozenset({1002, 1007, MESSAGE_TIMEOUT_CODE, 1009})
 
 _CLOSE_CODE_NAMES = {
     1002: "protocol error",
     1007: "invalid payload",
+    1008: "policy violation",
     1009: "message too big",
     1011: "internal error",
 }
@@ -256,7 +347,7 @@ class ErrorCategory(StrEnum):
     CONNECT_FAILED = "connect_failed"  # DNS, TCP, TLS or timeout: anything before a response
     HANDSHAKE_REJECTED = "handshake_rejected"  # the upstream answered, but not with a 101
     REFUSED_BY_POLICY = "refused_by_policy"  # the worker's upstream policy refused the target
-    UPSTREAM_CLOSED = "upstream_closed"  # the upstream sent a close frame other than 1000/1001
+    UPSTREAM_CLOSED = "upstream_closed"  # the upstream sent a close frame (the code follows)
     CONNECTION_LOST = "connection_lost"  # the link died without a close frame
     CLOSED_BY_WORKER = "closed_by_worker"  # the worker closed for a protocol reason
     CRASHED = "crashed"  # a bug in the session while handling this connection
@@ -288,8 +379,9 @@ def is_poison(crashed: bool, sent_code: int | None, *, worker_initiated: bool) -
     """Does this failure count towards the crash-loop breaker?
 
     A session crash does, and so does a close the worker itself started with a protocol code
-    (:data:`POISON_CLOSE_CODES`). Connect failures and upstream closes or outages do not: an
-    upstream down for an hour must keep being retried with capped backoff.
+    (:data:`POISON_CLOSE_CODES`). Connect failures, error closes and outages do not: an
+    upstream down for an hour must keep being retried with capped backoff (a normal close
+    before any frame does count: :func:`is_empty_close`).
 
     >>> is_poison(False, 1009, worker_initiated=True)
     True

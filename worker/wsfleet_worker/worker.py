@@ -77,13 +77,13 @@ from wsfleet.exceptions import (
 )
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import Hint
-from wsfleet.messages import MessageStore
 from wsfleet.record import (
     ConnectionRecord,
     WorkerRecord,
     connection_id_from_pk,
     incarnation_id,
 )
+from wsfleet.sinks.select import sink_from_settings
 from wsfleet.store import LeaseStore
 
 from . import health, task_identity
@@ -291,7 +291,7 @@ class Worker:
             )
         offloader = Offloader(io_threads=config.io_threads, write_threads=config.write_threads)
         flusher = MessageFlusher(
-            MessageStore.from_settings(settings, dynamodb),
+            sink_from_settings(settings, dynamodb=dynamodb, max_pool_connections=threads + 4),
             offloader,
             metrics,
             flush_ms=settings.message_flush_ms,
@@ -340,6 +340,7 @@ class Worker:
             connector=connector
             or make_connector(
                 max_frame_bytes=config.max_frame_bytes,
+                message_timeout=config.message_timeout_seconds,
                 allowed_hosts=settings.allowed_upstream_hosts,
                 allow_insecure=settings.allow_insecure_ws,
             ),

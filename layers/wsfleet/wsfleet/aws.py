@@ -29,8 +29,10 @@ __all__ = [
     "RetryMode",
     "client_config",
     "dynamodb_client",
+    "firehose_client",
     "is_ambiguous",
     "is_throttling",
+    "kinesis_client",
     "sqs_client",
 ]
 
@@ -69,6 +71,17 @@ def sqs_client(session: boto3.session.Session | None = None, **config: Any) -> A
     """An SQS client with standard retries. Long polls need a read timeout above 20 s."""
     config.setdefault("read_timeout", 25.0)
     return (session or boto3).client("sqs", config=client_config(**config))
+
+
+def kinesis_client(session: boto3.session.Session | None = None, **config: Any) -> Any:
+    """A Kinesis client with standard retries (a throttled PutRecords as a whole is retried by
+    botocore; per-record failures are the sink's, :mod:`wsfleet.sinks.records`)."""
+    return (session or boto3).client("kinesis", config=client_config(**config))
+
+
+def firehose_client(session: boto3.session.Session | None = None, **config: Any) -> Any:
+    """A Firehose client with standard retries (per-record failures: the sink's)."""
+    return (session or boto3).client("firehose", config=client_config(**config))
 
 
 THROTTLING_CODES = frozenset({

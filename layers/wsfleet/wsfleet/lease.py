@@ -327,28 +327,58 @@ def checkpoint_due(
 class BreakerVerdict:
     """The crash-loop breaker's answer for one more failure of a connection.
 
-    ``count`` failures have now happened at checkpoint ``at_seq``; ``trip`` means the
-    connection must end FAILED instead of being handed to the next worker.
+    ``count`` failures have now been counted, the last at checkpoint ``at_seq``, the first of
+    them at ``since_ms``; ``trip`` means the connection must end FAILED instead of being handed
+    to the next worker.
     """
 
     count: int
     at_seq: int
     trip: bool
+    since_ms: int | None = None
 
 
-def breaker_verdict(record: ConnectionRecord, checkpoint: int, max_failures: int) -> BreakerVerdict:
-    """Count one more poison failure (a crash, a protocol close the worker sent) at ``checkpoint``.
+def breaker_verdict(
+    record: ConnectionRecord,
+    checkpoint: int,
+    max_failures: int,
+    *,
+    now_ms: int = 0,
+    window_ms: int = 0,
+) -> BreakerVerdict:
+    """Count one more failure (a crash, a protocol close the worker sent, ...) at ``checkpoint``.
 
-    Failures are consecutive only while the checkpoint stands still: the same input keeps
-    coming back from ``checkpoint + 1``. A checkpoint that advanced means the stream got past
-    whatever failed before, so the count starts again at 1. ``max_failures <= 0`` turns the
-    breaker off (it never trips).
+    Two ways to keep counting, so a loop ends whether or not it makes progress:
 
-    >>> rec = ConnectionRecord.new("c", "wss://x", 0).with_changes(failure_count=2, failure_seq=7)
-    >>> breaker_verdict(rec, 7, 3)
-    BreakerVerdict(count=3, at_seq=7, trip=True)
-    >>> breaker_verdict(rec, 8, 3)
-    BreakerVerdict(count=1, at_seq=8, trip=False)
+    * **at one position**: while the checkpoint stands still the same input keeps coming back
+      from ``checkpoint + 1``; those failures count up however far apart they are;
+    * **within a window**: a failure less than ``window_ms`` after the first one counted
+      (``failure_since_ms``) counts up too, even at another position. An upstream that sends
+      one new frame and then a poison frame on every connect moves the checkpoint each time;
+      the window is what stops it.
+
+    A failure at a new position after the window has passed starts a new count at 1: the
+    stream got past whatever failed before and ran a while. ``max_failures <= 0`` turns the
+    breaker off (it never trips); ``window_ms <= 0`` counts at one position only.
+
+    >>> rec = ConnectionRecord.new("c", "wss://x", 0).with_changes(
+    ...     failure_count=2, failure_seq=7, failure_since_ms=1_000)
+    >>> breaker_verdict(rec, 7, 3, now_ms=10**9, window_ms=60_000)
+    BreakerVerdict(count=3, at_seq=7, trip=True, since_ms=1000)
+    >>> breaker_verdict(rec, 8, 3, now_ms=2_000, window_ms=60_000)
+    BreakerVerdict(count=3, at_seq=8, trip=True, since_ms=1000)
+    >>> breaker_verdict(rec, 8, 3, now_ms=61_000, window_ms=60_000)
+    BreakerVerdict(count=1, at_seq=8, trip=False, since_ms=61000)
     """
-    count = record.failure_count + 1 if record.failure_seq == checkpoint else 1
-    return BreakerVerdict(count, checkpoint, max_failures > 0 and count >= max_failures)
+    since = record.failure_since_ms
+    counting = record.failure_count > 0
+    same_position = counting and record.failure_seq == checkpoint
+    in_window = (
+        counting and since is not None and window_ms > 0 and now_ms - since < window_ms
+    )
+    if same_position or in_window:
+        count = record.failure_count + 1
+        since = since if since is not None else now_ms
+    else:
+        count, since = 1, now_ms
+    return BreakerVerdict(count, checkpoint, max_failures > 0 and count >= max_failures, since)

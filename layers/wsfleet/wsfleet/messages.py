@@ -56,7 +56,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from boto3.dynamodb.types import Binary, TypeDeserializer
@@ -65,12 +65,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .aws import is_ambiguous, is_throttling
 from .backoff import backoff
 from .exceptions import StoreError
+from .sinks.base import FrameSink, Guard, GuardTripped, PutResult, SendGuard, SinkLimits
 
 __all__ = [
     "BATCH_WRITE_LIMIT",
     "LOCAL_SK_PREFIX",
+    "MAX_BATCH_BYTES",
     "MAX_ITEM_BYTES",
     "SEQ_DIGITS",
+    "Guard",
     "Message",
     "MessageStore",
     "PutResult",
@@ -88,6 +91,12 @@ LOCAL_SK_PREFIX = "L"
 #: The largest item the worker sends. DynamoDB's limit is 400 KB (409,600 bytes); the margin
 #: covers the estimate of number sizes and the moto server, which refuses items above 405,000.
 MAX_ITEM_BYTES = 400_000
+#: Item bytes per BatchWriteItem at most (a lone larger frame still goes alone). botocore
+#: builds each request as JSON with non-ASCII escaped (up to 2x for 3-byte UTF-8), then as
+#: bytes, then signs it: a batch of 25 maximum-size frames costs tens of MB while it is sent,
+#: times the batches in flight. 4 MiB keeps that transient bounded (and far below the 16 MB
+#: request limit); small frames still fill batches of 25.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 _SECONDS_PER_DAY = 86_400
 _deserializer = TypeDeserializer()
@@ -211,33 +220,6 @@ def _number_bytes(number: int) -> int:
     return (len(str(number).lstrip("-")) + 1) // 2 + 1
 
 
-@dataclass
-class PutResult:
-    """What :meth:`MessageStore.put_batch` achieved.
-
-    ``unwritten``: still throttled after the retry bound (safe to retry later).
-    ``rejected``: refused as invalid on its own; retrying cannot help.
-    ``fenced``: not sent because the caller's guard refused them (lease no longer safe).
-    ``requests``: BatchWriteItem/PutItem calls sent (the request-cost benchmark reads it).
-    """
-
-    written: int = 0
-    unwritten: list[Message] = field(default_factory=list)
-    rejected: list[Message] = field(default_factory=list)
-    fenced: list[Message] = field(default_factory=list)
-    requests: int = 0
-
-    def merge(self, other: PutResult) -> None:
-        self.written += other.written
-        self.unwritten.extend(other.unwritten)
-        self.rejected.extend(other.rejected)
-        self.fenced.extend(other.fenced)
-        self.requests += other.requests
-
-
-Guard = Callable[[Message], bool]
-
-
 class _PrebuiltBatchSerializer:
     """Wraps a botocore client's request serializer: a BatchWriteItem whose JSON body
     :meth:`MessageStore.put_batch` has already built is not validated and serialised again.
@@ -321,12 +303,9 @@ def batch_write_body(table: str, items: Sequence[tuple[Message, int | None]]) ->
     return f'{{"RequestItems": {{{quoted(table)}: [{", ".join(parts)}]}}}}'.encode("ascii")
 
 
-class _GuardTripped(Exception):
-    """Raised from the before-send hook: the request must not leave (never escapes)."""
-
-
-class MessageStore:
-    """Batched, idempotent writes to the messages table and paginated reads.
+class MessageStore(FrameSink):
+    """Batched, idempotent writes to the messages table and paginated reads: the ``dynamodb``
+    sink (:class:`~wsfleet.sinks.base.FrameSink`), the default.
 
     :param client: a boto3 DynamoDB client (see :func:`wsfleet.aws.dynamodb_client`).
     :param table_name: the messages table.
@@ -355,18 +334,8 @@ class MessageStore:
         self._backoff_cap = backoff_cap
         self._sleep = sleep
         self._rng = rng
-        self._pending_guard = threading.local()  # the guard of this thread's request in flight
         self._prebuilt = _PrebuiltBatchSerializer.install(client)
-        events = getattr(getattr(client, "meta", None), "events", None)
-        if events is not None:
-            # Registered last on the generic event: botocore runs handlers of the more specific
-            # name first, and the adaptive retry mode's rate limiter (which may sleep past the
-            # lease when throttled) hangs on before-send. The guard must run after it.
-            events.register_last(
-                "before-send",
-                self._check_guard_before_send,
-                unique_id=f"wsfleet-messages-guard-{id(self)}",
-            )
+        self._send_guard = SendGuard(client, "BatchWriteItem")
 
     @classmethod
     def from_settings(cls, settings: Any, client: Any = None) -> MessageStore:
@@ -376,6 +345,15 @@ class MessageStore:
 
             client = dynamodb_client()
         return cls(client, settings.messages_table, retention_days=settings.message_retention_days)
+
+    kind = "dynamodb"
+    limits = SinkLimits(
+        batch_frames=BATCH_WRITE_LIMIT, batch_bytes=MAX_BATCH_BYTES, frame_bytes=MAX_ITEM_BYTES
+    )
+
+    def frame_bytes(self, message: Message) -> int:
+        """The frame's DynamoDB item size, its TTL attribute included."""
+        return message.item_bytes(self.expires_at(message.received_at_ms))
 
     def expires_at(self, received_at_ms: int) -> int | None:
         """TTL (epoch seconds) for a frame received at ``received_at_ms``; None keeps it."""
@@ -415,7 +393,7 @@ class MessageStore:
             request = [{"PutRequest": {"Item": m.to_wire(ttl)}} for m, ttl in items]
             try:
                 response = self._send_batch(request, items, guard)
-            except _GuardTripped:
+            except GuardTripped:
                 wait = False  # not sent: re-check the items one by one, no need to back off
                 continue
             except ClientError as exc:
@@ -454,28 +432,19 @@ class MessageStore:
         items: list[tuple[Message, int | None]],
         guard: Guard | None,
     ) -> dict[str, Any]:
-        local = self._pending_guard
-        local.check = (lambda: all(guard(m) for m, _ in items)) if guard is not None else None
+        check = (lambda: all(guard(m) for m, _ in items)) if guard is not None else None
         prebuilt = self._prebuilt
         if prebuilt is not None:
             prebuilt.prepare(self.table_name, request, batch_write_body(self.table_name, items))
         try:
-            response: dict[str, Any] = self._client.batch_write_item(
-                RequestItems={self.table_name: request}
-            )
+            with self._send_guard.armed(check):
+                response: dict[str, Any] = self._client.batch_write_item(
+                    RequestItems={self.table_name: request}
+                )
             return response
         finally:
-            local.check = None
             if prebuilt is not None:
                 prebuilt.clear()
-
-    def _check_guard_before_send(self, event_name: str = "", **_kwargs: Any) -> None:
-        """botocore before-send hook: the last moment to keep a fenced request from leaving."""
-        if not event_name.endswith(".BatchWriteItem"):
-            return
-        check = getattr(self._pending_guard, "check", None)
-        if check is not None and not check():
-            raise _GuardTripped()
 
     def _isolate_invalid(
         self, messages: list[Message], result: PutResult, guard: Guard | None
@@ -535,6 +504,27 @@ class MessageStore:
             raise StoreError(f"query on {self.table_name} failed: {exc}") from exc
         items = response.get("Items") or []
         return int(items[0]["sk"]["S"]) if items else 0
+
+    def read_frames(self, pk: str) -> list[dict[str, Any]]:
+        """Every stored frame of one connection in key order, in the stream sinks' record
+        shape (``connection_id``, ``key``, ``seq``, ``lease_epoch``, ``received_at_ms``,
+        ``worker_id``, then ``data``, ``data_base64`` or a marker's fields)."""
+        frames = []
+        for item in self.read_all(pk):
+            frame: dict[str, Any] = {"connection_id": pk.removeprefix("CONN#"), "key": item["sk"]}
+            for name in ("seq", "lease_epoch", "received_at_ms", "worker_id"):
+                if name in item:
+                    frame[name] = item[name]
+            data = item.get("message_data")
+            if "oversize_bytes" in item:
+                frame["oversize_bytes"] = int(item["oversize_bytes"])
+                frame["data_sha256"] = item.get("data_sha256", "")
+            elif isinstance(data, bytes):
+                frame["data_base64"] = base64.b64encode(data).decode("ascii")
+            else:
+                frame["data"] = data
+            frames.append(frame)
+        return frames
 
     def read_all(
         self, pk: str, *, consistent: bool = True, attributes: Sequence[str] = ()

@@ -53,6 +53,7 @@ __all__ = [
     "incarnation_id",
     "index_keys",
     "index_shard",
+    "is_startable_connection_id",
     "is_valid_connection_id",
     "worker_base_id",
     "worker_pk",
@@ -82,6 +83,21 @@ class DesiredState(StrEnum):
 def is_valid_connection_id(connection_id: str) -> bool:
     """Connection ids are 1-128 characters of ``[A-Za-z0-9._:-]``."""
     return bool(CONNECTION_ID_PATTERN.fullmatch(connection_id))
+
+
+def is_startable_connection_id(connection_id: str) -> bool:
+    """What START accepts: a valid id that is not only dots.
+
+    ``.`` and ``..`` are dot segments that HTTP clients (curl, browsers, most libraries)
+    remove from a path, so ``/connections/..`` would never reach its connection; ``...`` is
+    refused with them, one rule for a client to remember. Such ids stay *valid* keys, so a
+    connection started before the rule can still be read and stopped (``POST /events`` STOP
+    carries the id in the body, out of any client's reach).
+
+    >>> [is_startable_connection_id(i) for i in ("a.b", ".a", "..", "...")]
+    [True, True, False, False]
+    """
+    return is_valid_connection_id(connection_id) and connection_id.strip(".") != ""
 
 
 def connection_pk(connection_id: str) -> str:
@@ -185,6 +201,9 @@ class ConnectionRecord:
     #: the item (not in a worker) so the count survives hand-overs between workers.
     failure_count: int = 0
     failure_seq: int | None = None
+    #: When the first failure of the current count happened (worker clock, ms): the breaker
+    #: also counts failures at other positions within its window of this.
+    failure_since_ms: int | None = None
     #: Free and STARTED since then (the gsi_unowned sort key); None while owned or not STARTED.
     unowned_since_ms: int | None = None
     #: How to talk to the upstream beyond its URL (headers, credential reference, subscribe
@@ -231,6 +250,7 @@ class ConnectionRecord:
             resume=bool(item.get("resume", True)),
             failure_count=_int(item, "failure_count"),
             failure_seq=_opt_int(item, "failure_seq"),
+            failure_since_ms=_opt_int(item, "failure_since_ms"),
             unowned_since_ms=_opt_int(item, "unowned_since_ms"),
             upstream=UpstreamOptions.from_item(item.get("upstream")),
             resume_gaps=_int(item, "resume_gaps"),

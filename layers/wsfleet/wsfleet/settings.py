@@ -107,6 +107,18 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "A message batch is written at least this often (or at 25 frames).", "worker"),
     EnvVar("MESSAGE_RETENTION_DAYS", "message_retention_days", "30",
            "Stored frames get a TTL (expires_at) this many days ahead; 0 keeps them.", "worker"),
+    EnvVar("MESSAGE_SINK", "message_sink", "dynamodb",
+           "Where the worker stores frames: dynamodb (MESSAGES_TABLE, one item per frame, "
+           "idempotent), kinesis (a data stream, partition key = connection id, records "
+           "KPL-aggregated) or firehose (a delivery stream, JSON Lines); kinesis and firehose "
+           "are at-least-once (README \"Where frames go\").", "worker"),
+    EnvVar("MESSAGE_STREAM", "message_stream", "",
+           "The Kinesis data stream (name or ARN) or Firehose delivery stream (name) frames go "
+           "to; required when MESSAGE_SINK is kinesis or firehose.", "worker"),
+    EnvVar("MESSAGE_KINESIS_AGGREGATION", "message_kinesis_aggregation", "true",
+           "kinesis: pack each connection's frames into KPL aggregated records (consumers "
+           "deaggregate with the KPL libraries, as KCL and Lambda do); false: one frame per "
+           "record.", "worker"),
     EnvVar("STOPPED_RETENTION_DAYS", "stopped_retention_days", "7",
            "STOPPED connection items expire (TTL) this many days after the stop; 0 keeps them.",
            "router, worker"),
@@ -195,10 +207,23 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "A seq more than this above the highest seen on the connection is an invalid frame "
            "(stored under a local key, counted), so one bogus seq cannot jam the stream; 0 "
            "turns the check off. Seqs are always 1 to 2^53-1.", "worker", scope="worker"),
+    EnvVar("WORKER_MESSAGE_TIMEOUT_SECONDS", "message_timeout_seconds", "30",
+           "A message (a fragmented one, or one frame) still incomplete this long after its "
+           "first byte fails the connection (close 1008 \"message timeout\", counted by the "
+           "crash-loop breaker, metric MessageTimeouts): a trickled message cannot hold a "
+           "session. 0 turns it off.", "worker", scope="worker"),
     EnvVar("WORKER_BREAKER_MAX_FAILURES", "breaker_max_failures", "5",
-           "Crash-loop breaker: consecutive session crashes or protocol closes the worker sent "
-           "(1002/1007/1009) at one checkpoint, across all workers, before the connection ends "
-           "FAILED. 0 turns the breaker off.", "worker", scope="worker"),
+           "Crash-loop breaker: failures counted, across all workers, before the connection "
+           "ends FAILED: session crashes, closes the worker sent for what the upstream sent "
+           "(1002/1007/1008/1009), unreadable credentials, normal upstream closes before any "
+           "frame. They count at one checkpoint whatever the time, and at any position within "
+           "WORKER_BREAKER_WINDOW_SECONDS of the first. 0 turns the breaker off.",
+           "worker", scope="worker"),
+    EnvVar("WORKER_BREAKER_WINDOW_SECONDS", "breaker_window_seconds", "600",
+           "Crash-loop breaker window: failures this close to the first one counted add up "
+           "even when each session moved the checkpoint (an upstream that sends one new frame, "
+           "then a poison one, on every connect). 0 counts at one checkpoint only.",
+           "worker", scope="worker"),
     EnvVar("WORKER_SECRET_CACHE_SECONDS", "secret_cache_seconds", "60",
            "How long a worker reuses a resolved upstream credential (Secrets Manager / SSM "
            "SecureString) before reading it again at the next connect: a rotated secret is "
@@ -230,6 +255,9 @@ class Settings:
     resume_param: str = "from_seq"
     message_flush_ms: int = 100
     message_retention_days: float = 30.0
+    message_sink: str = "dynamodb"
+    message_stream: str = ""
+    message_kinesis_aggregation: bool = True
     stopped_retention_days: float = 7.0
     checkpoint_seconds: float = 600.0
     health_file: str = "/tmp/wsfleet-worker.health"
@@ -263,6 +291,14 @@ class Settings:
             raise ConfigurationError("CHECKPOINT_SECONDS must be positive")
         if self.max_connections < 1:
             raise ConfigurationError("MAX_CONNECTIONS must be at least 1")
+        if self.message_sink not in ("dynamodb", "kinesis", "firehose"):
+            raise ConfigurationError(
+                f"MESSAGE_SINK must be dynamodb, kinesis or firehose, got {self.message_sink!r}"
+            )
+        if self.message_sink != "dynamodb" and not self.message_stream:
+            raise ConfigurationError(
+                f"MESSAGE_STREAM is required with MESSAGE_SINK={self.message_sink}"
+            )
         if not 1 <= self.reconcile_page_size <= 10_000:
             raise ConfigurationError("RECONCILE_PAGE_SIZE must be between 1 and 10000")
         if self.rebalance_seconds <= 0:

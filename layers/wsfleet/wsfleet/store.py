@@ -158,7 +158,10 @@ def _restart_changes(
         "last_seq": current.last_seq if same else 0,
         **keys,
     }
-    removals = ["stop_reason", "last_error", "expires_at", "failure_count", "failure_seq"]
+    removals = [
+        "stop_reason", "last_error", "expires_at", "failure_count", "failure_seq",
+        "failure_since_ms",
+    ]
     removals += removed
     if upstream.is_default:
         removals.append("upstream")
@@ -550,12 +553,23 @@ class LeaseStore(ABC):
         return self._end(lease, DesiredState.STOPPED, reason, {}, last_seq)
 
     def mark_failed(
-        self, lease: Lease, reason: str, *, count: int, at_seq: int, last_seq: int | None = None
+        self,
+        lease: Lease,
+        reason: str,
+        *,
+        count: int,
+        at_seq: int,
+        since_ms: int | None = None,
+        last_seq: int | None = None,
     ) -> ConnectionRecord:
         """The breaker tripped: FAILED + reason + release, fenced. FAILED is terminal until a
         new START and gets no TTL (an operator must be able to find it)."""
         reason = reason[:_MAX_ERROR_CHARS]
-        extra = {"last_error": reason, "failure_count": count, "failure_seq": at_seq}
+        extra: dict[str, Any] = {
+            "last_error": reason, "failure_count": count, "failure_seq": at_seq
+        }
+        if since_ms is not None:
+            extra["failure_since_ms"] = since_ms
         return self._end(lease, DesiredState.FAILED, reason, extra, last_seq)
 
     def record_error(self, lease: Lease, message: str) -> None:
@@ -564,17 +578,20 @@ class LeaseStore(ABC):
             lease, {"last_error": message[:_MAX_ERROR_CHARS], "updated_at_ms": self._clock()}
         )
 
-    def note_failure(self, lease: Lease, error: str, *, count: int, at_seq: int) -> None:
-        """Count a crash-loop failure on the item (survives hand-overs), fenced."""
-        self._fenced(
-            lease,
-            {
-                "failure_count": count,
-                "failure_seq": at_seq,
-                "last_error": error[:_MAX_ERROR_CHARS],
-                "updated_at_ms": self._clock(),
-            },
-        )
+    def note_failure(
+        self, lease: Lease, error: str, *, count: int, at_seq: int, since_ms: int | None = None
+    ) -> None:
+        """Count a crash-loop failure on the item (survives hand-overs), fenced. One write
+        holds the count, its position, the window's start and ``last_error``."""
+        values: dict[str, Any] = {
+            "failure_count": count,
+            "failure_seq": at_seq,
+            "last_error": error[:_MAX_ERROR_CHARS],
+            "updated_at_ms": self._clock(),
+        }
+        if since_ms is not None:
+            values["failure_since_ms"] = since_ms
+        self._fenced(lease, values)
 
     def note_gap(self, lease: Lease, *, resumes: int, frames: int) -> None:
         """Store the connection's resume-gap totals (survive hand-overs), fenced.

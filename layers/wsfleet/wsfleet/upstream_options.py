@@ -12,7 +12,8 @@ appended, read JSON frames whose sequence number is the top-level ``SEQ_FIELD``.
                     "header": "Authorization", "format": "Bearer {{secret}}"},
      "subscribe": {"op": "subscribe", "channel": "trades", "from": "{{from_seq}}"},
      "seq_pointer": "/meta/seq",
-     "resume": "subscribe"}
+     "resume": "subscribe",
+     "normal_close": "reconnect"}
 
 * ``headers``: extra handshake headers, a bounded set. Never ``Host``, hop-by-hop headers or
   the ``Sec-WebSocket-*`` family (the handshake's own), and never ``Authorization``,
@@ -34,6 +35,11 @@ appended, read JSON frames whose sequence number is the top-level ``SEQ_FIELD``.
   ``RESUME_PARAM``), ``subscribe`` (the ``{{from_seq}}`` in the subscribe message) or ``none``
   (the upstream cannot replay: a failover loses what was sent while nobody listened, and the
   worker reports that gap, see :func:`resume_gap`).
+* ``normal_close``: what a close from the upstream with 1000 or 1001 means. ``reconnect``
+  (the default): the same as any other close, back off and resume (servers close routinely:
+  1001 on their deploys, 1000 at session limits or to force re-authentication). ``final``:
+  the stream is over, the connection ends ``STOPPED`` with ``stop_reason`` ``upstream_closed``
+  (for finite feeds: a replay, a file, a match that ends).
 
 Parsing is strict (every field bounded, unknown keys refused) and raises
 :class:`~wsfleet.exceptions.InvalidUpstreamOptions`, whose ``field`` names the offending
@@ -176,6 +182,8 @@ class UpstreamOptions:
     resume: ResumeMode = ResumeMode.QUERY
     #: QUERY only: the parameter; None: ``RESUME_PARAM``.
     resume_param: str | None = None
+    #: ``normal_close: final``: a close with 1000/1001 ends the stream (else it reconnects).
+    final_normal_close: bool = False
 
     @property
     def is_default(self) -> bool:
@@ -206,6 +214,8 @@ class UpstreamOptions:
             item["resume"] = str(self.resume)
         if self.resume_param is not None:
             item["resume_param"] = self.resume_param
+        if self.final_normal_close:
+            item["normal_close"] = "final"
         return item
 
     @classmethod
@@ -240,6 +250,7 @@ class UpstreamOptions:
             seq_pointer=None if item.get("seq_pointer") is None else str(item["seq_pointer"]),
             resume=ResumeMode(item.get("resume", ResumeMode.QUERY)),
             resume_param=None if item.get("resume_param") is None else str(item["resume_param"]),
+            final_normal_close=item.get("normal_close") == "final",
         )
 
     def to_view(self) -> dict[str, Any]:
@@ -286,7 +297,7 @@ def parse_upstream_options(
         obj,
         "upstream",
         {"headers", "subprotocols", "credential", "subscribe", "seq_pointer", "resume",
-         "resume_param"},
+         "resume_param", "normal_close"},
     )
     headers = _headers(obj.get("headers"))
     subprotocols = _subprotocols(obj.get("subprotocols"))
@@ -342,6 +353,17 @@ def parse_upstream_options(
         seq_pointer=pointer,
         resume=resume,
         resume_param=resume_param,
+        final_normal_close=_normal_close(obj.get("normal_close")),
+    )
+
+
+def _normal_close(raw: object) -> bool:
+    if raw is None or raw == "reconnect":
+        return False
+    if raw == "final":
+        return True
+    raise InvalidUpstreamOptions(
+        "upstream.normal_close must be one of reconnect, final", "upstream.normal_close"
     )
 
 
@@ -632,16 +654,19 @@ def render_subscribe(
     return text
 
 
-def resume_gap(checkpoint: int, first_seq: int) -> int:
+def resume_gap(highest_seq: int, first_seq: int) -> int:
     """Frames the upstream never delivered across a resume: the first seq received after the
-    (re)connect minus the checkpoint minus one, never negative. With ``resume: none`` this is
-    what a failover cost; with a replaying upstream it should be 0.
+    (re)connect minus the highest seq the stream already has minus one, never negative. The
+    caller picks ``highest_seq``: the highest seq the session received, at a takeover the
+    checkpoint it acquired with, or for an upstream that cannot replay the highest seq stored
+    (frames stored above the last checkpoint are not lost). With ``resume: none`` this is what
+    a failover cost; with a replaying upstream it should be 0.
 
-    A brand-new stream (checkpoint 0) has no gap: feeds may start anywhere.
+    A brand-new stream (nothing received or stored: 0) has no gap: feeds may start anywhere.
 
     >>> resume_gap(100, 101), resume_gap(100, 131), resume_gap(100, 90), resume_gap(0, 500)
     (0, 30, 0, 0)
     """
-    if checkpoint <= 0:
+    if highest_seq <= 0:
         return 0
-    return max(0, first_seq - checkpoint - 1)
+    return max(0, first_seq - highest_seq - 1)

@@ -1,0 +1,291 @@
+"""What the stream sinks (Kinesis, Firehose) share: the frame's JSON record and the put loop.
+
+**A frame as a record.** Every frame becomes one compact JSON object (UTF-8, non-ASCII kept),
+:func:`frame_json`::
+
+    {"connection_id": "a", "key": "00000000000000000042", "seq": 42, "lease_epoch": 3,
+     "received_at_ms": 1700000000123, "worker_id": "w1", "data": "..."}
+
+``key`` is the DynamoDB sort key the frame would have had (the zero-padded seq, or the local
+key ``L<epoch>-<received_ms>-<counter>`` of a frame without a seq, which then has no ``seq``).
+``data`` is the string the messages table stores in ``message_data`` (the frame's ``data``
+field as compact JSON text if it is not a string, else the raw frame); a binary frame that is
+not UTF-8 carries ``data_base64`` instead. A marker (a frame too large to store) carries
+``oversize_bytes`` and ``data_sha256`` and no data. Consumers deduplicate on
+(``connection_id``, ``seq``), or (``connection_id``, ``key``) for frames without a seq.
+
+**The put loop** (:class:`RecordStreamSink`). A batch's frames stay in one list, in the order
+they were queued. Each round asks the guard about every frame (a refused one is reported
+``fenced``), packs what is left into records (the backend's :meth:`~RecordStreamSink._pack`),
+takes the first records that fit one request (count and bytes), sends them with the send
+guard armed, and drops the frames of the records the service took. Frames of failed records
+keep their place in front of their connection's later frames, so they go again first. A round
+in which nothing failed is progress and goes on at once; a round with failures (per-record
+errors such as ``ProvisionedThroughputExceededException``, a throttled or ambiguous request)
+backs off with full jitter, and after ``attempts`` such rounds what is left is handed back
+``unwritten`` (the flusher re-queues it: backpressure, never loss). Whole-request throttling
+is first retried by botocore itself (``standard`` retry mode). A request refused as invalid is
+split until the offending record is alone; its frames are reported rejected (they become
+markers).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ..aws import is_ambiguous, is_throttling
+from ..backoff import backoff
+from ..exceptions import StoreError
+from ..messages import Message
+from ..record import CONNECTION_PREFIX
+from .base import FrameSink, Guard, GuardTripped, PutResult, SendGuard
+
+__all__ = ["OutRecord", "RecordStreamSink", "connection_id_of", "frame_json", "take_request"]
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def connection_id_of(message: Message) -> str:
+    """The connection id of a frame (its pk without ``CONN#``)."""
+    pk = message.pk
+    return pk[len(CONNECTION_PREFIX) :] if pk.startswith(CONNECTION_PREFIX) else pk
+
+
+def frame_json(message: Message) -> bytes:
+    """The frame as its JSON record (see the module docstring), UTF-8.
+
+    >>> from wsfleet.messages import seq_sk
+    >>> frame_json(Message("CONN#a", seq_sk(7), "hi", 1000, "w1", 2, seq=7))
+    b'{"connection_id":"a","key":"00000000000000000007","seq":7,"lease_epoch":2,\
+"received_at_ms":1000,"worker_id":"w1","data":"hi"}'
+    """
+    record: dict[str, Any] = {"connection_id": connection_id_of(message), "key": message.sk}
+    if message.seq is not None:
+        record["seq"] = message.seq
+    record["lease_epoch"] = message.lease_epoch
+    record["received_at_ms"] = message.received_at_ms
+    record["worker_id"] = message.worker_id
+    data = message.message_data
+    if message.oversize_bytes is not None:
+        record["oversize_bytes"] = message.oversize_bytes
+        record["data_sha256"] = message.data_sha256 or ""
+    elif isinstance(data, bytes):
+        record["data_base64"] = base64.b64encode(data).decode("ascii")
+    else:
+        record["data"] = data
+    return _encode(record).encode("utf-8", "surrogatepass")
+
+
+@dataclass(slots=True)
+class OutRecord:
+    """One record of a request: the frames it carries, its bytes and its partition key."""
+
+    frames: list[Message]
+    data: bytes
+    partition_key: str = ""
+
+    @property
+    def request_bytes(self) -> int:
+        """What the record counts against a request's byte cap (data and partition key)."""
+        return len(self.data) + len(self.partition_key.encode("utf-8"))
+
+
+def take_request(
+    records: Sequence[OutRecord], *, max_records: int, max_bytes: int, one_per_key: bool
+) -> list[OutRecord]:
+    """The records the next request carries: from the front, while they fit.
+
+    With ``one_per_key`` a request carries at most one record per partition key, the first
+    one: a stream keeps a key's records in order only if a later record cannot be accepted
+    while an earlier one of the same request is refused. A record that does not fit is
+    skipped (records of other keys may still fit), but never one of a key already skipped.
+    """
+    taken: list[OutRecord] = []
+    used = 0
+    seen: set[str] = set()
+    for record in records:
+        if len(taken) >= max_records:
+            break
+        key = record.partition_key
+        if one_per_key and key in seen:
+            continue
+        seen.add(key)
+        size = record.request_bytes
+        if taken and used + size > max_bytes:
+            if not one_per_key:
+                break
+            continue
+        taken.append(record)
+        used += size
+    return taken
+
+
+class RecordStreamSink(FrameSink):
+    """The put loop of a record stream (module docstring); backends pack and send.
+
+    :param attempts: rounds with failures before what is left is handed back unwritten.
+    :param sleep: how to wait between rounds (injectable for tests).
+    """
+
+    #: The write operation (botocore name) the send guard watches.
+    operation: ClassVar[str]
+    #: Per-request limits of that operation.
+    request_records: ClassVar[int]
+    request_bytes: ClassVar[int]
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        attempts: int = 6,
+        backoff_initial: float = 0.05,
+        backoff_cap: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._attempts = max(1, attempts)
+        self._backoff_initial = backoff_initial
+        self._backoff_cap = backoff_cap
+        self._sleep = sleep
+        self._rng = rng
+        self._send_guard = SendGuard(client, self.operation)
+
+    # ------------------------------------------------------------------ backend hooks
+    @property
+    @abstractmethod
+    def destination(self) -> str:
+        """The stream's name or ARN, for messages."""
+
+    @property
+    def one_record_per_key(self) -> bool:
+        """Whether a request may carry one record per partition key only (ordered streams)."""
+        return False
+
+    @abstractmethod
+    def _pack(
+        self, messages: Sequence[Message], encoded: Callable[[Message], bytes]
+    ) -> list[OutRecord]:
+        """The frames as records, in order (``encoded(m)`` is :func:`frame_json`, cached)."""
+
+    @abstractmethod
+    def _send(self, records: Sequence[OutRecord]) -> list[str | None]:
+        """Send one request; per record, its error code (None: taken). Raises ClientError or
+        BotoCoreError for a request refused or failed as a whole."""
+
+    # ------------------------------------------------------------------ the put loop
+    def put_batch(self, messages: Iterable[Message], *, guard: Guard | None = None) -> PutResult:
+        """Write every frame at least once, or report it unwritten, rejected or fenced."""
+        pending = list(messages)
+        result = PutResult()
+        cache: dict[int, bytes] = {}
+
+        def encoded(message: Message) -> bytes:
+            data = cache.get(id(message))
+            if data is None:
+                data = cache[id(message)] = frame_json(message)
+            return data
+
+        delays = self._delays()
+        failed_rounds = 0
+        while pending:
+            if guard is not None:
+                allowed = [m for m in pending if guard(m)]
+                if len(allowed) < len(pending):
+                    kept = {id(m) for m in allowed}
+                    result.fenced.extend(m for m in pending if id(m) not in kept)
+                    pending = allowed
+                    if not pending:
+                        break
+            request = take_request(
+                self._pack(pending, encoded),
+                max_records=self.request_records,
+                max_bytes=self.request_bytes,
+                one_per_key=self.one_record_per_key,
+            )
+            done, trouble = self._put_request(request, result, guard)
+            if done:
+                pending = [m for m in pending if id(m) not in done]
+            if trouble:
+                failed_rounds += 1
+                if failed_rounds >= self._attempts:
+                    break
+                self._sleep(next(delays))
+        result.unwritten.extend(pending)
+        return result
+
+    def _put_request(
+        self, request: list[OutRecord], result: PutResult, guard: Guard | None
+    ) -> tuple[set[int], bool]:
+        """Send one request. Returns the ids of the frames settled (taken or rejected) and
+        whether anything failed that is worth a backoff."""
+        check = None
+        if guard is not None:
+            check = lambda: all(guard(m) for r in request for m in r.frames)  # noqa: E731
+        try:
+            with self._send_guard.armed(check):
+                errors = self._send(request)
+        except GuardTripped:
+            return set(), False  # not sent: the next round asks the guard frame by frame
+        except ClientError as exc:
+            result.requests += 1
+            if _is_invalid(exc):
+                return self._isolate_invalid(request, result, guard), False
+            if is_throttling(exc) or is_ambiguous(exc) or _error_code(exc) in _STREAM_THROTTLING:
+                return set(), True
+            raise StoreError(f"{self.operation} on {self.destination} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            result.requests += 1
+            if is_ambiguous(exc):
+                return set(), True
+            raise StoreError(f"{self.operation} on {self.destination} failed: {exc}") from exc
+        result.requests += 1
+        done: set[int] = set()
+        trouble = False
+        for record, error in zip(request, errors, strict=True):
+            if error is None:
+                result.written += len(record.frames)
+                done.update(id(m) for m in record.frames)
+            else:
+                trouble = True
+        return done, trouble
+
+    def _isolate_invalid(
+        self, request: list[OutRecord], result: PutResult, guard: Guard | None
+    ) -> set[int]:
+        """A request was refused as invalid: send its records one by one; the frames of a
+        record refused on its own are rejected. Returns the frames settled."""
+        if len(request) == 1:
+            (record,) = request
+            result.rejected.extend(record.frames)
+            return {id(m) for m in record.frames}
+        done: set[int] = set()
+        for record in request:
+            settled, _trouble = self._put_request([record], result, guard)
+            done |= settled
+        return done
+
+    def _delays(self) -> Iterator[float]:
+        return backoff(initial=self._backoff_initial, cap=self._backoff_cap, rng=self._rng)
+
+
+#: Whole-request refusals of the stream services that mean "later" (Firehose answers
+#: ServiceUnavailableException, HTTP 503, when a delivery stream is over its limits).
+_STREAM_THROTTLING = frozenset({"KMSThrottlingException", "ServiceUnavailableException"})
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _is_invalid(exc: ClientError) -> bool:
+    return _error_code(exc) in {"ValidationException", "InvalidArgumentException"}
