@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from wsfleet.aws import dynamodb_client
 from wsfleet.record import connection_pk
@@ -31,13 +32,13 @@ LONG_ID = "meeting-" + "x" * 100 + "-end"
 def wsfleet(*args: str) -> tuple[int, str, str]:
     """``wsfleet ARGS`` through the console entry point: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    saved = cli.console.file, cli.err_console.file
-    try:
-        cli.console.file, cli.err_console.file = out, err
+    saved = cli.console, cli.err_console
+    try:  # the commands print through these two module globals
+        cli.console, cli.err_console = Console(file=out), Console(file=err)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(list(args))
     finally:
-        cli.console.file, cli.err_console.file = saved
+        cli.console, cli.err_console = saved
     return code, out.getvalue(), err.getvalue()
 
 
