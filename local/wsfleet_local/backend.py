@@ -862,24 +862,35 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    # make_server has bound and listens: a request sent after the ready line is queued by the
-    # kernel and served once the thread runs, so there is nothing to wait for.
-    with StopSignals() as stop, serve(args.host, args.port) as server:
-        endpoint_url = f"http://{args.host}:{server.port}"
-        ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
-        if args.create_resources:
-            resources = provision_resources(
-                endpoint_url, args.create_resources, region=args.region,
-                template_path=args.template,
-            )  # fmt: skip
-            ready["env"] = resources.env()
-            ready["resources"] = asdict(resources)
-            if args.seed_samples:
-                ready["sample_workers"] = seed_sample_workers(resources)
-        elif args.seed_samples:
-            parser.error("--seed-samples needs --create-resources")
-        # stdout carries exactly one line: anything printed later (moto prints) goes to stderr.
-        serve_until_stopped(ready, stop, exit_on_stdin_eof=args.exit_on_stdin_eof)
+    # Start-up (moto's warm-up, provisioning) runs on a thread: a signal then ends the process
+    # at once instead of waiting for it. make_server has bound and listens: a request sent
+    # after the ready line is queued by the kernel and served once the thread runs.
+    with StopSignals() as stop:
+        server = stop.run(lambda: serve(args.host, args.port), name="backend-warm-up")
+        if server is None:
+            return 0
+        with server:
+            endpoint_url = f"http://{args.host}:{server.port}"
+            ready: dict[str, Any] = {"endpoint_url": endpoint_url, "pid": os.getpid()}
+            if args.create_resources:
+                prefix = args.create_resources
+                resources = stop.run(
+                    lambda: provision_resources(
+                        endpoint_url, prefix, region=args.region, template_path=args.template
+                    ),
+                    name="backend-provisioning",
+                )
+                if resources is None:
+                    return 0
+                ready["env"] = resources.env()
+                ready["resources"] = asdict(resources)
+                if args.seed_samples:
+                    ready["sample_workers"] = seed_sample_workers(resources)
+            elif args.seed_samples:
+                parser.error("--seed-samples needs --create-resources")
+            # stdout carries exactly one line: anything printed later (moto prints) goes to
+            # stderr.
+            serve_until_stopped(ready, stop, exit_on_stdin_eof=args.exit_on_stdin_eof)
     return 0
 
 
