@@ -146,6 +146,8 @@ class LocalBackend:
         self.endpoint_url = ""
         self.env: dict[str, str] = {}
         self.resources: dict[str, Any] = {}
+        #: The workers --seed-samples registered for the stream samples: control queue URLs.
+        self.sample_workers: dict[str, str] = {}
 
     def start(self) -> LocalBackend:
         self.proc = subprocess.Popen(
@@ -164,6 +166,7 @@ class LocalBackend:
         self.endpoint_url = announced["endpoint_url"]
         self.env = dict(announced["env"])
         self.resources = dict(announced["resources"])
+        self.sample_workers = dict(announced.get("sample_workers", {}))
         return self
 
     def stop(self) -> None:

@@ -94,11 +94,10 @@ def test_api_samples_in_readme_order(invoke: Any) -> None:
             assert body["message"], name
 
 
-def test_stream_samples(invoke: Any) -> None:
-    # GIVEN worker-a alive with a working control queue; worker-b alive but its queue gone
-    # (alive for 10 minutes: each invoke starts a container)
-    queue_a = samples.live_worker("worker-a", lease_ms=600_000)
-    samples.live_worker("worker-b", queue_deleted=True, lease_ms=600_000)
+def test_stream_samples(invoke: Any, local_backend: LocalBackend) -> None:
+    # GIVEN nothing but `make local-backend`, whose --seed-samples registers worker-a with its
+    # control queue and worker-b without one (mid-restart), as the README says
+    queue_a = local_backend.sample_workers["worker-a"]
 
     # WHEN each stream sample is invoked (the last with the README's `make invoke` line),
     # THEN a STOP transition reaches its owner's queue
