@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy openapi
+.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy tune openapi dynalite
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration
+
+# dynalite (npm), the second DynamoDB: into .dynalite/ (git-ignored; kept between runs). With it
+# `make test` also runs the store's contract tests and a fleet test on it; without it they skip.
+dynalite: $(STAMP)
+	$(BIN)/python -m bench.dynalite --install
 
 # Static Python checks: ruff's lint rules over the repository and mypy --strict over the shipped
 # code (both configured in pyproject.toml), then a looser mypy pass over the local runtime and
@@ -72,8 +77,11 @@ invoke:
 CONFIG_ENV ?= dev
 REPO       ?= wsfleet-worker
 TAG        ?= $(shell git rev-parse --short HEAD)
-REGION     ?= $(shell aws configure get region)
+REGION     ?= $(or $(AWS_REGION),$(AWS_DEFAULT_REGION),$(shell aws configure get region))
 REGISTRY    = $(shell aws sts get-caller-identity --query Account --output text).dkr.ecr.$(REGION).amazonaws.com
+# --region only when there is one (no region configured: the AWS CLI's and sam's own default
+# chain decides, instead of an empty --region).
+REGION_FLAG = $(if $(strip $(REGION)),--region $(REGION))
 IMAGE       = $(REGISTRY)/$(REPO):$(TAG)
 # Written by `make push`: the pushed image as <registry>/<repo>@sha256:<digest>.
 IMAGE_URI_FILE := .worker-image-uri
@@ -82,7 +90,8 @@ image:
 	docker build --platform linux/amd64 -f worker/Dockerfile -t $(REPO):$(TAG) .
 
 push: image
-	aws ecr get-login-password --region $(REGION) | docker login --username AWS --password-stdin $(REGISTRY)
+	@test -n "$(strip $(REGION))" || { echo "make push: no region for the ECR registry (REGION=..., AWS_REGION or aws configure)" >&2; exit 2; }
+	aws ecr get-login-password $(REGION_FLAG) | docker login --username AWS --password-stdin $(REGISTRY)
 	docker tag $(REPO):$(TAG) $(IMAGE)
 	docker push $(IMAGE)
 	# The digest of this registry and repository (an image pushed to two has two).
@@ -95,8 +104,17 @@ push: image
 # Without it: samconfig.toml's parameters as they are (the first deploy of a stack).
 deploy:
 	sam build
-	sam deploy --config-env $(CONFIG_ENV) --region $(REGION) \
+	sam deploy --config-env $(CONFIG_ENV) $(REGION_FLAG) \
 	  $$(test -f $(IMAGE_URI_FILE) && echo --parameter-overrides WorkerImageUri=$$(cat $(IMAGE_URI_FILE)))
+
+# `make tune STACK=wsfleet-prod SET="'ReconcileSchedule=rate(5 minutes)'"`: a parameter-only
+# change (docs/deploy.md, "Change only the reconcile schedule"). CloudFormation's UpdateStack
+# with the deployed template (no build, no upload: the code and image stay as deployed), SET's
+# parameters changed and every other one UsePreviousValue. SET is shell words, one
+# ParameterName=value each (quote a value with spaces).
+STACK ?= wsfleet-$(CONFIG_ENV)
+tune: $(STAMP)
+	$(BIN)/python -m wsfleet_local.tune --stack-name $(STACK) $(REGION_FLAG) $(SET)
 
 clean:
 	rm -rf $(VENV) .aws-sam .pytest_cache $(IMAGE_URI_FILE)

@@ -9,11 +9,13 @@ still on moto. dynalite has no Streams and no SQS. :class:`Dynalite` is also a
 tables on it, which is how the benchmarks' ``-dynalite`` runs leave the serialised moto server
 out of the K = 100 figures.
 
-Install (once; outside the repository, nothing is committed)::
+Install (once; ``make dynalite`` does the same, ``.ci/run`` calls it)::
 
-    python -m bench.dynalite --install      # npm install dynalite into the cache dir
+    python -m bench.dynalite --install      # npm install dynalite into .dynalite/ (git-ignored)
 
-``DYNALITE_HOME`` overrides the install directory (default ``~/.cache/wsfleet/dynalite``).
+``DYNALITE_HOME`` overrides the install directory (default ``.dynalite/`` in the repository;
+an install in ``~/.cache/wsfleet/dynalite``, where earlier versions put it, is still found).
+Tests that need dynalite skip without it, or fail when ``WSFLEET_REQUIRE_DYNALITE=1`` (CI).
 
 Example::
 
@@ -46,11 +48,15 @@ from wsfleet_local.procs import ChildFailed, ChildProcess, Service, spawn
 __all__ = [
     "DYNALITE_VERSION",
     "DYNAMODB_BACKENDS",
+    "PROJECT_HOME",
+    "REQUIRE_ENV",
     "Dynalite",
     "DynaliteError",
+    "available",
     "dynalite_home",
     "install",
     "main",
+    "required",
     "tables_service",
 ]
 
@@ -65,12 +71,28 @@ class DynaliteError(WsfleetError):
     """node/npm missing, dynalite not installed, or the server did not come up."""
 
 
+#: The project-local install (git-ignored): where ``--install`` and ``.ci/run`` put dynalite.
+PROJECT_HOME = Path(__file__).resolve().parents[1] / ".dynalite"
+#: Set (to 1) by ``.ci/run``: a test that needs dynalite fails instead of skipping without it.
+REQUIRE_ENV = "WSFLEET_REQUIRE_DYNALITE"
+
+
 def dynalite_home() -> Path:
+    """``DYNALITE_HOME`` if set; else the project's ``.dynalite/``, unless dynalite is only in
+    the per-user cache (``~/.cache/wsfleet/dynalite``, where earlier versions installed it)."""
     override = os.environ.get("DYNALITE_HOME")
     if override:
         return Path(override)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "wsfleet" / "dynalite"
+    user_home = cache / "wsfleet" / "dynalite"
+    if not _binary(PROJECT_HOME).exists() and _binary(user_home).exists():
+        return user_home
+    return PROJECT_HOME
+
+
+def required() -> bool:
+    """Tests must run on dynalite (CI), not skip (``WSFLEET_REQUIRE_DYNALITE=1``)."""
+    return os.environ.get(REQUIRE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _binary(home: Path) -> Path:
@@ -94,8 +116,11 @@ def install(home: Path | None = None, *, version: str = DYNALITE_VERSION) -> Pat
     package = home / "package.json"
     if not package.exists():
         package.write_text(json.dumps({"name": "wsfleet-dynalite", "private": True}))
+    # --ignore-scripts: the one install script is classic-level's native LevelDB build
+    # (node-gyp, which would fetch node's headers from outside the registry); dynalite runs in
+    # memory here and never loads it.
     subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", f"dynalite@{version}"],
+        [npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", f"dynalite@{version}"],
         cwd=home, check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     return _binary(home)
@@ -243,11 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--install", action="store_true", help="npm install dynalite")
     parser.add_argument("--check", action="store_true", help="start it once and stop it")
     args = parser.parse_args(argv)
-    if args.install:
-        print(install())
-    if args.check:
-        with Dynalite() as dynalite:
-            print(json.dumps({"endpoint_url": dynalite.endpoint_url}))
+    try:
+        if args.install:
+            print(install())
+        if args.check:
+            with Dynalite() as dynalite:
+                print(json.dumps({"endpoint_url": dynalite.endpoint_url}))
+    except (DynaliteError, subprocess.CalledProcessError) as exc:
+        print(f"bench.dynalite: {exc}", file=sys.stderr)
+        return 1
     if not (args.install or args.check):
         print(json.dumps({"installed": available(), "home": str(dynalite_home())}))
     return 0

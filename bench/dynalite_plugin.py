@@ -19,12 +19,25 @@ from typing import Any
 import pytest
 
 
+def require_dynalite() -> None:
+    """Skip the calling test when dynalite is not installed, or fail it when
+    ``WSFLEET_REQUIRE_DYNALITE=1`` (CI sets it: there a skip would hide that the second
+    DynamoDB never ran)."""
+    from bench.dynalite import REQUIRE_ENV, available, dynalite_home, required
+
+    if available():
+        return
+    reason = f"dynalite is not installed in {dynalite_home()} (make dynalite; needs node, npm)"
+    if required():
+        pytest.fail(f"{reason}, and {REQUIRE_ENV} is set", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def dynalite_server() -> Iterator[Any]:
-    from bench.dynalite import Dynalite, available
+    from bench.dynalite import Dynalite
 
-    if not available():
-        pytest.skip("dynalite is not installed (python -m bench.dynalite --install)")
+    require_dynalite()
     with Dynalite() as server:
         yield server
 

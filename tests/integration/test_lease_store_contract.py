@@ -1,5 +1,6 @@
-"""One set of lease-store scenarios, run against both stores: the DynamoDB one on the embedded
-moto server and :class:`wsfleet.memstore.InMemoryLeaseStore`.
+"""One set of lease-store scenarios, run against every store: the DynamoDB one on the embedded
+moto server and on dynalite (a second DynamoDB implementation; skipped when it is not
+installed, a failure in CI), and :class:`wsfleet.memstore.InMemoryLeaseStore`.
 
 The in-memory store stands in for DynamoDB in the unit tests of the session and the worker,
 so it must behave exactly like the real one: same conditions, same refusals, same index
@@ -14,8 +15,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from lease_helpers import FakeClock, make_store, register as register_worker
+from lease_helpers import STORES, FakeClock, make_store, register as register_worker
 
+import bench.dynalite_plugin
 from wsfleet.exceptions import (
     ConnectionNotFound,
     ConnectionStopped,
@@ -38,6 +40,9 @@ from wsfleet.upstream_options import (
 
 pytestmark = pytest.mark.integration
 
+#: One dynalite server for the session (bench/dynalite_plugin.py): skips without dynalite.
+dynalite_server = bench.dynalite_plugin.dynalite_server
+
 LEASE_MS = 2_000
 URL = "wss://up.example/s"
 FAR = 10**15  # "before" bound that includes every unowned_since_ms
@@ -48,12 +53,12 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["dynamodb", "memory"])
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, clock: FakeClock) -> LeaseStore:
     return make_store(request, clock, lease_ms=LEASE_MS)
 
 
-@pytest.fixture(params=["dynamodb", "memory"])
+@pytest.fixture(params=STORES)
 def ttl_store(request: pytest.FixtureRequest, clock: FakeClock) -> LeaseStore:
     return make_store(request, clock, lease_ms=LEASE_MS, stopped_retention_ms=86_400_000)
 

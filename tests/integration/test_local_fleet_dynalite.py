@@ -17,15 +17,13 @@ import pytest
 from fleet_helpers import wait_until
 
 from bench import dynalite
+from bench.dynalite_plugin import require_dynalite
 from wsfleet.record import ConnectionRecord, connection_pk
 from wsfleet_local.client import ApiClient, scan_table
 from wsfleet_local.fleet import FleetTimings, LocalFleet
 from wsfleet_local.procs import pid_alive
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not dynalite.available(), reason="dynalite is not installed (node/npm)"),
-]
+pytestmark = pytest.mark.integration
 
 
 def client(endpoint_url: str) -> Any:
@@ -53,6 +51,7 @@ def test_an_unknown_dynamodb_backend_is_refused():
 
 
 def test_streams_and_hand_off_run_on_dynalite(tmp_path):
+    require_dynalite()  # skips without it; fails instead under WSFLEET_REQUIRE_DYNALITE=1 (CI)
     timings = FleetTimings(lease_seconds=4.0, heartbeat_seconds=1.0)
     # Checkpoints every second: the test waits for them (the default is every 10 minutes).
     with LocalFleet(

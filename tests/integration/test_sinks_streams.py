@@ -336,3 +336,21 @@ def test_every_sink_reads_a_connections_frames_back_in_one_shape(aws, stream, de
     assert read[0] == read[1] == read[2]
     assert [f["seq"] for f in read[0]] == [1, 2, 3]
     assert read[0][1]["data_base64"] == "/wE=" and read[0][2]["oversize_bytes"] == 999_999
+
+
+def test_the_sinks_take_their_stream_by_arn_as_the_template_passes_it(stream, delivery_stream):
+    from wsfleet.sinks.firehose import FirehoseSink
+
+    arn = kinesis_client().describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"][
+        "StreamARN"
+    ]
+    by_arn = KinesisSink(kinesis_client(), arn)
+    assert by_arn.put_batch([message("arn", 1)]).written == 1
+    assert [f["seq"] for f in by_arn.read_frames("CONN#arn")] == [1]
+    name, _bucket = delivery_stream
+    description = firehose_client().describe_delivery_stream(DeliveryStreamName=name)
+    delivery = FirehoseSink(
+        firehose_client(), description["DeliveryStreamDescription"]["DeliveryStreamARN"]
+    )
+    assert delivery.put_batch([message("arn", 1)]).written == 1
+    assert [f["seq"] for f in delivery.read_frames("CONN#arn")] == [1]

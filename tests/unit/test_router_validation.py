@@ -334,3 +334,45 @@ def test_a_ws_url_host_in_a_second_spelling_is_a_422_before_any_store_call(monke
     assert status == 422
     assert body["field"] == "ws_url"
     assert "must not end with a dot" in body["message"] or "malformed" in body["message"]
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+@pytest.mark.parametrize(
+    "connection_id", ["a#b", "a\x00b", "\U0001f600", "a\u200fb", "a\u202eb", "a b", "a%b"]
+)
+def test_a_path_id_outside_the_rule_is_a_422_whatever_the_character(
+    monkeypatch, method, connection_id
+):
+    # Issue #23: '#', NUL, emoji and bidi marks fell outside Powertools' route pattern and got a
+    # 404 "no route"; the contract says 422 on connection_id (README, docs/openapi.json).
+    use(monkeypatch, Untouchable())
+    sample = event(
+        "api_get_connection",
+        httpMethod=method,
+        path=f"/connections/{connection_id}",
+        pathParameters={"id": connection_id},
+        body=json.dumps({"ws_url": URL}) if method == "PUT" else None,
+    )
+
+    status, body = call(sample)
+
+    assert status == 422
+    assert body["field"] == "connection_id"
+    assert "A-Z a-z 0-9" in body["message"]
+
+
+@pytest.mark.parametrize("connection_id", [".", "..", "..."])
+def test_a_start_id_of_only_dots_is_a_422_on_both_routes(monkeypatch, connection_id):
+    use(monkeypatch, Untouchable())
+    put = event(
+        "api_put_connection",
+        path=f"/connections/{connection_id}",
+        pathParameters={"id": connection_id},
+    )
+    post = event(body=json.dumps(
+        {"event_type": "START", "connection_id": connection_id, "ws_url": URL}
+    ))
+    for sample in (put, post):
+        status, body = call(sample)
+        assert status == 422
+        assert body["field"] == "connection_id" and "only dots" in body["message"]

@@ -36,6 +36,16 @@ def test_kinesis_and_firehose_are_selected_with_their_stream():
         Settings.from_env({"MESSAGE_SINK": "firehose", "MESSAGE_STREAM": "d"}), firehose=object()
     )
     assert isinstance(firehose, FirehoseSink) and firehose.delivery_stream == "d"
+    by_arn = sink_from_settings(
+        Settings.from_env(
+            {
+                "MESSAGE_SINK": "firehose",
+                "MESSAGE_STREAM": "arn:aws:firehose:us-east-1:1:deliverystream/d",
+            }
+        ),
+        firehose=object(),
+    )
+    assert by_arn.delivery_stream == "d"  # PutRecordBatch takes the name
 
 
 @pytest.mark.parametrize(
@@ -45,6 +55,13 @@ def test_kinesis_and_firehose_are_selected_with_their_stream():
         ({"MESSAGE_SINK": "kinesis"}, "MESSAGE_STREAM is required with MESSAGE_SINK=kinesis"),
         ({"MESSAGE_SINK": "firehose"}, "MESSAGE_STREAM is required with MESSAGE_SINK=firehose"),
         ({"MESSAGE_KINESIS_AGGREGATION": "maybe"}, "MESSAGE_KINESIS_AGGREGATION must be true"),
+        (
+            {
+                "MESSAGE_SINK": "kinesis",
+                "MESSAGE_STREAM": "arn:aws:firehose:us-east-1:1:deliverystream/d",
+            },
+            "is not a kinesis ARN",
+        ),
     ],
 )
 def test_a_bad_sink_setting_names_the_variable(env, message):

@@ -111,8 +111,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "KPL-aggregated) or firehose (a delivery stream, JSON Lines); kinesis and firehose "
            "are at-least-once (README \"Where frames go\").", "worker"),
     EnvVar("MESSAGE_STREAM", "message_stream", "",
-           "The Kinesis data stream (name or ARN) or Firehose delivery stream (name) frames go "
-           "to; required when MESSAGE_SINK is kinesis or firehose.", "worker"),
+           "The Kinesis data stream or Firehose delivery stream (name or ARN) frames go to; "
+           "required when MESSAGE_SINK is kinesis or firehose.", "worker"),
     EnvVar("MESSAGE_KINESIS_AGGREGATION", "message_kinesis_aggregation", "true",
            "kinesis: pack each connection's frames into KPL aggregated records (consumers "
            "deaggregate with the KPL libraries, as KCL and Lambda do); false: one frame per "
@@ -296,6 +296,12 @@ class Settings:
         if self.message_sink != "dynamodb" and not self.message_stream:
             raise ConfigurationError(
                 f"MESSAGE_STREAM is required with MESSAGE_SINK={self.message_sink}"
+            )
+        arn_kind = {"kinesis": ":kinesis:", "firehose": ":firehose:"}.get(self.message_sink)
+        stream = self.message_stream
+        if arn_kind and stream.startswith("arn:") and arn_kind not in stream:
+            raise ConfigurationError(
+                f"MESSAGE_STREAM {stream!r} is not a {self.message_sink} ARN"
             )
         if not 1 <= self.reconcile_page_size <= 10_000:
             raise ConfigurationError("RECONCILE_PAGE_SIZE must be between 1 and 10000")

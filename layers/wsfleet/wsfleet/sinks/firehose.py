@@ -43,7 +43,7 @@ class FirehoseSink(RecordStreamSink):
     """Frames to a Firehose delivery stream (module docstring).
 
     :param client: a boto3 Firehose client (:func:`wsfleet.aws.firehose_client`).
-    :param delivery_stream: the delivery stream's name.
+    :param delivery_stream: the delivery stream's name or ARN (PutRecordBatch takes the name).
     :param max_record_bytes: the largest record (lines packed into it).
     """
 
@@ -62,7 +62,7 @@ class FirehoseSink(RecordStreamSink):
         **retry: Any,
     ) -> None:
         super().__init__(client, **retry)
-        self.delivery_stream = delivery_stream
+        self.delivery_stream = delivery_stream.rsplit("/", 1)[-1]  # an ARN ends in /<name>
         self._s3 = s3
         self._max_record_bytes = min(max_record_bytes, MAX_RECORD_BYTES)
         self.limits = SinkLimits(

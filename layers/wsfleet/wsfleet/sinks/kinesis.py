@@ -283,7 +283,8 @@ class KinesisSink(RecordStreamSink):
                 ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON", **self._target
             )["ShardIterator"]
             while iterator:
-                page = self._client.get_records(ShardIterator=iterator, Limit=1000)
+                arn = {k: v for k, v in self._target.items() if k == "StreamARN"}
+                page = self._client.get_records(ShardIterator=iterator, Limit=1000, **arn)
                 for record in page["Records"]:
                     if record["PartitionKey"] != key:
                         continue
