@@ -212,6 +212,7 @@ _SEQ_OF: dict[str, int | str] = {
     HostileFrame.OUT_OF_RANGE_SEQ: 2**53,
 }
 _Member = TypeVar("_Member", bound=enum.StrEnum)
+_V = TypeVar("_V", int, float)
 
 
 def _parse_enum(cls: type[_Member], value: str, what: str) -> _Member:
@@ -580,10 +581,7 @@ def inject_hostile(
 def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> None:
     """Every later session of ``stream_id`` first gets a ``size``-byte frame (0 or None: off)."""
     _check_size(size)
-    if size:
-        sim._poisoned[stream_id] = size
-    else:
-        sim._poisoned.pop(stream_id, None)
+    _arm(sim._poisoned, stream_id, size)
 
 
 @_route("POST", "streams/{id}/creep", ("size", "size", int))
@@ -593,10 +591,7 @@ def creep_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> No
     on the big frame, yet its checkpoint moved on every session: a crash loop that a breaker
     counting at one position never stops (issue #23)."""
     _check_size(size)
-    if size:
-        sim._creeping[stream_id] = size
-    else:
-        sim._creeping.pop(stream_id, None)
+    _arm(sim._creeping, stream_id, size)
 
 
 @_route("POST", "streams/{id}/trickle", ("interval", "interval", float))
@@ -606,10 +601,15 @@ def trickle_stream(sim: UpstreamSimulator, stream_id: str, interval: float | Non
     that never completes."""
     if interval is not None and not (math.isfinite(interval) and interval >= 0):
         raise InvalidRequest(f"interval must be a finite number >= 0 s, got {interval!r}")
-    if interval:
-        sim._trickling[stream_id] = interval
+    _arm(sim._trickling, stream_id, interval)
+
+
+def _arm(armed: dict[str, _V], stream_id: str, value: _V | None) -> None:
+    """Arm a per-stream behaviour with ``value``; 0 or None turns it off."""
+    if value:
+        armed[stream_id] = value
     else:
-        sim._trickling.pop(stream_id, None)
+        armed.pop(stream_id, None)
 
 
 @_route("POST", "streams/{id}/redirect", ("location", "location", str))
