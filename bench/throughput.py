@@ -24,9 +24,15 @@ cover the same interval):
   checkpoints), every connection's stored frames are read back: seqs 1..max with no gap, each
   once, each with its own content, and the record's checkpoint within them.
 
+With ``--sink kinesis`` the worker stores frames in a Kinesis stream on the embedded moto server
+(``MESSAGE_SINK``); the check reads the whole stream back (deaggregated) and allows duplicates
+(the sink is at-least-once) but no loss, and the cost per million frames is computed from the
+records the stream holds (:mod:`bench.sink_cost`).
+
 Usage::
 
     python bench/throughput.py                        # 100 connections, 30 s window
+    python bench/throughput.py --sink kinesis --no-profile
     python bench/throughput.py --window 20 --json-only
 """
 
@@ -325,6 +331,42 @@ def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[st
     }
 
 
+def verify_stream(client: Any, stream: str, ids: list[str], store: Any) -> dict[str, Any]:
+    """Every connection's frames in the stream: seq 1..max all there, in order of first
+    appearance, each with its own content; duplicates counted (at-least-once), the record's
+    checkpoint within what is stored; and the cost of what the stream holds."""
+    from bench.sink_cost import kinesis_cost, read_kinesis
+
+    by_connection, sizes = read_kinesis(client, stream)
+    problems: list[str] = []
+    stored = duplicates = checkpoints = 0
+    for connection_id in ids:
+        frames = by_connection.get(connection_id, [])
+        stored += len(frames)
+        seqs = [f["seq"] for f in frames]
+        unique = list(dict.fromkeys(seqs))
+        duplicates += len(seqs) - len(unique)
+        if unique != list(range(1, len(unique) + 1)):
+            problems.append(f"{connection_id}: seqs not 1..{len(unique)} in order")
+        if any(f["data"] != f"{connection_id}:{f['seq']}" for f in frames):
+            problems.append(f"{connection_id}: frames with other content")
+        record = store.get(f"CONN#{connection_id}", consistent=True)
+        last_seq = record.last_seq if record is not None else 0
+        checkpoints += last_seq
+        if last_seq > len(unique):
+            problems.append(f"{connection_id}: checkpoint {last_seq} past stored {len(unique)}")
+    return {
+        "connections_checked": len(ids),
+        "frames_stored": stored,
+        "duplicates": duplicates,
+        "checkpointed_frames": checkpoints,
+        "problems": problems[:20],
+        "exactly_once": not problems and not duplicates,
+        "no_loss": not problems,
+        "cost": kinesis_cost(sizes, stored),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.dynalite import Dynalite, available
     from wsfleet.hint_sender import HintSender
@@ -369,6 +411,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             POWERTOOLS_LOG_LEVEL="WARNING",
         )
         base_env.pop("WSFLEET_PROFILE", None)
+        if args.sink != "dynamodb":
+            from wsfleet_local.frame_sinks import create_local_sink
+
+            prefix = resources.connections_table.removesuffix("-ConnectionsTable")
+            base_env.update(create_local_sink(
+                args.sink, resources.endpoint_url, resources.region, prefix
+            ))  # fmt: skip
         base_env.update(dict(setting.split("=", 1) for setting in args.worker_env))
         others = {"upstream": upstream.pid, "dynalite": dynalite.pid}
         other_cpu = {name: cpu_seconds(pid) for name, pid in others.items() if pid}
@@ -407,7 +456,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spy = py_spy_tables(spy_raw, args.top) if spy_raw.exists() else None
 
         upstream.send_signal(signal.SIGTERM)
-        checked = verify(dynamodb, resources, ids, store)
+        if args.sink == "kinesis":
+            kinesis = local_client("kinesis", resources.endpoint_url, resources.region)
+            checked = verify_stream(kinesis, base_env["MESSAGE_STREAM"], ids, store)
+        else:
+            checked = verify(dynamodb, resources, ids, store)
         per_cpu = measured["frames_per_cpu_second"]
         result = {
             "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -415,6 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "settings": {"connections": args.connections,
                          "upstream_rate_per_connection": args.rate or "unbounded",
                          "window_seconds": args.window, "dynamodb": "dynalite",
+                         "sink": args.sink,
                          "worker_env": args.worker_env},
             **measured,
             "other_processes_cores_used": others_used,
@@ -425,6 +479,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "profile_py_spy": spy,
             "target": f">= {TARGET_PER_VCPU:,} frames/s per vCPU at 100 connections",
             "target_met": bool(per_cpu and per_cpu >= TARGET_PER_VCPU and checked["exactly_once"]),
+            "sink": args.sink,
             "run_dir": str(workdir),
         }  # fmt: skip
         (workdir / "throughput.json").write_text(json.dumps(result, indent=2))
@@ -495,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-env", nargs="*", default=[], metavar="NAME=VALUE",
                         help="extra worker settings (e.g. WORKER_WRITE_THREADS=8)")
     parser.add_argument("--out", help="run directory (default: a new temporary one)")
+    parser.add_argument("--sink", choices=("dynamodb", "kinesis"), default="dynamodb",
+                        help="where the worker stores frames (MESSAGE_SINK)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)

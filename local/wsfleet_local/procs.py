@@ -43,11 +43,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypeVar
 
 from wsfleet.exceptions import WsfleetError
 
@@ -63,6 +63,7 @@ __all__ = [
     "spawn",
 ]
 
+_T = TypeVar("_T")
 _PR_SET_PDEATHSIG = 1
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsfleet-spawner")
 _libc: Any = None
@@ -395,6 +396,28 @@ class StopSignals:
         deadline = time.monotonic() + seconds
         while not self.force_exit and (left := deadline - time.monotonic()) > 0:
             self.pause(left)
+
+    def run(self, work: Callable[[], _T], *, name: str) -> _T | None:
+        """``work()`` on a daemon thread while this (main) thread waits for signals: its
+        result, or None when a stop was asked first. For start-up work a signal must not
+        have to wait for (the backend's moto warm-up and provisioning): the thread is left
+        to die with the process. ``work``'s exception is raised here."""
+        results: list[_T] = []
+        failures: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                results.append(work())
+            except BaseException as exc:
+                failures.append(exc)
+            self.wake()  # after the result: the waiter below looks at it when it wakes
+
+        threading.Thread(target=target, name=name, daemon=True).start()
+        while not (results or failures or self.should_exit):
+            self.pause(None)
+        if failures:
+            raise failures[0]
+        return results[0] if results and not self.should_exit else None
 
     def join(self, thread: threading.Thread, timeout_seconds: float) -> None:
         """``thread.join(timeout_seconds)`` that gives up once ``force_exit`` is set."""

@@ -150,3 +150,15 @@ def test_a_signal_wakes_a_waiting_main_thread_even_when_another_thread_receives_
         # THEN the wait returns (the wakeup fd woke it), not only after some poll
         assert stop.wait(timeout_seconds=30)
     busy.set()
+
+
+def test_run_gives_the_work_s_result_or_none_once_a_stop_is_asked():
+    with StopSignals() as stop:
+        # GIVEN start-up work on a thread WHEN it ends first THEN its result
+        assert stop.run(lambda: 42, name="quick") == 42
+        # WHEN a signal arrives while the work still runs THEN the wait ends without it
+        release = threading.Event()
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        assert stop.run(lambda: release.wait(60), name="blocked") is None
+        release.set()
+        assert stop.should_exit

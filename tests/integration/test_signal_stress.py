@@ -49,6 +49,10 @@ FLEET_TRIALS = max(1, TRIALS // 4)
 SEED = int(os.environ.get("WSFLEET_SIGNAL_SEED", str(random.SystemRandom().randrange(10**6))))
 #: Trials of one kind run this many at a time (2 shared cores: more would only measure load).
 PARALLEL = 3
+#: pytest-timeout's bound for one test, grown with its trials (the suite's 300 s is for one).
+#: Generous: a trial of a child takes about 3 s, of a worker 6 s, of a whole fleet 40 s.
+CHILD_TIMEOUT = pytest.mark.timeout(120 + 10 * TRIALS)
+FLEET_TIMEOUT = pytest.mark.timeout(180 + 90 * FLEET_TRIALS)
 
 # The documented bounds (README "Stopping local processes"), in seconds.
 #: A child process (backend, simulator, fault proxy) after its first signal.
@@ -211,6 +215,7 @@ CHILD_KINDS = {
 }  # fmt: skip
 
 
+@CHILD_TIMEOUT
 @pytest.mark.parametrize("name", sorted(CHILD_KINDS))
 def test_a_local_child_exits_within_its_bound_whenever_signalled(name, tmp_path):
     # GIVEN one kind of local child WHEN it gets SIGTERM then SIGINT at random moments
@@ -224,6 +229,7 @@ def worker_env(aws) -> dict[str, str]:
     return {**FAST_WORKER_ENV, **aws.env(), "CONTROL_QUEUE_PREFIX": f"ctl-{SEED}-"}
 
 
+@CHILD_TIMEOUT
 def test_a_worker_exits_within_its_bound_whenever_signalled(worker_env, tmp_path):
     # GIVEN workers on the embedded backend (asyncio's signal handling, not StopSignals)
     kind = Kind(
@@ -242,6 +248,7 @@ def _fleet_kind(name: str, target: list[str]) -> Kind:
     )  # fmt: skip
 
 
+@FLEET_TIMEOUT
 def test_wsfleet_local_up_leaves_nothing_behind_whenever_signalled(tmp_path):
     # GIVEN `wsfleet local up` (what `make up` runs): backend, simulator, Lambdas, 2 workers
     kind = _fleet_kind(
@@ -252,6 +259,7 @@ def test_wsfleet_local_up_leaves_nothing_behind_whenever_signalled(tmp_path):
     assert_all_exited(run_trials(kind, FLEET_TRIALS, tmp_path))
 
 
+@FLEET_TIMEOUT
 def test_wsfleet_demo_leaves_nothing_behind_whenever_signalled(tmp_path):
     # GIVEN `wsfleet demo` (what `make demo` runs)
     kind = _fleet_kind(

@@ -755,9 +755,10 @@ def test_metric_alarms_use_the_dimensions_the_code_emits(
 
 
 def test_dashboard_body_is_json_once_substituted(resources: dict[str, Any]) -> None:
-    body = props(resources, "Dashboard")["DashboardBody"]["Fn::Sub"]
+    body, _variables = props(resources, "Dashboard")["DashboardBody"]["Fn::Sub"]
 
-    parsed = json.loads(re.sub(r"\$\{[^}]+\}", "1", body))
+    # the sink alarms' ARNs (a Sub variable) are empty without a stream sink
+    parsed = json.loads(re.sub(r"\$\{[^}]+\}", "1", body.replace("${SinkAlarmArns}", "")))
     assert len(parsed["widgets"]) >= 6
 
 
