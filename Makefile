@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test unit integration lint-py demo up bench clean local-backend invoke image push deploy tune openapi dynalite
+.PHONY: install test unit integration lint-py demo up bench tradeoffs tradeoffs-render clean local-backend invoke image push deploy tune openapi dynalite
 
 $(STAMP): requirements-dev.txt layers/wsfleet/pyproject.toml worker/pyproject.toml local/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ up: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# docs/tradeoffs.md and docs/tradeoffs.png: the tuning sweep (bench/tradeoffs.py, about 10-15
+# minutes on 2 busy cores), or only their rendering from bench/results.json.
+tradeoffs: $(STAMP)
+	$(BIN)/python -m bench --only tradeoffs
+
+tradeoffs-render: $(STAMP)
+	$(BIN)/python -m bench.tradeoffs --render
+
 # docs/openapi.json: the OpenAPI document the router's resolver builds (tests/unit/test_openapi.py
 # fails when it is stale).
 openapi: $(STAMP)
@@ -65,7 +73,7 @@ FUNCTION ?= RouterFunction
 EVENT    ?= api_post_events_start
 
 local-backend: $(STAMP)
-	$(BIN)/python -m wsfleet_local.backend --port 4566 --create-resources wsfleet
+	$(BIN)/python -m wsfleet_local.backend --port 4566 --create-resources wsfleet --seed-samples
 
 invoke:
 	sam build

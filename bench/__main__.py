@@ -5,13 +5,14 @@ and ``bench/RESULTS.md`` (the tables, the command, the machine and the settings)
 
 Options::
 
-    python -m bench                     # full run (about 35-40 min on 2 cores)
+    python -m bench                     # full run (about 45-50 min on 2 cores)
     python -m bench --quick             # smaller K, shorter windows (about 8-10 min)
     python -m bench --only crash stop   # some groups only (results of others are kept)
     python -m bench --render            # re-render RESULTS.md from results.json
 
 Groups: cost, crash, handoff, stop, capacity, flood, throughput, reconcile, compat, scale,
-shapes, rebalance (300 connections on 3 workers scaled to 6: time to even, moves, hand-off gaps).
+shapes, rebalance (300 connections on 3 workers scaled to 6: time to even, moves, hand-off gaps),
+tradeoffs (the operator's tuning table and plot, docs/tradeoffs.md and .png; bench/tradeoffs.py).
 Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
 messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
 coordination writes and reads per connection-hour at 1,000 connections per worker, every
@@ -42,7 +43,7 @@ from .harness import ROOT, machine
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
-          "compat", "scale", "shapes", "rebalance")
+          "compat", "scale", "shapes", "rebalance", "tradeoffs")
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,11 @@ def _steps(quick: bool) -> list[Step]:
     from .shapes import run_shapes
 
     steps.append(Step("shapes", "shapes", run_shapes))
+    # Issue #25: lease/heartbeat, pass, schedule and sweep against failover, recovery and cost
+    # (docs/tradeoffs.md and docs/tradeoffs.png).
+    from .tradeoffs import run_tradeoffs
+
+    steps.append(Step("tradeoffs", "tradeoffs", run_tradeoffs))
     return steps  # fmt: skip
 
 

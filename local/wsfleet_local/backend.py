@@ -29,6 +29,7 @@ queues from ``template.yaml`` itself, so local resources cannot drift from the d
 ones. Command line::
 
     python -m wsfleet_local.backend [--host 127.0.0.1] [--port 0] [--create-resources PREFIX]
+                                    [--seed-samples]
 
 prints one JSON line (``{"endpoint_url": ...}`` plus ``"env"``/``"resources"`` when asked)
 to stdout once the server listens, then serves until SIGTERM/SIGINT
@@ -803,6 +804,40 @@ class EmbeddedBackend(Service):
         )
 
 
+#: The workers the stream samples in events/ name (README, "Invoke one function with sam
+#: local"): worker-a with its control queue, worker-b registered but its queue gone (a worker
+#: mid-restart), both alive until 2100 so the samples show their path any day.
+SAMPLE_WORKERS = (("worker-a", True), ("worker-b", False))
+SAMPLE_LEASE_UNTIL_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+
+
+def seed_sample_workers(resources: Resources) -> dict[str, str]:
+    """Register :data:`SAMPLE_WORKERS` in ``resources``' connections table (control queues
+    named as the stack names them, ``<prefix>-ctl-<worker>``); their control queue URLs."""
+    from wsfleet.control import WORKER_ID_TAG, control_queue_name
+    from wsfleet.record import WorkerRecord
+    from wsfleet.store import DynamoDBLeaseStore
+
+    prefix = resources.connections_table.removesuffix("-ConnectionsTable")
+    sqs = local_client("sqs", resources.endpoint_url, resources.region)
+    store = DynamoDBLeaseStore(
+        local_client("dynamodb", resources.endpoint_url, resources.region),
+        resources.connections_table,
+    )
+    urls = {}
+    for worker_id, with_queue in SAMPLE_WORKERS:
+        name = control_queue_name(f"{prefix}-ctl-", worker_id)
+        url = str(sqs.create_queue(QueueName=name, tags={WORKER_ID_TAG: worker_id})["QueueUrl"])
+        if not with_queue:
+            sqs.delete_queue(QueueUrl=url)
+        store.register_worker(WorkerRecord(
+            worker_id=worker_id, control_queue_url=url, started_at_ms=0,
+            heartbeat_at_ms=SAMPLE_LEASE_UNTIL_MS, expires_at_ms=SAMPLE_LEASE_UNTIL_MS,
+        ))  # fmt: skip
+        urls[worker_id] = url
+    return urls
+
+
 def main(argv: Iterator[str] | list[str] | None = None) -> int:
     """``python -m wsfleet_local.backend``: serve in the foreground until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(
@@ -816,6 +851,11 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
     parser.add_argument(
         "--create-resources", metavar="PREFIX", help="also create the template's resources"
     )
+    parser.add_argument(
+        "--seed-samples", action="store_true",
+        help="with --create-resources: register the workers the stream samples in events/ name "
+        "(worker-a; worker-b without its control queue)",
+    )  # fmt: skip
     parser.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="exit when stdin closes (parent died)"
     )
@@ -844,6 +884,10 @@ def main(argv: Iterator[str] | list[str] | None = None) -> int:
                     return 0
                 ready["env"] = resources.env()
                 ready["resources"] = asdict(resources)
+                if args.seed_samples:
+                    ready["sample_workers"] = seed_sample_workers(resources)
+            elif args.seed_samples:
+                parser.error("--seed-samples needs --create-resources")
             # stdout carries exactly one line: anything printed later (moto prints) goes to
             # stderr.
             serve_until_stopped(ready, stop, exit_on_stdin_eof=args.exit_on_stdin_eof)

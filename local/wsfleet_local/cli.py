@@ -13,16 +13,22 @@ Commands::
             [--upstream JSON | --upstream-file PATH]     (README "Real upstreams")
     wsfleet get ID [--api URL]                  its view: lease, checkpoint, upstream, gaps
     wsfleet stop ID [--api URL]                 STOP it (DELETE /connections/ID)
-    wsfleet status [--watch] [--api URL | --table NAME]
+    wsfleet status [--watch] [--state S]... [--all] [--api URL | --table NAME [--endpoint URL]]
+    wsfleet --version
 
-``--api`` defaults to ``$WSFLEET_API_URL`` (``wsfleet local up`` prints the line to export).
-A non-loopback API URL is a deployed, IAM-authorised API Gateway: requests are SigV4-signed
-with your usual AWS credentials. ``status --table`` reads the connections table directly
-(``$AWS_ENDPOINT_URL`` selects a local backend), so it works against AWS without the API.
+``--api`` defaults to ``$WSFLEET_API_URL`` (``wsfleet local up`` prints the lines to export).
+A non-loopback API URL is a deployed API Gateway: requests are SigV4-signed with your usual
+AWS credentials (``ApiAuth=IAM``), or carry ``--api-key`` / ``$WSFLEET_API_KEY`` in
+``x-api-key`` (``ApiAuth=API_KEY``). ``status --table`` reads the connections table directly
+(``--endpoint`` or ``$AWS_ENDPOINT_URL`` selects a local backend), so it works against AWS
+without the API.
 
-Exit status: 0 done; 1 the API failed or said no for another reason (404, 5xx, unreachable);
-2 bad input, whether found here (an option, ``--upstream`` JSON) or refused by the API (400,
-413, 415, 422), always with a message naming the option or field, never a traceback.
+Every error is one line on stderr starting ``error:``, never a traceback. Exit status (one
+rule, :data:`EXIT_CODES`): 0 done; 2 the command cannot succeed as given, fix the input or
+the configuration (a bad option, no API URL, region or credentials, an unknown connection or
+table, any 4xx answer: 400, 403, 404, 413, 415, 422); 1 the command was right but something
+failed (unreachable, a timeout, a 5xx answer such as the API's 503, AWS throttling; ``demo``
+found lost or duplicated frames; the local fleet failed); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -43,26 +49,41 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from wsfleet.exceptions import WsfleetError
+from wsfleet.exceptions import ConfigurationError, WsfleetError
+from wsfleet.record import DesiredState
 
 from .client import (
     ApiClient,
     ApiError,
     ConnectionRow,
+    TableError,
     UpstreamUsageError,
     build_upstream,
-    read_table,
+    read_connections_table,
     read_upstream_json,
 )
 
 if TYPE_CHECKING:
     from .procs import StopSignals
 
-__all__ = ["app", "main"]
+__all__ = ["EXIT_CODES", "app", "main"]
 
 _T = TypeVar("_T")
 
 API_ENV = "WSFLEET_API_URL"
+API_KEY_ENV = "WSFLEET_API_KEY"
+#: The exit statuses, one rule for every command (the module docstring says which is which).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "the command was right but something failed (unreachable, timeout, 5xx, "
+    "throttling; demo found loss; the local fleet failed)",
+    EXIT_USAGE: "fix the input or the configuration (bad option, no API URL/region/"
+    "credentials, unknown connection or table, any 4xx answer)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+#: The states the API lists (GET /connections?state=...), in its order.
+STATES = tuple(state.value for state in DesiredState)
 
 app = typer.Typer(
     name="wsfleet",
@@ -87,41 +108,103 @@ ApiOption = Annotated[
     ),
 ]
 RegionOption = Annotated[
-    str | None, typer.Option("--region", help="Region for SigV4 (default: from the URL).")
+    str | None,
+    typer.Option("--region", help="AWS region (SigV4, --table; default: from the URL or your "
+                 "AWS configuration)."),
 ]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar=API_KEY_ENV, show_envvar=True, show_default=False,
+                 help="API key of a deployment with ApiAuth=API_KEY (sent as x-api-key; "
+                 "nothing is signed)."),
+]  # fmt: skip
 
 
-def _api_client(api: str | None, region: str | None = None) -> ApiClient:
-    url = api or os.environ.get(API_ENV)
-    if not url:
-        err_console.print(f"no API URL: pass --api or set {API_ENV} (see `wsfleet local up`)")
-        raise typer.Exit(2)
-    return ApiClient(url, region=region)
-
-
-#: API answers that mean "your input": the same exit status as a bad option.
-_INPUT_REFUSED = frozenset({400, 413, 415, 422})
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    """Say what failed; exit 2 when the API refused the input, else 1."""
-    return _usage_error(exc, 2 if getattr(exc, "status", None) in _INPUT_REFUSED else 1)
-
-
-def _usage_error(exc: Exception, code: int = 2) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+def _error(message: str, code: int) -> typer.Exit:
+    """The one way a command fails: ``error: <message>`` on stderr, then exit ``code``."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
-def _ask_api(api: str | None, region: str | None, call: Callable[[Any], Any]) -> Any:
-    """``call(ApiClient)``; an API error prints and exits (see :func:`_fail`)."""
+def _exit_code(exc: Exception) -> int:
+    """:data:`EXIT_CODES`' rule for an exception: whose side is the fix on?"""
+    if isinstance(exc, (ConfigurationError, UpstreamUsageError)):
+        return EXIT_USAGE
+    if isinstance(exc, TableError):
+        return EXIT_USAGE if exc.input_error else EXIT_FAILED
+    status = getattr(exc, "status", None)
+    return EXIT_USAGE if isinstance(status, int) and 400 <= status < 500 else EXIT_FAILED
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    """Say what failed, with the exit status of :func:`_exit_code`."""
+    return _error(str(exc), _exit_code(exc))
+
+
+def _api_client(api: str | None, region: str | None, api_key: str | None) -> ApiClient:
+    url = api or os.environ.get(API_ENV)
+    if not url:
+        raise _error(f"no API URL: pass --api or set {API_ENV} (see `wsfleet local up`)",
+                     EXIT_USAGE)  # fmt: skip
     try:
-        return call(_api_client(api, region))
+        return ApiClient(url, region=region, api_key=api_key)
+    except ApiError as exc:
+        raise _error(str(exc), EXIT_USAGE) from None
+
+
+def _ask_api(
+    api: str | None, region: str | None, api_key: str | None, call: Callable[[Any], Any]
+) -> Any:
+    """``call(ApiClient)``; an API error prints and exits (see :func:`_exit_code`)."""
+    client = _api_client(api, region, api_key)
+    try:
+        return call(client)
     except ApiError as exc:
         raise _fail(exc) from exc
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def of(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "unknown"
+
+        console.print(f"wsfleet {of('wsfleet-local')} (wsfleet package {of('wsfleet')}, "
+                      f"worker {of('wsfleet-worker')})", highlight=False)  # fmt: skip
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """wsfleet: long-lived WebSocket streams held by a fleet of lease-owning workers.
+
+    Exit status: 0 done; 1 something failed (unreachable, 5xx, throttling, loss found);
+    2 fix the input or the configuration (bad option, missing URL/region/credentials, unknown
+    connection or table, any 4xx answer); 130 interrupted.
+    """  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- local up
+
+NoTaskEventsOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-task-events",
+        help="Do not publish a worker's exit as its ECS task state change event: a crashed "
+        "worker's connections then wait out its lease (the path of a hung, partitioned or "
+        "unreported worker) instead of failing over in about a second.",
+    ),
+]
 
 
 def _print_usage(fleet: Any) -> None:
@@ -139,8 +222,14 @@ def _print_usage(fleet: Any) -> None:
         f"logs          {fleet.run_dir}",
     ]
     console.print(Panel("\n".join(where), title="wsfleet local fleet is up", expand=False))
+    env = fleet.resources.env()
+    # What `wsfleet status --table`, the aws CLI and boto3 need to reach the local backend.
+    names = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    exports = " ".join(f"{name}={env[name]}" for name in names)
     commands = [
         f"export {API_ENV}={api}",
+        f"export {exports}",
+        f"wsfleet status --table {fleet.resources.connections_table}",
         f"curl -X PUT {api}/connections/s1 -H 'content-type: application/json' "
         f'-d \'{{"ws_url": "{sim}/s1"}}\'',
         f"curl {api}/connections/s1",
@@ -175,6 +264,16 @@ def local_up(
     run_dir: Annotated[
         Path | None, typer.Option(help="Where logs go (default: a new temp directory).")
     ] = None,
+    no_task_events: NoTaskEventsOption = False,
+    allow_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host", metavar="SUFFIX",
+            help="Also accept upstreams on this host suffix (repeatable; ALLOWED_UPSTREAM_HOSTS "
+            "besides loopback), e.g. example.com for README's Real upstreams examples. The "
+            "workers then connect to those hosts for real.",
+        ),
+    ] = None,
     sink: Annotated[
         str, typer.Option(help="Where workers store frames: dynamodb, kinesis or firehose.")
     ] = "dynamodb",
@@ -199,6 +298,8 @@ def local_up(
                 api_port=port,
                 run_dir=run_dir,
                 progress=progress,
+                task_events=not no_task_events,
+                allowed_hosts=_host_suffixes(allow_hosts or []),
                 extra_worker_env=_worker_overrides(secret_cache_seconds),
                 sink=sink,
             )
@@ -206,7 +307,18 @@ def local_up(
             raise _fail(exc) from exc
         failed = _supervise(fleet, status, signals)
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _host_suffixes(hosts: list[str]) -> list[str]:
+    """``--allow-host`` values, checked: a host name or suffix, no scheme, port or list."""
+    import re
+
+    for host in hosts:
+        if not re.fullmatch(r"[A-Za-z0-9.-]{1,253}", host) or host.strip(".") == "":
+            raise _error(f"--allow-host: expected a host name or suffix such as example.com, "
+                         f"got {host[:60]!r}", EXIT_USAGE)  # fmt: skip
+    return hosts
 
 
 def _worker_overrides(secret_cache_seconds: float | None) -> dict[str, str]:
@@ -246,17 +358,16 @@ def local_secret(
     from .fleet import create_local_secret
 
     if not endpoint_url:
-        raise _usage_error(ValueError("--endpoint-url is required (`wsfleet local up` prints it)"))
+        raise _error("--endpoint-url is required (`wsfleet local up` prints it)", EXIT_USAGE)
     if not is_loopback_url(endpoint_url):
-        raise _usage_error(ValueError("--endpoint-url must be the local fleet's (127.0.0.1)"))
+        raise _error("--endpoint-url must be the local fleet's (127.0.0.1)", EXIT_USAGE)
     secret = sys.stdin.read().rstrip("\n") if value == "-" else value
     try:
         arn = create_local_secret(endpoint_url, name, secret, ssm=ssm)
     except ValueError as exc:
-        raise _usage_error(exc) from exc
+        raise _error(str(exc), EXIT_USAGE) from exc
     except (BotoCoreError, ClientError) as exc:  # the endpoint is down or not a local fleet
-        failure = ValueError(f"could not store the secret at {endpoint_url}: {exc}")
-        raise _usage_error(failure, 1) from exc
+        raise _error(f"could not store the secret at {endpoint_url}: {exc}", EXIT_FAILED) from exc
     typer.echo(arn)  # plain: rich would render ":secret:" as an emoji
 
 
@@ -315,7 +426,7 @@ def _supervise(fleet: Any, status: Any, signals: StopSignals) -> bool:
     except _Forced:
         console.print("stopped; nothing left running", highlight=False)
     except WsfleetError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        _error(str(exc), EXIT_FAILED)
         return True
     return False
 
@@ -346,6 +457,7 @@ def _run_fleet(fleet: Any, status: Any, stop: threading.Event) -> None:
 # ----------------------------------------------------------------------------- demo
 
 
+
 @app.command()
 def demo(
     workers: Annotated[int, typer.Option("--workers", "-w", min=2, help="Worker processes.")] = 3,
@@ -360,6 +472,7 @@ def demo(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the summary as JSON here.")
     ] = None,
+    no_task_events: NoTaskEventsOption = False,
 ) -> None:
     """Crash a worker, deploy another, STOP some streams; audit for lost and duplicated frames."""
     from .demo import DemoInterrupted, DemoOptions, render_summary, run_demo
@@ -376,6 +489,7 @@ def demo(
             steady_seconds=steady,
             run_dir=run_dir,
             timings=FleetTimings(lease_seconds=lease, heartbeat_seconds=heartbeat),
+            task_events=not no_task_events,
         )
         fleets: list[Any] = []
         with StopSignals() as signals:
@@ -385,26 +499,28 @@ def demo(
                 lambda: [fleet.abort() for fleet in fleets],
             )
     except DemoInterrupted:
-        err_console.print("interrupted; the fleet was stopped")
-        raise typer.Exit(130) from None
+        raise _error("interrupted; the fleet was stopped", EXIT_INTERRUPTED) from None
     except _Forced:
-        err_console.print("interrupted; every process was killed")
-        raise typer.Exit(130) from None
+        raise _error("interrupted; every process was killed", EXIT_INTERRUPTED) from None
     except WsfleetError as exc:
         raise _fail(exc) from exc
     console.print(render_summary(report))
     if json_out is not None:
         json_out.write_text(json.dumps(_report_json(report), indent=2), encoding="utf-8")
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_FAILED)
 
 
 def _report_json(report: Any) -> dict[str, Any]:
+    from .demo import crash_path
+
     audit = report.audit
     return {
         "ok": report.ok,
         "seed": report.seed,
         "failures": report.failures,
         "elapsed_seconds": round(report.elapsed_seconds, 1),
+        "task_exit_events": report.options.task_events,
+        "crash_path": crash_path(report.options),
         "crash_failover_seconds": report.crash.seconds,
         "handoff_seconds": report.handoff.seconds,
         "stop_seconds": report.stop.seconds,
@@ -445,16 +561,20 @@ def _summary(view: dict[str, Any]) -> str:
     return "  ".join(part for part in parts if part)
 
 
+def _output(output: str, json_flag: bool) -> str:
+    """The output format, checked before anything is sent."""
+    if output not in ("text", "json"):
+        raise _error(f"--output must be text or json, not {output!r}", EXIT_USAGE)
+    return "json" if json_flag else output
+
+
 def _print_view(view: dict[str, Any], output: str, *, details: bool = False) -> None:
     """The whole document (json) or the one-line summary (text), ``details`` under it."""
     if output == "json":
         console.print_json(data=view)
-    elif output == "text":
-        for line in [_summary(view), *(_details(view) if details else ())]:
-            console.print(line, soft_wrap=True, highlight=False, markup=False)
-    else:
-        err_console.print(f"--output must be text or json, not {output!r}")
-        raise typer.Exit(2)
+        return
+    for line in [_summary(view), *(_details(view) if details else ())]:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 _UPSTREAM = "Upstream (README: Real upstreams)"
@@ -471,6 +591,7 @@ def start(
     ws_url: Annotated[str, typer.Argument(metavar="URL", help="Upstream ws:// or wss:// URL.")],
     api: ApiOption = None,
     region: RegionOption = None,
+    api_key: ApiKeyOption = None,
     no_resume: Annotated[
         bool,
         typer.Option("--no-resume", help="Start from live data, ignoring any checkpoint."),
@@ -521,6 +642,7 @@ def start(
     output: OutputOption = "text",
 ) -> None:
     """START a connection: a worker acquires its lease and streams it."""
+    output = _output(output, json_flag)
     try:
         upstream = build_upstream(
             read_upstream_json(upstream_json, upstream_file),
@@ -535,12 +657,12 @@ def start(
             resume=resume_mode,
         )
     except UpstreamUsageError as exc:
-        raise _usage_error(exc) from None
+        raise _fail(exc) from None
 
     def call(client: Any) -> Any:
         return client.start(connection_id, ws_url, resume=not no_resume, upstream=upstream)
 
-    _print_view(_ask_api(api, region, call), "json" if json_flag else output)
+    _print_view(_ask_api(api, region, api_key, call), output)
 
 
 def _details(view: dict[str, Any]) -> list[str]:
@@ -569,12 +691,14 @@ def get(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
     api: ApiOption = None,
     region: RegionOption = None,
+    api_key: ApiKeyOption = None,
     json_flag: JsonOption = False,
     output: OutputOption = "text",
 ) -> None:
     """Show a connection: state, checkpoint, lease, upstream options, resume gaps."""
-    view = _ask_api(api, region, lambda client: client.get(connection_id))
-    _print_view(view, "json" if json_flag else output, details=True)
+    output = _output(output, json_flag)
+    view = _ask_api(api, region, api_key, lambda client: client.get(connection_id))
+    _print_view(view, output, details=True)
 
 
 @app.command()
@@ -582,12 +706,14 @@ def stop(
     connection_id: Annotated[str, typer.Argument(metavar="ID")],
     api: ApiOption = None,
     region: RegionOption = None,
+    api_key: ApiKeyOption = None,
     json_flag: JsonOption = False,
     output: OutputOption = "text",
 ) -> None:
     """STOP a connection: its owner closes the socket and releases the lease."""
-    view = _ask_api(api, region, lambda client: client.stop(connection_id))
-    _print_view(view, "json" if json_flag else output)
+    output = _output(output, json_flag)
+    view = _ask_api(api, region, api_key, lambda client: client.stop(connection_id))
+    _print_view(view, output)
 
 
 def _status_table(rows: list[ConnectionRow], source: str) -> Table:
@@ -602,21 +728,27 @@ def _status_table(rows: list[ConnectionRow], source: str) -> Table:
         "last_seq",
         "note",
     ):
-        table.add_column(column, justify="right" if column in ("epoch", "last_seq") else "left")
+        # An id is never cut: too narrow a terminal folds it onto more lines, whole.
+        table.add_column(
+            column,
+            justify="right" if column in ("epoch", "last_seq") else "left",
+            overflow="fold",
+            no_wrap=column in ("connection", "owner"),
+        )
     for row in sorted(rows, key=lambda r: r.connection_id):
         left = "-" if row.lease_left_ms is None else f"{row.lease_left_ms / 1000:.1f}s"
         style = {"STOPPED": "dim", "FAILED": "red"}.get(
             row.desired_state, "green" if row.streaming else "yellow"
         )
         table.add_row(
-            row.connection_id,
+            escape(row.connection_id),
             row.desired_state,
-            row.owner or "-",
+            escape(row.owner or "-"),
             str(row.epoch),
             row.lease_state,
             left,
             str(row.last_seq),
-            row.note,
+            escape(row.note),
             style=style,
         )
     if not rows:
@@ -624,16 +756,49 @@ def _status_table(rows: list[ConnectionRow], source: str) -> Table:
     return table
 
 
+def _print_status(table: Table) -> None:
+    """The table at its natural width when the output is not a terminal (a pipe, a file, CI):
+    rich would squeeze it into 80 columns and cut the ids a ``grep`` looks for."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.measure import Measurement
+
+    width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    Console(file=console.file, width=max(width, console.width)).print(table)
+
+
+def _states(given: list[str] | None, all_states: bool) -> list[str]:
+    """``--state`` values (the API's states, any case) or the default set."""
+    if all_states:
+        return list(STATES)
+    if not given:
+        # FAILED is always shown: it needs an operator (a new START restarts it).
+        return [DesiredState.STARTED.value, DesiredState.FAILED.value]
+    states = []
+    for value in given:
+        state = value.upper()
+        if state not in STATES:
+            raise _error(f"--state must be one of {', '.join(STATES)}, not {value!r}",
+                         EXIT_USAGE)  # fmt: skip
+        states.append(state)
+    return list(dict.fromkeys(states))
+
+
 def _read_rows(
-    api: str | None, table_name: str | None, region: str | None, states: list[str]
+    api: str | None,
+    table_name: str | None,
+    region: str | None,
+    api_key: str | None,
+    endpoint: str | None,
+    states: list[str],
 ) -> tuple[list[ConnectionRow], str]:
     if table_name:
-        import boto3
-
-        client = boto3.session.Session(region_name=region).client("dynamodb")
-        rows, _workers = read_table(client, table_name, int(time.time() * 1000))
+        rows = read_connections_table(
+            table_name, region=region, endpoint_url=endpoint, now_ms=int(time.time() * 1000)
+        )
         return [row for row in rows if row.desired_state in states], f"table {table_name}"
-    client = _api_client(api, region)
+    client = _api_client(api, region, api_key)
     rows = [
         ConnectionRow.from_api(view) for state in states for view in client.list_connections(state)
     ]
@@ -646,27 +811,43 @@ def status(
     table: Annotated[
         str | None, typer.Option("--table", help="Read this connections table directly.")
     ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option("--endpoint", metavar="URL", show_default=False,
+                     help="DynamoDB endpoint for --table (default: $AWS_ENDPOINT_URL, else "
+                     "AWS), e.g. the local backend `wsfleet local up` prints."),
+    ] = None,
     region: RegionOption = None,
+    api_key: ApiKeyOption = None,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
-    all_states: Annotated[bool, typer.Option("--all", help="Include STOPPED connections.")] = False,
+    state: Annotated[
+        list[str] | None,
+        typer.Option("--state", metavar="|".join(STATES),
+                     help="Only connections in this state (repeatable; the API's states). "
+                     "Default: STARTED and FAILED."),
+    ] = None,
+    all_states: Annotated[
+        bool, typer.Option("--all", help="Every state: STARTED, STOPPED and FAILED.")
+    ] = False,
 ) -> None:
     """Table of connections: owner, epoch, lease left, last_seq, state."""
-    # FAILED is always shown: it needs an operator (a new START restarts it).
-    states = ["STARTED", "FAILED", "STOPPED"] if all_states else ["STARTED", "FAILED"]
+    states = _states(state, all_states)
+    if endpoint and not table:
+        raise _error("--endpoint goes with --table (the API is --api)", EXIT_USAGE)
     try:
         if not watch:
-            rows, source = _read_rows(api, table, region, states)
-            console.print(_status_table(rows, source))
+            rows, source = _read_rows(api, table, region, api_key, endpoint, states)
+            _print_status(_status_table(rows, source))
             return
         with Live(console=console, auto_refresh=False) as live:
             while True:
-                rows, source = _read_rows(api, table, region, states)
+                rows, source = _read_rows(api, table, region, api_key, endpoint, states)
                 live.update(_status_table(rows, source), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         return
-    except WsfleetError as exc:  # ApiError included
+    except WsfleetError as exc:  # ApiError and TableError included
         raise _fail(exc) from exc
 
 
@@ -689,6 +870,25 @@ def tail(
         raise _fail(exc) from exc
 
 
-def main() -> None:
-    """Console entry point (``wsfleet``)."""
-    app()
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``wsfleet``). Click's own usage errors (an unknown option, a
+    missing argument, a value of the wrong type) get the same ``error:`` line and exit 2 as
+    every other error, instead of a framed panel."""
+    try:  # typer 0.2x vendors click; its exceptions are not re-exported
+        from typer._click import exceptions as click_errors
+    except ImportError:  # pragma: no cover - an older typer on plain click
+        from click import exceptions as click_errors  # type: ignore[no-redef]
+
+    try:
+        code = app(args=argv, prog_name="wsfleet", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        err_console.print(exc.ctx.get_help() if exc.ctx else "", highlight=False, markup=False)
+        return EXIT_USAGE
+    except click_errors.UsageError as exc:
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        _error(exc.format_message() + where, EXIT_USAGE)
+        return EXIT_USAGE
+    except typer.Abort:
+        _error("interrupted", EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    return code if isinstance(code, int) else EXIT_OK

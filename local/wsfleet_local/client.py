@@ -52,9 +52,11 @@ __all__ = [
     "ApiClient",
     "ApiError",
     "ConnectionRow",
+    "TableError",
     "UpstreamUsageError",
     "build_upstream",
     "is_loopback_url",
+    "read_connections_table",
     "read_table",
     "scan_table",
 ]
@@ -97,8 +99,11 @@ class ApiClient:
         base_url: str,
         *,
         region: str | None = None,
+        api_key: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
+        """``api_key``: a deployment with ``ApiAuth=API_KEY``; every request carries it in
+        ``x-api-key`` and nothing is signed. Otherwise a non-loopback URL is SigV4-signed."""
         try:
             parts = urllib.parse.urlsplit(base_url)
             valid = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -107,7 +112,8 @@ class ApiClient:
         if not valid:
             raise ApiError(None, f"the API URL must be http(s)://host/stage, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
-        self.sign = not is_loopback_url(base_url)
+        self.api_key = api_key or None
+        self.sign = self.api_key is None and not is_loopback_url(base_url)
         self.region = region or _region_of(base_url)
         self.timeout_seconds = timeout_seconds
         self._credentials: Any = None
@@ -166,10 +172,21 @@ class ApiClient:
             body,
             timeout=self.timeout_seconds,
             failed=failed,
-            sign=self._signed_headers if self.sign else None,
+            sign=self._request_headers,
             decode=_json_body,
         )
         return result
+
+    def _request_headers(
+        self, method: str, url: str, data: bytes | None, headers: Mapping[str, str]
+    ) -> dict[str, str]:
+        """SigV4-signed (``ApiAuth=IAM``), with the API key (``ApiAuth=API_KEY``), or as
+        they are (the local API)."""
+        if self.sign:
+            return self._signed_headers(method, url, data, headers)
+        if self.api_key:
+            return {**headers, "x-api-key": self.api_key}
+        return dict(headers)
 
     def _signed_headers(
         self, method: str, url: str, data: bytes | None, headers: Mapping[str, str]
@@ -436,6 +453,65 @@ class ConnectionRow:
         if self.failures:
             text += f" ({self.failures} failures at one checkpoint)"
         return text
+
+
+class TableError(WsfleetError):
+    """``wsfleet status --table`` could not read the table. ``input_error``: the fix is on the
+    caller's side (region, credentials, endpoint, the table's name or permissions), not a
+    failure of the service (unreachable, throttled, 5xx)."""
+
+    def __init__(self, message: str, *, input_error: bool) -> None:
+        super().__init__(message)
+        self.input_error = input_error
+
+
+def read_connections_table(
+    table: str, *, region: str | None, endpoint_url: str | None, now_ms: int
+) -> list[ConnectionRow]:
+    """:func:`read_table` with the caller's AWS configuration (``region`` and
+    ``endpoint_url`` override it); every AWS failure becomes one :class:`TableError` line."""
+    import boto3
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+    )
+
+    from wsfleet.aws import client_config
+
+    where = f" at {endpoint_url}" if endpoint_url else ""
+    try:
+        session = boto3.session.Session(region_name=region)
+        client = session.client("dynamodb", endpoint_url=endpoint_url, config=client_config())
+        return read_table(client, table, now_ms)[0]
+    except NoRegionError:
+        raise TableError(
+            "no AWS region: pass --region or set AWS_DEFAULT_REGION (or configure one with "
+            "`aws configure`)", input_error=True,
+        ) from None  # fmt: skip
+    except (NoCredentialsError, PartialCredentialsError):
+        raise TableError(
+            "no AWS credentials found: set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or `aws sso login`)", input_error=True,
+        ) from None  # fmt: skip
+    except ValueError as exc:  # botocore: "Invalid endpoint: ..."
+        raise TableError(f"--endpoint: {exc}", input_error=True) from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", "error"))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code == "ResourceNotFoundException":
+            place = f"region {client.meta.region_name}{where}"
+            raise TableError(f"table {table!r} not found in {place}", input_error=True) from None
+        throttled = "Throttl" in code or code in ("ProvisionedThroughputExceededException",
+                                                  "RequestLimitExceeded")  # fmt: skip
+        message = f"{code}: {error.get('Message', '')}".rstrip(": ")
+        raise TableError(f"cannot read table {table!r}: {message}",
+                         input_error=status < 500 and not throttled) from None  # fmt: skip
+    except BotoCoreError as exc:  # unreachable endpoint, timeouts, ...
+        raise TableError(f"cannot read table {table!r}{where}: {exc}", input_error=False) from None
 
 
 def read_table(

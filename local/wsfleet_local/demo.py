@@ -6,7 +6,9 @@ The scenario, on a :class:`~wsfleet_local.fleet.LocalFleet` with short timings:
 2. **crash**: SIGKILL the busiest worker; the fleet publishes its exit as the ECS task state
    change event, the task exit function kills its worker lease at once and hints its
    connections, and peers resume every stream from its checkpoint within about a second, not
-   a lease (ECS would then replace the task: the slot is restarted with a new worker id);
+   a lease (ECS would then replace the task: the slot is restarted with a new worker id).
+   With ``task_events=False`` (``--no-task-events``) no event is sent, as for a hung or
+   partitioned worker: its connections wait out its lease and the reconciler's early hints;
 3. **deploy**: SIGTERM the busiest remaining worker; it drains (final checkpoints, released
    leases, immediate hints) and peers take over at once; the slot is restarted;
 4. **scale-out**: a worker joins; the reconciler's fleet view plans moves and the loaded
@@ -61,6 +63,7 @@ __all__ = [
     "DemoOptions",
     "DemoReport",
     "PhaseTiming",
+    "crash_path",
     "render_summary",
     "run_demo",
 ]
@@ -89,6 +92,10 @@ class DemoOptions:
     steady_seconds: float = 3.0
     timings: FleetTimings = field(default_factory=FleetTimings)
     run_dir: Path | None = None
+    #: Publish a worker's exit as its ECS task state change event (the template's rule), so a
+    #: crash fails over in about a second; False shows the lease path instead (a hung,
+    #: partitioned or unreported worker: its connections wait out its lease).
+    task_events: bool = True
 
 
 class DemoInterrupted(WsfleetError):
@@ -524,6 +531,7 @@ def run_demo(
         rate=options.rate,
         run_dir=options.run_dir,
         progress=lambda message: console.print(f"  {message}", style="dim", highlight=False),
+        task_events=options.task_events,
     )
     report.run_dir = fleet.run_dir
     if on_fleet is not None:
@@ -639,6 +647,13 @@ def _timing_row(label: str, timing: PhaseTiming, what: str) -> tuple[str, str, s
     return (label, f"{summary[0]:.2f} s", f"{summary[1]:.2f} s", f"{victim}{streams}, {what}")
 
 
+def crash_path(options: DemoOptions) -> str:
+    """How the crash was failed over: what the summary's crash line measured."""
+    if options.task_events:
+        return "SIGKILL -> task exit event -> first frame elsewhere"
+    return "SIGKILL -> worker lease expired (no task exit event) -> first frame elsewhere"
+
+
 def render_summary(report: DemoReport) -> Table:
     """The closing summary as a rich table (plain enough to paste into a README)."""
     options = report.options
@@ -656,7 +671,7 @@ def render_summary(report: DemoReport) -> Table:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     joined = report.rebalance_line or "a worker joins -> the spread evens out"
     phases = (
-        ("crash failover", report.crash, "SIGKILL -> task exit event -> first frame elsewhere"),
+        ("crash failover", report.crash, crash_path(options)),
         ("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere"),
         ("rebalance", report.rebalance, joined),
         ("STOP", report.stop, "API call -> upstream socket closed"),

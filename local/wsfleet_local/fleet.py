@@ -55,7 +55,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,17 +283,21 @@ class LocalFleet(Service):
         tables: TablesService | None = None,
         task_events: bool = True,
         sink: str = "dynamodb",
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         """``tables``: where the tables live (not started yet; the fleet starts and stops it),
         None for the embedded backend. ``task_events``: publish each worker process's exit as
         its ECS task state change event to the task exit function (crash failover in about a
         second); False leaves a crashed worker's connections to its lease, as without the
         event rule. ``sink``: where the workers store frames (``MESSAGE_SINK``; a stream
-        sink's stream is created on the backend, :mod:`wsfleet_local.frame_sinks`)."""
+        sink's stream is created on the backend, :mod:`wsfleet_local.frame_sinks`).
+        ``allowed_hosts``: upstream host suffixes the router and the workers accept besides
+        loopback (``AllowedUpstreamHosts``; the workers then connect to them)."""
         if workers < 0:
             raise FleetError("workers must be >= 0")
         self.tables = tables
         self.task_events = task_events
+        self.allowed_hosts = tuple(allowed_hosts)
         self.worker_count = workers
         self.timings = timings or FleetTimings()
         self.rate = rate
@@ -472,6 +476,7 @@ class LocalFleet(Service):
             "LeaseSeconds": _number(t.lease_seconds),
             "HeartbeatSeconds": _number(t.heartbeat_seconds),
             "CheckpointSeconds": _number(t.checkpoint_seconds),
+            "WorkerSweepSeconds": _number(t.sweep_seconds),
             "ReconcilePassSeconds": _number(t.pass_seconds),
             "MaxConnectionsPerTask": t.max_connections,
             "RebalanceSeconds": _number(t.rebalance_seconds),
@@ -485,7 +490,7 @@ class LocalFleet(Service):
                 if t.rebalance_max_moves is not None
                 else {}
             ),
-            "AllowedUpstreamHosts": "127.0.0.1,localhost",
+            "AllowedUpstreamHosts": ",".join(("127.0.0.1", "localhost", *self.allowed_hosts)),
             "AllowInsecureWs": "true",
             "UpstreamSecretPrefix": ",".join(local_secret_prefixes(self.resources.region)),
             "Stage": self.stage,
@@ -651,7 +656,6 @@ class LocalFleet(Service):
             "WORKER_HINT_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_CONTROL_WAIT_SECONDS": str(t.queue_wait_seconds),
             "WORKER_METRICS_FLUSH_SECONDS": "10",
-            "WORKER_SWEEP_SECONDS": _number(t.sweep_seconds),
             **({"ECS_CONTAINER_METADATA_URI_V4": metadata_uri} if metadata_uri else {}),
             **self.extra_worker_env,
         }

@@ -141,9 +141,11 @@ def test_what_only_the_deployment_can_refuse_is_exit_2_naming_the_field(
     assert dynamodb_client().scan(TableName=aws.connections_table)["Items"] == []
 
 
-def test_get_of_an_unknown_connection_is_exit_1(api: str) -> None:
+def test_get_of_an_unknown_connection_is_exit_2(api: str) -> None:
+    # One rule (wsfleet_local.cli.EXIT_CODES): a 4xx answer, not found included, is the
+    # caller's to fix, like an unknown table for `status --table`.
     code, output = wsfleet("get", "nope", "--api", api)
-    assert code == 1 and "HTTP 404" in output
+    assert code == 2 and "HTTP 404" in output
 
 
 def raw_request(api: str, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:

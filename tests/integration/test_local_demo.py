@@ -37,3 +37,29 @@ def test_demo_runs_to_a_clean_summary(tmp_path):
     assert len(report["stop_seconds"]) == 2
     assert "joined" in report["rebalance"]  # a worker joined and the spread evened out
     assert "lost" in result.stdout and "duplicated" in result.stdout  # the summary table
+
+
+def test_demo_without_task_events_fails_the_crash_over_by_the_lease(tmp_path):
+    # GIVEN the demo with the exit events off (a hung or partitioned worker: no event comes)
+    summary = tmp_path / "summary.json"
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [
+            WSFLEET, "demo", "--workers", "2", "--streams", "4", "--stops", "1",
+            "--steady", "1", "--seed", "5", "--run-dir", str(run), "--json", str(summary),
+            "--no-task-events",
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    # THEN no task exit function ran, and the crash still failed over (by the lease) with
+    # nothing lost; the summary says which path it measured. (The later phases, whose outcome
+    # decides the exit status, are the test above's.)
+    assert summary.exists(), result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.loads(summary.read_text())
+    assert report["task_exit_events"] is False
+    assert report["lost"] == 0 and report["duplicated"] == 0
+    assert report["overlapping_sessions"] == 0
+    assert report["crash_failover_seconds"]  # every crashed stream flowed again elsewhere
+    assert not list(run.glob("lambda-task_exit*"))
+    assert list(run.glob("lambda-reconciler*"))  # the lease path's early hints
+    assert "no task exit event" in report["crash_path"]  # what the summary's crash line says

@@ -323,3 +323,53 @@ def test_api_samples_in_order(invoke: Any) -> None:
 def test_env_json_admits_the_secret_the_header_sample_names() -> None:
     prefixes = ENV_JSON["RouterFunction"]["UPSTREAM_SECRET_PREFIXES"].split(",")
     assert any(SECRET_REF.startswith(prefix) for prefix in prefixes)
+
+
+@pytest.fixture
+def seeded_backend() -> Any:
+    """`make local-backend`'s command on a free port: a fresh backend, resources, samples."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "wsfleet_local.backend", "--port", "0",
+         "--create-resources", "wsfleet", "--seed-samples", "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        yield json.loads(process.stdout.readline())
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_stream_samples_show_their_effect_on_a_fresh_seeded_backend(
+    seeded_backend: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN nothing but `make local-backend` (its --seed-samples): worker-a with its queue,
+    # worker-b without one, as README's sample table describes
+    endpoint = seeded_backend["endpoint_url"]
+    for name, value in env_for("StreamNotifierFunction", endpoint).items():
+        monkeypatch.setenv(name, value)
+    spec = BY_LOGICAL_ID["StreamNotifierFunction"]
+    module = load_function(spec.name)
+
+    def invoke(sample: str) -> dict[str, Any]:
+        module.reset_dependencies()
+        event = json.loads((EVENTS / f"{sample}.json").read_text())
+        try:
+            return dict(module.lambda_handler(event, lambda_context(spec.name)))
+        finally:
+            module.reset_dependencies()
+
+    queue_a = seeded_backend["sample_workers"]["worker-a"]
+    # WHEN the stream samples are invoked THEN each does what README says
+    assert invoke("stream_stop_modify") == {"batchItemFailures": []}
+    assert drain(queue_a) == [StopCommand("CONN#ticker-btc-usd", 3).body()]
+    batch = "stream_batch_partial_failure"
+    assert failed_ids(invoke(batch)) == [sequence_numbers(batch)[1]]
+    assert drain(queue_a) == [StopCommand("CONN#ticker-btc-eur", 5).body()]
+    for sample in ("stream_ignored_modify", "stream_insert", "stream_remove_ttl"):
+        assert invoke(sample) == {"batchItemFailures": []}, sample
+    assert drain(queue_a) == []

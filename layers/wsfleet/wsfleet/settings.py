@@ -67,8 +67,10 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("HINT_QUEUE_URL", "hint_queue_url", "",
            "SQS queue URL for work hints (required by router, reconciler, worker).", "all"),
     EnvVar("LEASE_SECONDS", "lease_seconds", "20",
-           "Worker lease duration: a crashed worker's connections are taken over this long "
-           "after its last heartbeat. Must be at least twice HEARTBEAT_EVERY.", "all"),
+           "Worker lease duration: a worker that stops renewing without a task exit event (hung, "
+           "partitioned, or its event lost) has its connections taken over this long after "
+           "its last heartbeat; a crash fails over from the exit event in about a second. "
+           "Must be at least twice HEARTBEAT_EVERY.", "all"),
     EnvVar("HEARTBEAT_EVERY", "heartbeat_seconds", "5",
            "Seconds between renewals of a worker's one lease (one write per worker, whatever "
            "it holds).", "all"),
@@ -176,7 +178,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("WORKER_SWEEP_SECONDS", "sweep_seconds", "30",
            "The worker reads its own connections from gsi_owner this often: a STOP whose "
            "control message was lost ends within this long, and a connection it owns without "
-           "a session is released. About 45/N read units per connection-hour.",
+           "a session is released. Template parameter WorkerSweepSeconds. Each sweep reads "
+           "about 1 unit per 125 connections held (at least 0.5): at 30 s about 6 read units "
+           "per connection-hour at 10 connections per worker, 1 at 1,000 (docs/tradeoffs.md).",
            "worker", scope="worker"),
     EnvVar("WORKER_METRICS_FLUSH_SECONDS", "metrics_flush_seconds", "60",
            "EMF metrics are printed this often.", "worker", scope="worker"),
