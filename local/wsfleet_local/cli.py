@@ -88,6 +88,10 @@ STATES = tuple(state.value for state in DesiredState)
 app = typer.Typer(
     name="wsfleet",
     help="wsfleet: long-lived WebSocket streams held by a fleet of lease-owning workers.",
+    epilog="Exit status: 0 done; 2 fix the input or the configuration (a bad option, no API "
+    "URL, region or credentials, an unknown connection or table, any 4xx answer); 1 something "
+    "failed (unreachable, 5xx, throttling; demo found loss); 130 interrupted. Errors are one "
+    "line starting 'error:'.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -186,12 +190,7 @@ def _root(
                      help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """wsfleet: long-lived WebSocket streams held by a fleet of lease-owning workers.
-
-    Exit status: 0 done; 1 something failed (unreachable, 5xx, throttling, loss found);
-    2 fix the input or the configuration (bad option, missing URL/region/credentials, unknown
-    connection or table, any 4xx answer); 130 interrupted.
-    """  # fmt: skip
+    """wsfleet: long-lived WebSocket streams held by a fleet of lease-owning workers."""
 
 
 # ----------------------------------------------------------------------------- local up

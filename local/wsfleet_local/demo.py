@@ -564,7 +564,9 @@ def _scenario(
     monitor.phase = "START"
     for stream_id in ids:
         sim.open_stream(stream_id, rate=options.rate)
-        api.start(stream_id, sim.url_for(stream_id))
+        # The demo's feeds are finite: their end (a 1000 close) ends the connection STOPPED,
+        # where the default would reconnect to a feed that is over (README "Real upstreams").
+        api.start(stream_id, sim.url_for(stream_id), upstream={"normal_close": "final"})
     monitor.event(f"START sent for {len(ids)} streams via {fleet.api_url}")
     if not monitor.wait("every stream to flow", _every(ids, _streaming)):
         report.failures.append("not every stream started")

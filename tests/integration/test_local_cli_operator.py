@@ -208,10 +208,13 @@ def test_api_key_is_sent_from_the_option_or_the_environment(
     assert "HTTP 403" in err
 
 
-def test_version() -> None:
+def test_version_and_the_exit_rule_in_help() -> None:
     code, out, _err = wsfleet("--version")
     assert code == 0
     assert out.startswith("wsfleet ")
+    code, out, _err = wsfleet("--help")
+    assert code == 0
+    assert "Exit status" in out and "2 fix the input" in " ".join(out.split())
 
 
 @pytest.mark.parametrize(
