@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
@@ -48,6 +48,7 @@ __all__ = [
     "Profile",
     "audit",
     "audit_streams",
+    "first_frames_after",
     "fleet_for_bench",
     "run_disruption",
     "run_stop_latency",
@@ -230,6 +231,23 @@ def _all_streaming(fleet: Any, ids: list[str], owners: set[str] | None = None) -
     return True
 
 
+def first_frames_after(fleet: Any, ids: Sequence[str], at: float) -> dict[str, float] | None:
+    """Seconds from ``at`` to the first frame of a session opened after it, per stream (the
+    simulator's session log); None until every stream in ``ids`` has one."""
+    grouped = by_stream(fleet.simulator.sessions())
+    found: dict[str, float] = {}
+    for stream_id in ids:
+        firsts = [
+            s.first_frame_at
+            for s in grouped.get(stream_id, [])
+            if s.opened_at > at and s.first_frame_at is not None
+        ]
+        if not firsts:
+            return None
+        found[stream_id] = min(firsts) - at
+    return found
+
+
 def stop_all(fleet: Any, ids: list[str], timeout: float = 120) -> None:
     """STOP every stream through the API and wait until each is STOPPED, free and its
     upstream socket closed: the STOP writes the final checkpoint, which the audit relies on."""
@@ -367,22 +385,10 @@ def run_disruption(
         signalled_at = time.time()
         fleet.kill_worker(0, signum)
 
-        def resumed() -> dict[str, float] | None:
-            grouped = by_stream(fleet.simulator.sessions())
-            found: dict[str, float] = {}
-            for stream_id in ids:
-                firsts = [
-                    s.first_frame_at
-                    for s in grouped.get(stream_id, [])
-                    if s.opened_at > signalled_at and s.first_frame_at is not None
-                ]
-                if not firsts:
-                    return None
-                found[stream_id] = min(firsts) - signalled_at
-            return found
-
         try:
-            gaps = wait_until(resumed, timeout=lease * 2 + 60, interval=0.25, message="takeover")
+            gaps = wait_until(lambda: first_frames_after(fleet, ids, signalled_at),
+                              timeout=lease * 2 + 60, interval=0.25,
+                              message="takeover")  # fmt: skip
         except BenchTimeout as exc:
             result["error"] = str(exc)
             return result

@@ -74,7 +74,19 @@ TARGET_PER_VCPU = 10_000
 
 
 # ---------------------------------------------------------------------------- the upstream
-def serve(rate: float) -> None:
+def frame_data(stream: str, seq: int, frame_bytes: int = 0) -> str:
+    """The ``data`` of frame ``seq``: ``<stream>:<seq>``, padded (``|xxx...``) so that the
+    whole frame is about ``frame_bytes`` long (0: no padding).
+
+    >>> len(f'{{"seq": 7, "data": "{frame_data("s", 7, 200)}"}}')
+    200
+    """
+    data = f"{stream}:{seq}"
+    pad = frame_bytes - len(f'{{"seq": {seq}, "data": "{data}"}}') - 1
+    return f"{data}|{'x' * pad}" if pad > 0 else data
+
+
+def serve(rate: float, frame_bytes: int = 0) -> None:
     """The upstream: prints its URL, then streams numbered frames to every client.
 
     Resumes at ``from_seq`` (the worker asks for it). Frames are written to the socket
@@ -104,7 +116,8 @@ def serve(rate: float) -> None:
                 await asyncio.sleep(0.002)
                 continue
             transport.write(b"".join(
-                framed(f'{{"seq": {n}, "data": "{stream}:{n}"}}') for n in range(seq, seq + 100)
+                framed(f'{{"seq": {n}, "data": "{frame_data(stream, n, frame_bytes)}"}}')
+                for n in range(seq, seq + 100)
             ))  # fmt: skip
             seq += 100
             sent += 100
@@ -285,7 +298,9 @@ def drain(worker: ChildProcess) -> int:
     return code if code is not None else worker.stop(signal.SIGKILL)
 
 
-def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[str, Any]:
+def verify(
+    dynamodb: Any, resources: Any, ids: list[str], store: Any, frame_bytes: int = 0
+) -> dict[str, Any]:
     """Every connection's stored frames: seq 1..max, each once, its own content; the
     record's checkpoint (``last_seq``) within what is stored."""
     from wsfleet.messages import seq_sk
@@ -313,7 +328,8 @@ def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[st
         wrong = [
             item for item in items if "seq" in item and (
                 item["sk"]["S"] != seq_sk(int(item["seq"]["N"]))
-                or item["message_data"]["S"] != f"{connection_id}:{item['seq']['N']}")
+                or item["message_data"]["S"]
+                != frame_data(connection_id, int(item["seq"]["N"]), frame_bytes))
         ]  # fmt: skip
         if wrong:
             problems.append(f"{connection_id}: {len(wrong)} frames with other content")
@@ -331,7 +347,9 @@ def verify(dynamodb: Any, resources: Any, ids: list[str], store: Any) -> dict[st
     }
 
 
-def verify_stream(client: Any, stream: str, ids: list[str], store: Any) -> dict[str, Any]:
+def verify_stream(
+    client: Any, stream: str, ids: list[str], store: Any, frame_bytes: int
+) -> dict[str, Any]:
     """Every connection's frames in the stream: seq 1..max all there, in order of first
     appearance, each with its own content; duplicates counted (at-least-once), the record's
     checkpoint within what is stored; and the cost of what the stream holds."""
@@ -348,7 +366,7 @@ def verify_stream(client: Any, stream: str, ids: list[str], store: Any) -> dict[
         duplicates += len(seqs) - len(unique)
         if unique != list(range(1, len(unique) + 1)):
             problems.append(f"{connection_id}: seqs not 1..{len(unique)} in order")
-        if any(f["data"] != f"{connection_id}:{f['seq']}" for f in frames):
+        if any(f["data"] != frame_data(connection_id, f["seq"], frame_bytes) for f in frames):
             problems.append(f"{connection_id}: frames with other content")
         record = store.get(f"CONN#{connection_id}", consistent=True)
         last_seq = record.last_seq if record is not None else 0
@@ -378,7 +396,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("dynalite is not installed (python -m bench.dynalite --install)")
     workdir = Path(args.out or tempfile.mkdtemp(prefix="wsfleet-throughput-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    upstream = spawn("upstream", [sys.executable, __file__, "--serve", "--rate", str(args.rate)],
+    upstream = spawn("upstream", [sys.executable, __file__, "--serve", "--rate", str(args.rate),
+                                  "--frame-bytes", str(args.frame_bytes)],
                      capture_stdout=True, inherit_stderr=True)  # fmt: skip
     backend = EmbeddedBackend().start()
     dynalite = Dynalite(log_path=workdir / "dynalite.log")
@@ -458,9 +477,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         upstream.send_signal(signal.SIGTERM)
         if args.sink == "kinesis":
             kinesis = local_client("kinesis", resources.endpoint_url, resources.region)
-            checked = verify_stream(kinesis, base_env["MESSAGE_STREAM"], ids, store)
+            checked = verify_stream(
+                kinesis, base_env["MESSAGE_STREAM"], ids, store, args.frame_bytes
+            )
         else:
-            checked = verify(dynamodb, resources, ids, store)
+            checked = verify(dynamodb, resources, ids, store, args.frame_bytes)
         per_cpu = measured["frames_per_cpu_second"]
         result = {
             "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -468,7 +489,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "settings": {"connections": args.connections,
                          "upstream_rate_per_connection": args.rate or "unbounded",
                          "window_seconds": args.window, "dynamodb": "dynalite",
-                         "sink": args.sink,
+                         "sink": args.sink, "frame_bytes": args.frame_bytes or "small",
                          "worker_env": args.worker_env},
             **measured,
             "other_processes_cores_used": others_used,
@@ -550,13 +571,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-env", nargs="*", default=[], metavar="NAME=VALUE",
                         help="extra worker settings (e.g. WORKER_WRITE_THREADS=8)")
     parser.add_argument("--out", help="run directory (default: a new temporary one)")
+    parser.add_argument("--frame-bytes", type=int, default=0,
+                        help="pad every frame to about this many bytes (0: ~30-byte frames)")
     parser.add_argument("--sink", choices=("dynamodb", "kinesis"), default="dynamodb",
                         help="where the worker stores frames (MESSAGE_SINK)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.rate)
+        serve(args.rate, args.frame_bytes)
         return 0
     print_result(run(args), json_only=args.json_only, table=table)
     return 0

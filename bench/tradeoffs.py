@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .harness import ROOT, by_stream, machine, percentiles, records_by_id
+from .harness import ROOT, machine, percentiles, records_by_id
 from .waiting import wait_until
 
 __all__ = [
@@ -234,21 +234,6 @@ def _row_timings(row: Row) -> Any:
     )
 
 
-def _first_frames_after(fleet: Any, ids: Sequence[str], at: float) -> dict[str, float] | None:
-    grouped = by_stream(fleet.simulator.sessions())
-    found: dict[str, float] = {}
-    for stream_id in ids:
-        firsts = [
-            s.first_frame_at
-            for s in grouped.get(stream_id, [])
-            if s.opened_at > at and s.first_frame_at is not None
-        ]
-        if not firsts:
-            return None
-        found[stream_id] = min(firsts) - at
-    return found
-
-
 def measure_row(
     row: Row, *, run_dir: Path, exit_events: bool = False, lost_hints: int = LOST_HINTS,
     connections: int = CRASH_CONNECTIONS, dynamodb: str = "moto",
@@ -258,7 +243,7 @@ def measure_row(
     from wsfleet.record import connection_pk
     from wsfleet.store import DynamoDBLeaseStore
 
-    from .fleet_bench import _all_streaming, _start_streams, fleet_for_bench
+    from .fleet_bench import _all_streaming, _start_streams, first_frames_after, fleet_for_bench
     from .harness import aws_client
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +267,7 @@ def measure_row(
         time.sleep(2 * row.heartbeat)  # peers polling, renewals spread
         signalled = time.time()
         fleet.kill_worker(0, signal.SIGKILL)
-        failover = wait_until(lambda: _first_frames_after(fleet, ids, signalled),
+        failover = wait_until(lambda: first_frames_after(fleet, ids, signalled),
                               timeout=2 * row.lease + 60, interval=0.2,
                               message="takeover")  # fmt: skip
         result["failover_seconds"] = sorted(round(v, 3) for v in failover.values())
@@ -299,7 +284,7 @@ def measure_row(
             written = time.time()
             for stream_id in lost:  # the router's write, without its hint
                 store.start(stream_id, fleet.simulator.url_for(stream_id), resume=True)
-            recovered = wait_until(lambda: _first_frames_after(fleet, lost, written),
+            recovered = wait_until(lambda: first_frames_after(fleet, lost, written),
                                    timeout=4 * row.reconcile_pass + 60, interval=0.2,
                                    message="lost hints recovered")  # fmt: skip
             result["hint_loss_seconds"] = sorted(round(v, 3) for v in recovered.values())

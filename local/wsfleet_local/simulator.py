@@ -33,8 +33,12 @@ What a test can do to a stream
     session's ``faults`` (a hostile frame as ``hostile:<kind>:<n>:<size>``, from which
     :func:`hostile_frame_data` gives back the data a worker should have stored).
     ``poison_stream`` opens *every* session with a ``size``-byte frame (a crash loop for a
-    worker whose limit is lower); ``redirect_stream`` answers every handshake ``302`` (for the
-    worker's SSRF guard); a :class:`Shape` says how a stream talks to its clients.
+    worker whose limit is lower); ``creep_stream`` sends every session the one frame it owes
+    next and then such a frame (the client's position moves on every session: a loop a breaker
+    counting at one position never stops); ``trickle_stream`` starts a fragmented message on
+    every session and adds a byte at a time, forever; ``redirect_stream`` answers every
+    handshake ``302`` (for the worker's SSRF guard); a :class:`Shape` says how a stream talks
+    to its clients.
 
 Introspection
     Every accepted session is logged as a :class:`SessionRecord` (bounded log), with the
@@ -208,6 +212,7 @@ _SEQ_OF: dict[str, int | str] = {
     HostileFrame.OUT_OF_RANGE_SEQ: 2**53,
 }
 _Member = TypeVar("_Member", bound=enum.StrEnum)
+_V = TypeVar("_V", int, float)
 
 
 def _parse_enum(cls: type[_Member], value: str, what: str) -> _Member:
@@ -576,10 +581,35 @@ def inject_hostile(
 def poison_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> None:
     """Every later session of ``stream_id`` first gets a ``size``-byte frame (0 or None: off)."""
     _check_size(size)
-    if size:
-        sim._poisoned[stream_id] = size
+    _arm(sim._poisoned, stream_id, size)
+
+
+@_route("POST", "streams/{id}/creep", ("size", "size", int))
+def creep_stream(sim: UpstreamSimulator, stream_id: str, size: int | None) -> None:
+    """Every later session of ``stream_id`` sends the one frame it owes next, then a
+    ``size``-byte frame, then nothing (0 or None: off). A client whose limit is lower closes
+    on the big frame, yet its checkpoint moved on every session: a crash loop that a breaker
+    counting at one position never stops (issue #23)."""
+    _check_size(size)
+    _arm(sim._creeping, stream_id, size)
+
+
+@_route("POST", "streams/{id}/trickle", ("interval", "interval", float))
+def trickle_stream(sim: UpstreamSimulator, stream_id: str, interval: float | None) -> None:
+    """Every later session of ``stream_id`` starts a fragmented message and adds one byte
+    every ``interval`` seconds, forever, answering pings meanwhile (0 or None: off): a message
+    that never completes."""
+    if interval is not None and not (math.isfinite(interval) and interval >= 0):
+        raise InvalidRequest(f"interval must be a finite number >= 0 s, got {interval!r}")
+    _arm(sim._trickling, stream_id, interval)
+
+
+def _arm(armed: dict[str, _V], stream_id: str, value: _V | None) -> None:
+    """Arm a per-stream behaviour with ``value``; 0 or None turns it off."""
+    if value:
+        armed[stream_id] = value
     else:
-        sim._poisoned.pop(stream_id, None)
+        armed.pop(stream_id, None)
 
 
 @_route("POST", "streams/{id}/redirect", ("location", "location", str))
@@ -709,6 +739,8 @@ class SimulatorControl:
     inject_fault = _method(inject_fault)
     inject_hostile = _method(inject_hostile)
     poison_stream = _method(poison_stream)
+    creep_stream = _method(creep_stream)
+    trickle_stream = _method(trickle_stream)
     redirect_stream = _method(redirect_stream)
     redirects_served = _method(redirects_served)
     set_shape = _method(set_shape)
@@ -811,6 +843,8 @@ class UpstreamSimulator(SimulatorControl):
         self._redirects_served: Counter[str] = Counter()
         self._hostile: defaultdict[str, deque[tuple[HostileFrame, int]]] = defaultdict(deque)
         self._poisoned: dict[str, int] = {}  # -> size of every session's first frame
+        self._creeping: dict[str, int] = {}  # -> size of the frame after each session's one
+        self._trickling: dict[str, float] = {}  # -> seconds between the trickled bytes
         self._shapes: dict[str, _ShapeConfig] = {}  # absent: plain
         self._auth_rejects: Counter[str] = Counter()
         self._hostile_ids = itertools.count(1)
@@ -1019,6 +1053,27 @@ class UpstreamSimulator(SimulatorControl):
         self._live[record.stream_id].discard(ws)
         ws.wake.set()
 
+    async def _send_frame(self, ws: _SimConnection, seq: int) -> None:
+        record = ws.record
+        await ws.send(frame_text(record.stream_id, seq))
+        if record.first_seq_sent is None:
+            record.first_seq_sent = seq
+            record.first_frame_at = time.time()
+        record.last_seq_sent = seq
+        record.frames_sent += 1
+
+    async def _trickle(self, ws: _SimConnection, interval: float) -> None:
+        """A fragmented text message, one byte per ``interval``, until the peer leaves."""
+        ws.record.faults = (*ws.record.faults, "trickle")
+
+        async def fragments() -> Any:
+            yield '{"seq": 0, "data": "'
+            while True:
+                await asyncio.sleep(interval)
+                yield "x"
+
+        await ws.send(fragments())
+
     async def _send_hostile(self, ws: _SimConnection, kind: HostileFrame, size: int) -> None:
         n = next(self._hostile_ids)
         ws.record.faults = (*ws.record.faults, f"hostile:{kind.value}:{n}:{size}")
@@ -1050,8 +1105,18 @@ class UpstreamSimulator(SimulatorControl):
         A poisoned stream's opening frame goes first; armed hostile frames go out as soon as
         they are armed, faults one at a time (each may end the session)."""
         record, stream_id = ws.record, ws.record.stream_id
+        if stream_id in self._trickling:
+            await self._trickle(ws, self._trickling[stream_id])
+            return
         if stream_id in self._poisoned:
             await self._send_hostile(ws, HostileFrame.OPENING, self._poisoned[stream_id])
+        if stream_id in self._creeping:
+            delay = clock.due_at(next_seq) - self._now()
+            if not math.isinf(delay):  # a frozen stream owes nothing new: the big frame only
+                await asyncio.sleep(max(0.0, delay))
+                await self._send_frame(ws, next_seq)
+            await self._send_hostile(ws, HostileFrame.OPENING, self._creeping[stream_id])
+            return
         while record.is_open:
             if self._hostile.get(stream_id):
                 for kind, size in self._hostile.pop(stream_id):
@@ -1066,12 +1131,7 @@ class UpstreamSimulator(SimulatorControl):
             if next_seq <= current:
                 last = min(current, next_seq + SEND_BATCH_FRAMES - 1)
                 for seq in range(next_seq, last + 1):
-                    await ws.send(frame_text(stream_id, seq))
-                    if record.first_seq_sent is None:
-                        record.first_seq_sent = seq
-                        record.first_frame_at = time.time()
-                    record.last_seq_sent = seq
-                    record.frames_sent += 1
+                    await self._send_frame(ws, seq)
                 next_seq = last + 1
                 await asyncio.sleep(0)  # a long replay must not starve other sessions
                 continue

@@ -62,7 +62,10 @@ Hostile-upstream track (:func:`check_hostile`):
 ``breaker``
     A stream whose every session opens with a frame over the worker's limit ends FAILED after
     a bounded number of sessions: the breaker's failures plus one per worker disruption (each
-    may cost a session the breaker does not count).
+    may cost a session the breaker does not count). So do the looping streams: one whose every
+    session delivers one new frame and then one over the limit (the checkpoint moves each
+    time: the breaker's window must still count it), and one whose every session trickles a
+    message that never completes (the worker's message timeout closes it, 1008).
 """
 
 from __future__ import annotations
@@ -453,8 +456,12 @@ def check_hostile(
     breaker_sessions: int,
     max_failures: int,
     disruptions: int,
+    looping: Mapping[str, tuple[Any, int]] | None = None,
 ) -> None:
-    """The hostile-upstream invariants of the module docstring, added to ``verdict``."""
+    """The hostile-upstream invariants of the module docstring, added to ``verdict``.
+
+    ``looping``: the other streams that must end FAILED within the breaker's bound, as
+    ``stream id -> (record, sessions)``."""
     stored_data = {item.get("message_data") for item in items if item.get("message_data")}
     stored_digests = {item.get("data_sha256") for item in items if item.get("data_sha256")}
     sent = checked = 0
@@ -485,14 +492,17 @@ def check_hostile(
             "refused", redirect_stream,
             f"the refused redirect target got {trap_connections} connection(s)",
         )  # fmt: skip
-    state = getattr(getattr(breaker_record, "desired_state", None), "value", None)
-    if state != "FAILED":
-        verdict.add("breaker", breaker_stream, f"ended {state}, not FAILED")
     bound = max_failures + disruptions
-    if breaker_sessions > bound:
-        verdict.add("breaker", breaker_stream,
-                    f"{breaker_sessions} sessions before FAILED, more than {max_failures} "
-                    f"failures + {disruptions} disruptions")  # fmt: skip
+    breakers = {breaker_stream: (breaker_record, breaker_sessions), **(looping or {})}
+    for stream, (record, stream_sessions) in breakers.items():
+        state = getattr(getattr(record, "desired_state", None), "value", None)
+        if state != "FAILED":
+            verdict.add("breaker", stream, f"ended {state}, not FAILED")
+        if stream_sessions > bound:
+            verdict.add("breaker", stream,
+                        f"{stream_sessions} sessions before FAILED, more than {max_failures} "
+                        f"failures + {disruptions} disruptions")  # fmt: skip
+        verdict.figures[f"sessions_{stream}"] = stream_sessions
     verdict.figures.update(
         {
             "hostile_frames_sent": sent,

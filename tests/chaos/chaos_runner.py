@@ -8,8 +8,10 @@ One run:
 2. START the hostile-upstream streams beside them: ``hostile-frames`` (armed with bad-seq and
    maximum-size non-ASCII frames during the run and again once healed), ``hostile-flood``
    (``flood_rate`` frames/s, audited like the others), ``hostile-redirect`` (a 302 to
-   127.0.0.2, where a trap listener counts connections) and ``hostile-breaker`` (every session
-   opens with a frame over the worker's limit: it must end FAILED);
+   127.0.0.2, where a trap listener counts connections), ``hostile-breaker`` (every session
+   opens with a frame over the worker's limit), ``hostile-creep`` (every session sends one new
+   frame, then one over the limit: the checkpoint moves each time) and ``hostile-trickle``
+   (every session trickles a message that never completes); the last three must end FAILED;
 3. play the seeded schedule (:mod:`chaos_schedule`, including its poison and hostile tracks)
    while a sampler thread records the connections table every ~0.2 s;
 4. heal: clear faults, SIGCONT paused workers, replace dead ones, poison the live workers'
@@ -67,6 +69,13 @@ HOSTILE_FRAMES = "hostile-frames"  # normal frames, plus bad-seq and maximum-siz
 HOSTILE_FLOOD = "hostile-flood"  # normal frames at ChaosConfig.flood_rate: fully audited
 HOSTILE_REDIRECT = "hostile-redirect"  # 302 to a loopback host the policy refuses
 HOSTILE_BREAKER = "hostile-breaker"  # every session opens with a frame over the limit
+HOSTILE_CREEP = "hostile-creep"  # one new frame, then one over the limit, on every session
+HOSTILE_TRICKLE = "hostile-trickle"  # a fragmented message trickled a byte at a time, forever
+#: The streams that must end FAILED within the breaker's bound (see check_hostile).
+LOOPING = (HOSTILE_CREEP, HOSTILE_TRICKLE)
+#: The worker's WORKER_MESSAGE_TIMEOUT_SECONDS in the run: short, so the trickled stream's
+#: sessions end quickly (the default 30 s would only make the run longer).
+MESSAGE_TIMEOUT_SECONDS = 1.0
 #: Over WORKER_MAX_FRAME_BYTES (393,216): the worker's client closes 1009, a poison failure.
 BREAKER_FRAME_BYTES = 500_000
 #: The refused redirect target: loopback, but not 127.0.0.1 (the local allowed list).
@@ -427,11 +436,15 @@ class _Chaos:
         sim.open_stream(HOSTILE_FLOOD, rate=self.config.flood_rate)
         sim.redirect_stream(HOSTILE_REDIRECT, f"ws://{TRAP_HOST}:{trap_port}/trap")
         sim.poison_stream(HOSTILE_BREAKER, BREAKER_FRAME_BYTES)
+        sim.creep_stream(HOSTILE_CREEP, BREAKER_FRAME_BYTES)
+        sim.trickle_stream(HOSTILE_TRICKLE, 0.1)
         for stream_id, end in (
             (HOSTILE_FRAMES, "STARTED"),
             (HOSTILE_FLOOD, "STARTED"),
             (HOSTILE_REDIRECT, "STOPPED"),
             (HOSTILE_BREAKER, "FAILED"),
+            (HOSTILE_CREEP, "FAILED"),
+            (HOSTILE_TRICKLE, "FAILED"),
         ):
             self.api.start(stream_id, sim.url_for(stream_id))
             self.desired[stream_id] = end
@@ -439,7 +452,8 @@ class _Chaos:
         self.log(
             f"hostile upstreams: {HOSTILE_FLOOD} at {self.config.flood_rate:g}/s, "
             f"{HOSTILE_REDIRECT} -> {TRAP_HOST}:{trap_port}, {HOSTILE_BREAKER} opens with "
-            f"{BREAKER_FRAME_BYTES} bytes"
+            f"{BREAKER_FRAME_BYTES} bytes, {HOSTILE_CREEP} sends one new frame then such a "
+            f"frame, {HOSTILE_TRICKLE} trickles a message a byte per 0.1 s"
         )
 
     def arm_hostile(self, max_size_frames: int = 1) -> None:
@@ -604,6 +618,10 @@ def _hostile_evidence(
         breaker_sessions=sum(1 for s in sessions if s.stream_id == HOSTILE_BREAKER),
         max_failures=chaos.config.breaker_max_failures,
         disruptions=sum(1 for a in schedule if a.kind in ("kill", "term", "pause", "restart")),
+        looping={
+            stream: (records.get(stream), sum(1 for s in sessions if s.stream_id == stream))
+            for stream in LOOPING
+        },
     )
 
 
@@ -763,6 +781,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             "WORKER_METRICS_FLUSH_SECONDS": "5",
             # explicit: the breaker check bounds the sessions by it
             "WORKER_BREAKER_MAX_FAILURES": str(config.breaker_max_failures),
+            "WORKER_MESSAGE_TIMEOUT_SECONDS": str(MESSAGE_TIMEOUT_SECONDS),
         },
     )
     sampler: _Sampler | None = None

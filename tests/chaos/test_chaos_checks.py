@@ -286,3 +286,12 @@ def test_a_redirect_not_refused_or_reaching_its_target_is_reported():
 def test_the_breaker_stream_must_end_failed_within_its_bound():
     assert invariants(hostile(breaker_record=Rec())) == {"breaker"}
     assert invariants(hostile(breaker_sessions=8)) == {"breaker"}
+
+
+def test_the_looping_streams_must_end_failed_within_the_same_bound():
+    failed = Rec(desired_state=DesiredState.FAILED, lease_owner="")
+    ok = {"creep": (failed, 7), "trickle": (failed, 3)}
+    assert hostile(looping=ok).ok
+    # a loop the breaker never stopped: still STARTED, or FAILED after too many sessions
+    assert invariants(hostile(looping={**ok, "creep": (Rec(), 40)})) == {"breaker"}
+    assert invariants(hostile(looping={**ok, "trickle": (failed, 8)})) == {"breaker"}

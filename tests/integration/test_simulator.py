@@ -451,6 +451,26 @@ def test_hostile_frames_and_redirects_through_simulator_client() -> None:
         wait_until_sync(lambda: not client.open_sessions("p"))
         assert [r.close_code for r in client.sessions("p")] == [1009, 1009]
 
+        # a creeping stream sends each session the one frame it owes next, then an oversized
+        # one: the client's position moves on every session while it keeps closing 1009
+        client.creep_stream("c", 5000)
+        for from_seq in (1, 2):
+            with sync_connect(client.url_for("c") + f"?from_seq={from_seq}", max_size=4096) as ws:
+                assert json.loads(ws.recv(timeout=WAIT))["seq"] == from_seq
+                with pytest.raises(ConnectionClosedError):
+                    ws.recv(timeout=WAIT)
+        wait_until_sync(lambda: not client.open_sessions("c"))
+        assert [r.close_code for r in client.sessions("c")] == [1009, 1009]
+
+        # a trickling stream starts a fragmented message on every session and never ends it
+        client.trickle_stream("t", 0.01)
+        with sync_connect(client.url_for("t")) as ws, pytest.raises(TimeoutError):
+            ws.recv(timeout=0.3)  # bytes keep coming, the message never completes
+        wait_until_sync(lambda: not client.open_sessions("t"))
+        assert client.sessions("t")[0].faults == ("trickle",)
+        with pytest.raises(InvalidRequest):
+            client.trickle_stream("t", -1.0)
+
         # redirects over HTTP: every handshake answered 302, counted
         client.redirect_stream("r", "ws://127.0.0.2:9/r")
         # a plain HTTP client, which does not follow the redirect (websockets would)

@@ -71,3 +71,43 @@ def test_a_missing_secret_names_the_reference_and_the_error_code_only(aws):
     with pytest.raises(CredentialUnavailable) as refused:
         asyncio.run(resolver.resolve(header(ref)))
     assert str(refused.value) == f"credential {ref} unavailable: ResourceNotFoundException"
+
+
+def test_a_refused_handshake_reads_the_secret_again_once_per_interval(aws):
+    # GIVEN a resolver that caches for an hour, its clock under the test's control
+    arn = client(aws, "secretsmanager").create_secret(
+        Name=f"wsfleet/f-{uuid.uuid4().hex[:6]}", SecretString="old"
+    )["ARN"]
+    now = [100.0]
+    resolver = SecretResolver(
+        in_thread, ttl_seconds=3600, refresh_interval_seconds=30, clock=lambda: now[0]
+    )
+    assert asyncio.run(resolver.resolve(header(arn))) == "old"
+    # WHEN the secret is rotated and a handshake with the old value is refused
+    client(aws, "secretsmanager").put_secret_value(SecretId=arn, SecretString="new")
+    assert asyncio.run(resolver.refresh(header(arn)))
+    # THEN the next connect presents the new value, though the cache is far from aging out
+    assert asyncio.run(resolver.resolve(header(arn))) == "new"
+    assert (resolver.reads, resolver.refreshes) == (3, 1)  # resolve, forced read, cache hit
+    # AND a wrong secret cannot make every refused handshake a read: refused again within
+    # the interval, nothing is read; after it, once more
+    assert not asyncio.run(resolver.refresh(header(arn)))
+    now[0] += 29.9
+    assert not asyncio.run(resolver.refresh(header(arn)))
+    assert resolver.refreshes == 1
+    now[0] += 0.1
+    assert asyncio.run(resolver.refresh(header(arn)))
+    assert resolver.refreshes == 2
+
+
+def test_concurrent_refusals_share_one_read(aws):
+    arn = client(aws, "secretsmanager").create_secret(
+        Name=f"wsfleet/s-{uuid.uuid4().hex[:6]}", SecretString="v"
+    )["ARN"]
+    resolver = SecretResolver(in_thread, ttl_seconds=3600)
+
+    async def scenario() -> list[bool]:
+        return list(await asyncio.gather(*(resolver.refresh(header(arn)) for _ in range(10))))
+
+    assert sorted(asyncio.run(scenario())) == [False] * 9 + [True]
+    assert resolver.reads == 1

@@ -112,6 +112,37 @@ def test_headers_subprotocols_and_a_secrets_manager_credential_reach_the_upstrea
     assert "tok-v2" not in worker.output()
 
 
+def test_a_rotated_secret_is_read_again_when_the_upstream_refuses_the_cached_one(
+    fleet, sim, spawn
+):
+    # GIVEN a worker that caches secrets for an hour, streaming with a header credential
+    arn = make_secret(fleet, "key-v1")
+    sim.set_shape("rotate", "header_auth", header="X-Api-Key", value="key-v1")
+    worker = spawn(WORKER_SECRET_CACHE_SECONDS="3600")
+    fleet.start(
+        "rotate",
+        sim.url_for("rotate"),
+        upstream=options(credential={"ref": arn, "header": "X-Api-Key"}),
+    )
+    streaming(fleet, "rotate", worker, frames=5)
+    # WHEN the secret is rotated, the upstream accepts only the new value, and the link drops
+    client(fleet, "secretsmanager").put_secret_value(SecretId=arn, SecretString="key-v2")
+    sim.set_shape("rotate", "header_auth", header="X-Api-Key", value="key-v2")
+    sim.inject_fault("rotate", "drop")
+    # THEN the refused handshake (401) made the worker read the secret again: the stream
+    # resumes with the new value long before the cached one would age out
+    wait_until(
+        lambda: any(s.headers.get("X-Api-Key") == "key-v2" for s in sim.sessions("rotate")),
+        timeout=60,
+        message=lambda: f"{sim.auth_rejects('rotate')} rejects\n{worker.tail(30)}",
+    )
+    before = fleet.record("rotate").last_seq
+    wait_until(lambda: fleet.record("rotate").last_seq > before + 5, timeout=60)
+    assert 1 <= sim.auth_rejects("rotate") <= 2
+    wait_until(lambda: worker.metric_total("CredentialRefreshes") >= 1, timeout=30)
+    assert "key-v2" not in worker.output()
+
+
 def test_ssm_securestring_in_the_query_and_resume_by_subscribe_message(fleet, sim, spawn):
     arn = make_parameter(fleet, "ssm-s3cret")
     sim.set_shape("sub", "subscribe")

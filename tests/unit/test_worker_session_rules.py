@@ -8,6 +8,7 @@ import random
 import pytest
 
 from wsfleet.hints import Hint
+from wsfleet_worker.credentials import refresh_due
 from wsfleet_worker.session_rules import (
     CloseAction,
     ErrorCategory,
@@ -17,6 +18,7 @@ from wsfleet_worker.session_rules import (
     ReconnectPolicy,
     close_action,
     exit_plan,
+    is_credential_refusal,
     is_empty_close,
     is_poison,
     last_error_text,
@@ -242,3 +244,16 @@ def test_last_error_text_is_a_category_and_only_the_workers_own_close(
 )
 def test_is_poison(crashed, code, by_worker, expected):
     assert is_poison(crashed, code, worker_initiated=by_worker) is expected
+
+
+# ---------------------------------------------------------------- credential refusals
+@pytest.mark.parametrize(("status", "refusal"), [(401, True), (403, True), (404, False),
+                                                 (429, False), (503, False)])
+def test_only_401_and_403_make_the_worker_read_its_credential_again(status, refusal):
+    assert is_credential_refusal(status) is refusal
+
+
+def test_a_refused_credential_is_read_again_at_most_once_per_interval():
+    assert refresh_due(None, 0.0, 30.0)
+    assert not refresh_due(100.0, 129.0, 30.0)
+    assert refresh_due(100.0, 130.0, 30.0)

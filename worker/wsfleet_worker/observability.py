@@ -62,6 +62,7 @@ COUNTERS = (
     "GapWriteFailures",  # gap totals that could not be stored yet (retried)
     "CredentialFailures",  # connects whose secret could not be read (counted by the breaker)
     "MessageTimeouts",  # connections failed (1008) for a message incomplete too long
+    "CredentialRefreshes",  # secrets read again after a 401/403 handshake (rotation)
     "RebalanceGiven",  # connections handed off to a less loaded peer
     "RebalanceFailures",  # fleet view reads that failed, hand-off sends that raised
     "HandoffHints",  # hand-offs received on the control queue

@@ -126,6 +126,7 @@ from .session_rules import (
     SessionState,
     close_action,
     exit_plan,
+    is_credential_refusal,
     is_empty_close,
     is_poison,
     last_error_text,
@@ -655,11 +656,10 @@ class Session:
                 if is_permanent(exc):
                     self.finish(ExitReason.INVALID_URL, via="connect")
                     return
-                category = (
-                    ErrorCategory.HANDSHAKE_REJECTED
-                    if isinstance(exc, InvalidStatus)
-                    else ErrorCategory.CONNECT_FAILED
-                )
+                category = ErrorCategory.CONNECT_FAILED
+                if isinstance(exc, InvalidStatus):
+                    category = ErrorCategory.HANDSHAKE_REJECTED
+                    await self._credential_refused(exc.response.status_code, policy)
                 await self._upstream_trouble(
                     last_error_text(category), policy, detail=describe_error(exc)
                 )
@@ -742,6 +742,27 @@ class Session:
             return True
         await self._upstream_trouble(error, policy, detail=describe_error(exc), noted=True)
         return False
+
+    async def _credential_refused(self, status: int, policy: ReconnectPolicy) -> None:
+        """A handshake that carried a credential was refused with 401/403: the secret may have
+        been rotated, so read it again now rather than when the cached value ages out (the
+        resolver allows one such read per reference per interval). A fresh read retries soon."""
+        credential = self.record.upstream.credential
+        secrets = self._ctx.secrets
+        if credential is None or secrets is None or not is_credential_refusal(status):
+            return
+        try:
+            refreshed = await secrets.refresh(credential)
+        except CredentialUnavailable as exc:  # the next connect's resolve counts it
+            self._ctx.logger.warning(
+                "could not read the refused credential again",
+                extra={**self._log, "error": describe_error(exc)},
+            )
+            return
+        if refreshed:
+            self._ctx.metrics.count("CredentialRefreshes")
+            self._info("handshake refused with the credential; read it again", status=status)
+            policy.reset()
 
     async def _counted_failure(self, error: str) -> bool:
         """A failure the crash-loop breaker counts (not a crash: :meth:`_end` counts those).

@@ -29,6 +29,7 @@ from wsfleet.bodies import excerpt
 from wsfleet.hints import Hint
 
 __all__ = [
+    "CREDENTIAL_REFUSAL_STATUSES",
     "MESSAGE_TIMEOUT_CODE",
     "MESSAGE_TIMEOUT_REASON",
     "NORMAL_CLOSE_CODES",
@@ -46,6 +47,7 @@ __all__ = [
     "SessionState",
     "close_action",
     "exit_plan",
+    "is_credential_refusal",
     "is_empty_close",
     "is_poison",
     "last_error_text",
@@ -195,6 +197,19 @@ def is_empty_close(received_code: int | None, frames_received: int) -> bool:
     (True, False, False)
     """
     return received_code in NORMAL_CLOSE_CODES and frames_received == 0
+
+
+#: Handshake statuses that say the credential was not accepted (the secret may be rotated).
+CREDENTIAL_REFUSAL_STATUSES = frozenset({401, 403})
+
+
+def is_credential_refusal(status: int) -> bool:
+    """Should a refused handshake make the worker read its credential again?
+
+    >>> is_credential_refusal(401), is_credential_refusal(403), is_credential_refusal(503)
+    (True, True, False)
+    """
+    return status in CREDENTIAL_REFUSAL_STATUSES
 
 
 @dataclass

@@ -72,14 +72,17 @@ class UpstreamConnection(ClientConnection):
     def _arm_message_timer(self) -> None:
         deadline = self._incomplete.deadline
         if deadline is not None and self._message_timer is None:
-            self._message_timer = self.loop.call_at(deadline, self._message_due)
+            since = self._incomplete.since
+            self._message_timer = self.loop.call_at(deadline, self._message_due, since)
 
-    def _message_due(self) -> None:
+    def _message_due(self, armed_for: float | None) -> None:
+        """The deadline of the message that was pending at ``armed_for`` is here. Compared by
+        start, not by reading the clock again: asyncio may run a timer a hair early."""
         self._message_timer = None
         if self.protocol.state is not OPEN:
             return
-        if not self._incomplete.overdue(self.loop.time()):
-            self._arm_message_timer()  # a later message started since: wait for its deadline
+        if self._incomplete.since != armed_for:
+            self._arm_message_timer()  # that one completed; wait for the next one's deadline
             return
         self.protocol.fail(MESSAGE_TIMEOUT_CODE, MESSAGE_TIMEOUT_REASON)
         try:

@@ -227,7 +227,9 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("WORKER_SECRET_CACHE_SECONDS", "secret_cache_seconds", "60",
            "How long a worker reuses a resolved upstream credential (Secrets Manager / SSM "
            "SecureString) before reading it again at the next connect: a rotated secret is "
-           "picked up within this. 0 reads it at every connect.", "worker", scope="worker"),
+           "picked up within this, or at once when a handshake is refused with 401/403 (one "
+           "forced read per reference per 30 s). 0 reads it at every connect.",
+           "worker", scope="worker"),
 )
 
 
