@@ -40,11 +40,11 @@ README = (ROOT / "README.md").read_text()
 WSFLEET = str(ROOT / ".venv" / "bin" / "wsfleet")
 
 
-def readme_block(after: str) -> list[str]:
-    """The commands of the first ```bash block after the text ``after`` (continuations
+def readme_block(containing: str) -> list[str]:
+    """The commands of the README's ```bash block that holds ``containing`` (continuations
     joined, comments and blank lines dropped)."""
-    start = README.index(after)
-    block = README[README.index("```bash\n", start) + 8 :]
+    at = README.index(containing)
+    block = README[README.rindex("```bash\n", 0, at) + 8 :]
     block = block[: block.index("```")]
     commands = []
     for line in block.replace("\\\n", " ").splitlines():
@@ -59,7 +59,7 @@ def readme_block(after: str) -> list[str]:
 #: created, the CLI the way "Run it locally" uses it (`wsfleet status` without --watch, which
 #: refreshes until Ctrl-C).
 COMMANDS = [
-    *readme_block("The same with curl and with the CLI"),
+    *readme_block("curl -X PUT $WSFLEET_API_URL/connections/speech-1"),
     "wsfleet status --all",
     "wsfleet stop ticker-1",
     "wsfleet stop md-1 --json",

@@ -26,6 +26,7 @@ from harness import INVOKE_IMAGE, PYTHON_BASE, ROOT, run, tail
 from bench.waiting import wait_until
 from wsfleet.record import DesiredState
 from wsfleet.settings import ENVIRONMENT
+from wsfleet.upstream_options import parse_upstream_options
 from wsfleet_local.backend import find_template, load_template
 from wsfleet_local.fleet import FleetTimings, LocalFleet
 
@@ -158,8 +159,12 @@ def containers() -> Iterator[list[WorkerContainer]]:
         container.remove()
 
 
-def stored_by(driver: StoreDriver, stream: str) -> list[dict[str, Any]]:
-    return driver.stored(stream)
+#: The upstream's normal close ends the stream (STOPPED), so an ended feed can be audited.
+FINITE = parse_upstream_options({"normal_close": "final"}, secret_prefixes=())
+
+
+def start(driver: StoreDriver, fleet: LocalFleet, stream: str) -> None:
+    driver.start(stream, f"{fleet.simulator_url}/{stream}", upstream=FINITE)
 
 
 def assert_nothing_lost(driver: StoreDriver, fleet: LocalFleet, stream: str) -> int:
@@ -199,7 +204,7 @@ def test_start_streams_then_docker_stop_hands_off(
     started = time.monotonic()
     container = WorkerContainer(fleet, "container-stop")
     containers.append(container.run())
-    driver.start(stream, f"{fleet.simulator_url}/{stream}")
+    start(driver, fleet, stream)
 
     # THEN its frames reach the messages table, stored by the container's worker
     wait_until(
@@ -248,12 +253,12 @@ def test_docker_kill_fails_over(
     # container that takes the next START
     for slot in fleet.workers:
         filler = f"filler-{slot.worker_id}"
-        driver.start(filler, f"{fleet.simulator_url}/{filler}")
+        start(driver, fleet, filler)
         wait_until(lambda f=filler: driver.record(f).lease_owner, timeout=120, interval=0.2)
     stream = "image-kill-1"
     container = WorkerContainer(fleet, "container-kill")
     containers.append(container.run())
-    driver.start(stream, f"{fleet.simulator_url}/{stream}")
+    start(driver, fleet, stream)
     wait_until(
         lambda: container.ensure_running() and len(driver.stored_seqs(stream)) >= 5,
         timeout=300, interval=0.5, message=container.logs,
