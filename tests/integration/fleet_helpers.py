@@ -319,8 +319,13 @@ class UpstreamThread:
             fleet.start("s", upstream.url("s"))
     """
 
-    def __init__(self, handler: Callable[[ServerConnection], Awaitable[None]]) -> None:
+    def __init__(
+        self, handler: Callable[[ServerConnection], Awaitable[None]], **serve_options: Any
+    ) -> None:
+        """``serve_options`` go to websockets' ``serve`` (``max_size=None`` unless given:
+        what the worker sends back is not under test, its own limit is)."""
         self.handler = handler
+        self.serve_options = {"max_size": None, **serve_options}
         self.port = 0
         self.connections = 0
         self._ready = threading.Event()
@@ -350,8 +355,7 @@ class UpstreamThread:
 
         async def main() -> None:
             self._stop = self._loop.create_future()
-            # max_size=None: what the worker sends back is not under test, its own limit is.
-            async with serve(self._serve, "127.0.0.1", 0, max_size=None) as server:
+            async with serve(self._serve, "127.0.0.1", 0, **self.serve_options) as server:
                 self.port = server.sockets[0].getsockname()[1]
                 self._ready.set()
                 await self._stop

@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import json
 import signal
-import threading
 import time
 import urllib.parse
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import fleet_helpers
 import pytest
 from fleet_helpers import StoreDriver, WorkerProcess, check_stream, wait_until
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
@@ -75,39 +74,24 @@ class _SlowClosingConnection(ServerConnection):
             self.on_lost()
 
 
-class OrderedUpstream:
+class OrderedUpstream(fleet_helpers.UpstreamThread):
     """A replaying upstream (``?from_seq=N``; frames ``{"seq": n, "data": "<id>:<n>"}``) on a
     daemon thread, logging ``(event, stream, session)`` in the order its loop saw them."""
 
     def __init__(self, close_delay: float) -> None:
-        self._connection = type(
+        connection = type(
             "SlowClosingConnection", (_SlowClosingConnection,), {"delay": close_delay}
         )
+        super().__init__(
+            self._stream, create_connection=connection, compression=None, ping_interval=None
+        )
         self.events: list[tuple[str, str, int]] = []
-        self.port = 0
         self._ids = itertools.count(1)
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Future[None] | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> OrderedUpstream:
-        self._thread.start()
-        assert self._ready.wait(10), "the upstream did not start"
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set_result, None)
-        self._thread.join(10)
-
-    def url(self, stream_id: str) -> str:
-        return f"ws://127.0.0.1:{self.port}/{stream_id}"
 
     def of(self, stream_id: str) -> list[tuple[str, int]]:
         return [(event, session) for event, sid, session in list(self.events) if sid == stream_id]
 
-    async def _serve(self, ws: ServerConnection) -> None:
+    async def _stream(self, ws: ServerConnection) -> None:
         assert isinstance(ws, _SlowClosingConnection) and ws.request is not None
         path, _, query = ws.request.path.partition("?")
         stream_id = path.strip("/")
@@ -122,22 +106,6 @@ class OrderedUpstream:
             for seq in itertools.count(max(1, int(from_seq))):
                 await ws.send(json.dumps({"seq": seq, "data": f"{stream_id}:{seq}"}))
                 await asyncio.sleep(1 / RATE)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def main() -> None:
-            self._stop = self._loop.create_future()
-            async with serve(
-                self._serve, "127.0.0.1", 0, create_connection=self._connection,
-                compression=None, ping_interval=None,
-            ) as server:  # fmt: skip
-                self.port = server.sockets[0].getsockname()[1]
-                self._ready.set()
-                await self._stop
-
-        self._loop.run_until_complete(main())
-        self._loop.close()
 
 
 def _never_two_open(events: list[tuple[str, int]]) -> list[str]:
