@@ -551,9 +551,16 @@ def test_each_operation_answers_alike_in_a_thread_and_over_http() -> None:
         sim.redirect_stream("r", "ws://127.0.0.2:9/r")
         with sync_connect(client.url_for("s") + "?from_seq=1") as ws:
             ws.recv(timeout=WAIT)
+            # paused, so its live session record stops changing between the two reads (at
+            # 200/s a frame can be sent between them on a busy machine)
+            client.open_stream("s", rate=0)
             # THEN every read agrees, session records included
-            assert client.open_sessions("s") == sim.open_sessions("s") != []
-            assert client.sessions() == sim.sessions()
+            wait_until_sync(
+                lambda: client.open_sessions("s") == sim.open_sessions("s") != []
+                and client.sessions() == sim.sessions(),
+                "the two paths' session records of a paused stream agree",
+                timeout=WAIT,
+            )
         wait_until_sync(lambda: not sim.open_sessions())
         # "s" produces at 200/s between the two reads: its current_seq is compared by a bound
         via_http, in_thread = client.streams(), sim.streams()
