@@ -36,8 +36,9 @@ Targets (issue #26): ``live`` with ``overlap``: 0 lost per move, beside what ``b
 ``live-one-session``: gap reported == frames lost in both modes (overlap falls back to break);
 ``replay``: 0 lost, 0 gap in both modes; ``break``: no overlap at the upstream.
 
-Until the shared package accepts ``upstream.handoff``, only the ``break`` cohorts run (today's
-break-before-make is the default) and the result says the overlap mode is unavailable.
+Until the checkout does make-before-break (the shared package accepts ``upstream.handoff``
+and the worker has its hand-over module), only the ``break`` cohorts run and the result says
+why the overlap mode is unavailable.
 """
 
 from __future__ import annotations
@@ -100,14 +101,10 @@ class Cohort:
 
 
 def overlap_mode_available() -> str | None:
-    """None if the shared package accepts ``upstream.handoff: overlap``, else why not."""
-    from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
+    """None if this checkout does make-before-break hand-offs, else why not."""
+    from wsfleet_local.demo import overlap_handoffs_unavailable
 
-    try:
-        parse_upstream_options({"handoff": "overlap"}, secret_prefixes=())
-    except InvalidUpstreamOptions as exc:
-        return f"upstream.handoff is not accepted by this checkout ({exc})"
-    return None
+    return overlap_handoffs_unavailable()
 
 
 def _start(

@@ -70,6 +70,7 @@ __all__ = [
     "LiveHandoff",
     "PhaseTiming",
     "crash_path",
+    "overlap_handoffs_unavailable",
     "render_summary",
     "run_demo",
 ]
@@ -687,19 +688,37 @@ def _scenario(
     )
 
 
+def overlap_handoffs_unavailable() -> str | None:
+    """None if this checkout does make-before-break hand-offs (the ``upstream.handoff`` option
+    is accepted and the worker has its hand-over module), else why not (issue #26 landed the
+    option before the worker used it: until then every move breaks, whatever it says)."""
+    import importlib.util
+
+    from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
+
+    try:
+        parse_upstream_options({"handoff": "overlap"}, secret_prefixes=())
+    except InvalidUpstreamOptions as exc:
+        return f"upstream.handoff is not accepted by this checkout ({exc})"
+    if importlib.util.find_spec("wsfleet_worker.handover") is None:
+        return "the worker has no make-before-break hand-over (wsfleet_worker.handover)"
+    return None
+
+
 def _start_live(monitor: _Monitor, api: ApiClient, rate: float) -> list[LiveHandoff]:
     """START the live-only pair (one stream per hand-off mode) and wait until both flow."""
     from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
 
     sim = monitor.fleet.simulator
+    unavailable = overlap_handoffs_unavailable() or ""
     live = []
     for mode in LIVE_MODES:
         handoff = LiveHandoff(stream_id=f"live-{mode}", mode=mode)
+        handoff.unavailable = unavailable if mode == "overlap" else ""
         options: dict[str, Any] = {"resume": "none", "normal_close": "final", "handoff": mode}
         try:
             parse_upstream_options(options, secret_prefixes=())
-        except InvalidUpstreamOptions as exc:  # this checkout has no hand-off modes yet
-            handoff.unavailable = str(exc)
+        except InvalidUpstreamOptions:  # no hand-off modes yet: both break (the default)
             del options["handoff"]
         sim.open_stream(handoff.stream_id, rate=rate)
         sim.set_shape(handoff.stream_id, "live_only")
