@@ -295,6 +295,45 @@ def _shapes_section(document: dict[str, Any]) -> str:
                     header, rows, items)  # fmt: skip
 
 
+def _handoff_modes_section(document: dict[str, Any]) -> str:
+    items = _results(document, "handoff-modes")
+    rows = []
+    for name, r in items:
+        rate = r.get("settings", {}).get("frames_per_second_per_stream")
+        load = f"{r.get('load_average_before')} -> {r.get('load_average_after')}"
+        for cohort, f in (r.get("cohorts") or {}).items():
+            overlap = f.get("overlap_seconds") or {}
+            rows.append([f"{r.get('disruption')} @ {rate:g}/s" if rate else name, cohort,
+                         f.get("streams"), f.get("moves"), f.get("frames_lost"),
+                         f.get("lost_per_move"), f.get("gap_frames_reported"),
+                         f.get("gapped_resumes_reported"), f.get("upstream_overlaps"),
+                         f"{_s(overlap.get('p50'))} / {_s(overlap.get('max'))}"
+                         if overlap else "-",
+                         f.get("refused_handshakes"), load])
+    header = ["run", "upstream / mode", "streams", "moves", "frames lost", "lost per move",
+              "gap reported", "gapped resumes", "overlaps at upstream", "overlap p50 / max",
+              "409s", "load avg (1, 5, 15 min) before -> after"]
+    notes = []
+    for name, r in items:
+        if r.get("overlap_unavailable"):
+            notes.append(f"- `{name}`: overlap mode not run: {r['overlap_unavailable']}")
+        for target, met in (r.get("targets") or {}).items():
+            notes.append(f"- `{name}` {target}: {_met(met)}")
+    intro = ("bench/handoff_modes.py (`python -m bench --only handoff-modes`). Issue #26: "
+             "cohorts of streams, one per upstream behaviour (live-only; live-only allowing "
+             "one session per account; replaying) and hand-off mode (`upstream.handoff`: "
+             "`break` = break-before-make, `overlap` = make-before-break), through the same "
+             "SIGTERM drains (worker 0, then worker 1, a fresh peer ready) or the same 3 -> 6 "
+             "rebalance, in one run; short lease profile. Lost: seqs between the first and the "
+             "last stored that are not stored. Gap reported: the records' gap_frames. Overlaps: "
+             "pairs of one stream's sessions open together at the upstream (simulator session "
+             "log). Targets: live/overlap 0 lost; one-session gap == lost; replay 0 and 0; "
+             "break never overlaps.")  # fmt: skip
+    section = _section("## 6e. Hand-off modes: make-before-break beside break-before-make "
+                       "(issue #26)", intro, header, rows, items)  # fmt: skip
+    return "\n".join([section, *notes])
+
+
 def _throughput_section(document: dict[str, Any]) -> str:
     items = _results(document, "throughput")
     parts = ["## 6c. Throughput: frames stored per second per worker vCPU", "",
@@ -840,6 +879,7 @@ def render(document: dict[str, Any]) -> str:
         _throughput_section(document),
         _sinks_section(document),
         _shapes_section(document),
+        _handoff_modes_section(document),
         _rebalance_section(document),
         _reconcile_section(document),
         _compat_section(document),

@@ -44,6 +44,9 @@ What a test can do to a stream
     and meeting APIs that allow one socket per credential), or ``cut_first`` (a second
     session is accepted and the open one is closed, 1008). Shapes and limits combine: a
     ``live_only`` stream with a ``one`` limit is an upstream make-before-break cannot overlap.
+    ``mute_stream`` makes the sessions that open while it is on send nothing until it is
+    turned off (they are listed with the fault ``muted``; the sessions already open stream
+    on): a hand-off's taker that gets no frame while its giver's session keeps flowing.
 
 Introspection
     Every accepted session is logged as a :class:`SessionRecord` (bounded log), with the
@@ -621,6 +624,7 @@ def stream_info(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
         "shape": (Shape.PLAIN if config is None else config.shape).value,
         "session_limit": sim._session_limit(stream_id).limit.value,
         "refused_handshakes": sim._limit_refusals[stream_id],
+        "muted": stream_id in sim._muted,
     }
 
 
@@ -786,6 +790,18 @@ def limit_sessions(
     sim._limits[stream_id] = _LimitConfig(limit, account or stream_id)
 
 
+@_route("POST", "streams/{id}/mute", ("on", "on", bool))
+def mute_stream(sim: UpstreamSimulator, stream_id: str, on: bool) -> None:
+    """While ``on``, sessions of ``stream_id`` that open send nothing (not even what they owe)
+    until it is turned off; then they send from where they would have started. Sessions
+    already open are not affected."""
+    if on:
+        sim._muted.add(stream_id)
+    else:
+        sim._muted.discard(stream_id)
+        sim._wake(stream_id)
+
+
 @_route("GET", "streams/{id}/refusals", key="refused")
 def limit_refusals(sim: UpstreamSimulator, stream_id: str) -> int:
     """Handshakes of ``stream_id`` refused (409) because its account had a session open."""
@@ -875,6 +891,7 @@ class SimulatorControl:
     auth_rejects = _method(auth_rejects)
     limit_sessions = _method(limit_sessions)
     limit_refusals = _method(limit_refusals)
+    mute_stream = _method(mute_stream)
     events = _method(events)
 
     def url_for(self, stream_id: str) -> str:
@@ -984,6 +1001,7 @@ class UpstreamSimulator(SimulatorControl):
         self._shapes: dict[str, _ShapeConfig] = {}  # absent: plain
         self._auth_rejects: Counter[str] = Counter()
         self._limits: dict[str, _LimitConfig] = {}  # absent: many
+        self._muted: set[str] = set()  # streams whose new sessions send nothing for now
         self._limit_refusals: Counter[str] = Counter()
         # account -> its sessions from the accepted handshake until the TCP connection is gone
         self._accounts: defaultdict[str, set[_SimConnection]] = defaultdict(set)
@@ -1206,6 +1224,13 @@ class UpstreamSimulator(SimulatorControl):
             self._connection_lost(connection)
         self._cut_others(connection)
         with contextlib.suppress(ConnectionClosed):  # the peer left: _session_lost logged it
+            if stream_id in self._muted:
+                record.faults = (*record.faults, "muted")
+                while stream_id in self._muted and record.is_open:
+                    connection.wake.clear()
+                    await connection.wake.wait()
+                if not record.is_open:
+                    return
             if shape is Shape.SUBSCRIBE:
                 assert config is not None
                 subscribed = await self._await_subscribe(connection, clock, config.field)

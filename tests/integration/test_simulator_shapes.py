@@ -241,3 +241,25 @@ def test_the_simulators_doctests_hold() -> None:
     from wsfleet_local import simulator
 
     assert doctest.testmod(simulator).failed == 0
+
+
+def test_a_muted_stream_sends_nothing_to_sessions_opened_meanwhile_until_unmuted() -> None:
+    async def scenario() -> None:
+        # (unbounded client queues: a client that stops reading could not see the close)
+        async with (
+            UpstreamSimulator(rate=FAST) as sim,
+            connect(sim.url_for("s") + "?from_seq=1", max_queue=None) as giver,
+        ):
+            assert await recv_seq(giver) == 1
+            sim.mute_stream("s", True)
+            assert sim.stream_info("s")["muted"] is True
+            async with connect(sim.url_for("s") + "?from_seq=5", max_queue=None) as taker:
+                # the open session streams on while the new one gets nothing
+                await wait_until_async(lambda: sim.sessions("s")[0].frames_sent >= 40, timeout=WAIT)
+                await recv_seq(giver)
+                assert sim.sessions("s")[1].frames_sent == 0
+                assert sim.sessions("s")[1].faults == ("muted",)
+                sim.mute_stream("s", False)
+                assert await recv_seq(taker) == 5  # from where it would have started
+
+    asyncio.run(scenario())

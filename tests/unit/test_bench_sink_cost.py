@@ -23,8 +23,8 @@ def test_a_kinesis_record_costs_one_put_unit_per_25_kb_or_part_of_it():
 def test_plain_kinesis_records_fill_shards_by_count_before_bytes():
     # GIVEN a million 300-byte records: 1,000 records/s per shard binds, not 1 MB/s
     cost = kinesis_cost({300: 1_000_000}, frames=1_000_000)
-    shard_hours = 1000 / 3600
-    assert cost["usd_per_million_frames_shard_hours"] == pytest.approx(shard_hours * 0.015, rel=1e-3)
+    shard_usd = 1000 / 3600 * 0.015
+    assert cost["usd_per_million_frames_shard_hours"] == pytest.approx(shard_usd, rel=1e-3)
     # and on-demand bills each record as 1 KB of data in at $0.08 per GB
     assert cost["on_demand"]["usd_per_million_frames"] == pytest.approx(1e6 * 1024 / 2**30 * 0.08)
 
