@@ -12,7 +12,11 @@ Options::
 
 Groups: cost, crash, handoff, stop, capacity, flood, throughput, reconcile, compat, scale,
 shapes, rebalance (300 connections on 3 workers scaled to 6: time to even, moves, hand-off gaps),
-tradeoffs (the operator's tuning table and plot, docs/tradeoffs.md and .png; bench/tradeoffs.py).
+tradeoffs (the operator's tuning table and plot, docs/tradeoffs.md and .png; bench/tradeoffs.py),
+handoff-modes (issue #26: make-before-break beside break-before-make in one run, live-only,
+one-session and replaying upstreams through SIGTERM drains and a 3 -> 6 rebalance;
+bench/handoff_modes.py), sinks (issue #27: every frame sink's frames per worker vCPU-second and
+cost per million frames, bench/sink_bench.py).
 Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
 messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
 coordination writes and reads per connection-hour at 1,000 connections per worker, every
@@ -43,7 +47,7 @@ from .harness import ROOT, machine
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
-          "compat", "scale", "shapes", "rebalance", "tradeoffs")
+          "compat", "scale", "shapes", "rebalance", "tradeoffs", "handoff-modes", "sinks")
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,25 @@ def _steps(quick: bool) -> list[Step]:
     from .tradeoffs import run_tradeoffs
 
     steps.append(Step("tradeoffs", "tradeoffs", run_tradeoffs))
+    # Issue #26: each upstream behaviour in both hand-off modes, side by side in one run.
+    from .handoff_modes import run_handoff_modes
+
+    steps += [
+        Step("handoff-modes", "handoff-modes-drain-20", lambda d: run_handoff_modes(
+            run_dir=d, dynamodb=backend, rate=20.0, per_cohort=2 if quick else 4)),
+        Step("handoff-modes", "handoff-modes-drain-1000", lambda d: run_handoff_modes(
+            run_dir=d, dynamodb=backend, rate=1000.0, behaviours=("live",), per_cohort=2)),
+        Step("handoff-modes", "handoff-modes-rebalance", lambda d: run_handoff_modes(
+            run_dir=d, dynamodb=backend, disruption="rebalance", rate=20.0,
+            behaviours=("live",), per_cohort=10 if quick else 20)),
+    ]
+    # Issue #27: every frame sink in one run, frames per worker vCPU-second and cost per
+    # million frames from the units the backend was sent (bench/sink_bench.py).
+    if dynalite_available():
+        from .sink_bench import run_sinks
+
+        steps.append(Step("sinks", "sinks", lambda d: run_sinks(
+            d, window=10.0 if quick else 20.0, warmup=3.0 if quick else 5.0)))
     return steps  # fmt: skip
 
 

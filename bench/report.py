@@ -317,6 +317,45 @@ def _shapes_section(document: dict[str, Any]) -> str:
                     header, rows, items)  # fmt: skip
 
 
+def _handoff_modes_section(document: dict[str, Any]) -> str:
+    items = _results(document, "handoff-modes")
+    rows = []
+    for name, r in items:
+        rate = r.get("settings", {}).get("frames_per_second_per_stream")
+        load = f"{r.get('load_average_before')} -> {r.get('load_average_after')}"
+        for cohort, f in (r.get("cohorts") or {}).items():
+            overlap = f.get("overlap_seconds") or {}
+            rows.append([f"{r.get('disruption')} @ {rate:g}/s" if rate else name, cohort,
+                         f.get("streams"), f.get("moves"), f.get("frames_lost"),
+                         f.get("lost_per_move"), f.get("gap_frames_reported"),
+                         f.get("gapped_resumes_reported"), f.get("upstream_overlaps"),
+                         f"{_s(overlap.get('p50'))} / {_s(overlap.get('max'))}"
+                         if overlap else "-",
+                         f.get("refused_handshakes"), load])
+    header = ["run", "upstream / mode", "streams", "moves", "frames lost", "lost per move",
+              "gap reported", "gapped resumes", "overlaps at upstream", "overlap p50 / max",
+              "409s", "load avg (1, 5, 15 min) before -> after"]
+    notes = []
+    for name, r in items:
+        if r.get("overlap_unavailable"):
+            notes.append(f"- `{name}`: overlap mode not run: {r['overlap_unavailable']}")
+        for target, met in (r.get("targets") or {}).items():
+            notes.append(f"- `{name}` {target}: {_met(met)}")
+    intro = ("bench/handoff_modes.py (`python -m bench --only handoff-modes`). Issue #26: "
+             "cohorts of streams, one per upstream behaviour (live-only; live-only allowing "
+             "one session per account; replaying) and hand-off mode (`upstream.handoff`: "
+             "`break` = break-before-make, `overlap` = make-before-break), through the same "
+             "SIGTERM drains (worker 0, then worker 1, a fresh peer ready) or the same 3 -> 6 "
+             "rebalance, in one run; short lease profile. Lost: seqs between the first and the "
+             "last stored that are not stored. Gap reported: the records' gap_frames. Overlaps: "
+             "pairs of one stream's sessions open together at the upstream (simulator session "
+             "log). Targets: live/overlap 0 lost; one-session gap == lost; replay 0 and 0; "
+             "break never overlaps.")  # fmt: skip
+    section = _section("## 6e. Hand-off modes: make-before-break beside break-before-make "
+                       "(issue #26)", intro, header, rows, items)  # fmt: skip
+    return "\n".join([section, *notes])
+
+
 def _throughput_section(document: dict[str, Any]) -> str:
     items = _results(document, "throughput")
     parts = ["## 6c. Throughput: frames stored per second per worker vCPU", "",
@@ -355,6 +394,42 @@ def _throughput_section(document: dict[str, Any]) -> str:
         parts.append("")
     parts += _error_rows(items)
     return "\n".join(parts)
+
+
+def _sinks_section(document: dict[str, Any]) -> str:
+    """Issue #27: throughput and cost per frame sink (bench/sink_bench.py)."""
+    from .sink_bench import table
+
+    items = _results(document, "sinks")
+    parts = ["## 6d. Frame sinks: frames per worker vCPU-second and cost per million frames", "",
+             "bench/sink_bench.py: for each sink and load one bench/throughput.py run (its own "
+             "upstream, embedded moto server for Kinesis, Firehose and S3, dynalite tables, one "
+             "worker). Frames stored over the worker's CPU seconds in a steady window; the load "
+             "average (1 min) of the shared 2-core machine before and after each run is shown, "
+             "since CPU time per frame grows when other processes compete for the cores and "
+             "caches. Afterwards every stream is read back from its sink (the table, the stream, "
+             "or every object Firehose delivered to S3): seq 1..max, each with its own content; "
+             "duplicates counted (Kinesis and Firehose are at-least-once). Cost: the units the "
+             "backend was sent. DynamoDB: write request units of the items read back "
+             "(ceil(item / 1 KB), one write per frame). Kinesis and Firehose: every record the "
+             "service took, counted at a proxy in front of it (bench/sink_requests.py); Kinesis "
+             "provisioned = PUT payload units (25 KB per record) + shard-hours at full shard use "
+             "(1 MB/s or 1,000 records/s), Kinesis on-demand = data in with each record rounded "
+             "up to 1 KB (last column), Firehose Direct PUT = ingestion with each record rounded "
+             "up to 5 KB. Fixed charges (an on-demand stream-hour, S3 behind Firehose) are not "
+             "per frame and left out. A frame's record is its JSON with connection id, key, seq, "
+             "lease epoch, receive time and worker id (about 130 bytes more than the frame).", ""]
+    for _name, r in items:
+        if "error" in r:
+            continue
+        prices = r.get("prices") or {}
+        parts.append(f"Prices (USD, {prices.get('region')}, billing rules checked against the "
+                     f"public price pages on {prices.get('checked')}): "
+                     + ", ".join(f"{k} {v}" for k, v in prices.items()
+                                 if k not in ("region", "checked")) + ".")  # fmt: skip
+        parts += ["", table(r), ""]
+    parts += _error_rows(items)
+    return "\n".join(parts) if items else ""
 
 
 def _scale_models(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -551,6 +626,14 @@ def _targets(document: dict[str, Any]) -> str:
                          f"({r.get('frames_stored_per_second')} frames/s on "
                          f"{r.get('worker_cores_used')} cores)",
                          _met(r.get("target_met"))])  # fmt: skip
+    for name, r in _results(document, "sinks"):
+        for row in r.get("rows", []):
+            if "target" in row:
+                rows.append([f"sinks: Kinesis aggregated {row['target']} (#27)",
+                             f"{name} {row['load']}",
+                             f"{_n(row.get('frames_per_cpu_second'), 0)} frames/s per vCPU at "
+                             f"load {row['load_average_after'][0]}, no loss: "
+                             f"{_met(row.get('no_loss'))}", _met(row.get("target_met"))])
     for group, label in (("crash", "crash failover p99 <= lease + 1 s"),
                          ("handoff", "graceful hand-off p99 < 1 s")):  # fmt: skip
         for name, r in _results(document, group):
@@ -822,7 +905,9 @@ def render(document: dict[str, Any]) -> str:
         _capacity_section(document),
         _flood_section(document),
         _throughput_section(document),
+        _sinks_section(document),
         _shapes_section(document),
+        _handoff_modes_section(document),
         _rebalance_section(document),
         _reconcile_section(document),
         _compat_section(document),

@@ -45,7 +45,7 @@ from .fleet_bench import Profile, fleet_for_bench, stop_all, timings_for
 from .harness import aws_client, by_stream, records_by_id
 from .waiting import WaitTimeout as BenchTimeout, wait_until
 
-__all__ = ["SHAPES", "run_shapes"]
+__all__ = ["SHAPES", "lost_seqs", "run_shapes"]
 
 RATE = 20.0
 SECRET_PREFIX = "wsfleet/"
@@ -100,7 +100,8 @@ def _flowing_since(fleet: Any, ids: list[str], since: float) -> bool:
     )
 
 
-def _lost(seqs: list[int], upto: int) -> list[int]:
+def lost_seqs(seqs: list[int], upto: int) -> list[int]:
+    """Seqs from the lowest stored up to ``upto`` that are not stored."""
     have = set(seqs)
     first = min(have) if have else 1
     return [s for s in range(first, upto + 1) if s not in have]
@@ -156,7 +157,7 @@ def run_shapes(run_dir: Path) -> dict[str, Any]:
             record = records[stream_id]
             seqs = [int(i["seq"]) for i in messages.read_all(connection_pk(stream_id))
                     if i.get("seq") is not None]
-            lost = _lost(seqs, record.last_seq)
+            lost = lost_seqs(seqs, record.last_seq)
             upstream_sessions = sessions.get(stream_id, [])
             per_shape[name] = {
                 "upstream_sessions": len(upstream_sessions),

@@ -33,6 +33,7 @@ found lost or duplicated frames; the local fleet failed); 130 interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -530,6 +531,8 @@ def _report_json(report: Any) -> dict[str, Any]:
         "lost": audit.lost,
         "duplicated": audit.duplicated,
         "overlapping_sessions": audit.overlapping_sessions,
+        # issue #26: the live-only pair through the deploy (per hand-off mode)
+        "live_handoffs": [dataclasses.asdict(h) for h in report.live],
         "run_dir": str(report.run_dir),
     }
 

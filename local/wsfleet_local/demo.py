@@ -9,8 +9,13 @@ The scenario, on a :class:`~wsfleet_local.fleet.LocalFleet` with short timings:
    a lease (ECS would then replace the task: the slot is restarted with a new worker id).
    With ``task_events=False`` (``--no-task-events``) no event is sent, as for a hung or
    partitioned worker: its connections wait out its lease and the reconciler's early hints;
-3. **deploy**: SIGTERM the busiest remaining worker; it drains (final checkpoints, released
-   leases, immediate hints) and peers take over at once; the slot is restarted;
+3. **deploy**: two live-only streams join (an upstream that cannot replay), one with
+   ``upstream.handoff: overlap`` (make-before-break: the taker's session opens before the
+   giver's closes) and one with ``break``; SIGTERM the worker holding them (and, rolling on,
+   the other one's holder); each drains (final checkpoints, released or transferred leases,
+   immediate hints) and peers take over at once; the slot is restarted. The two live streams
+   are then ended at the upstream and audited side by side: frames lost through the deploy,
+   the gap each reports, and how long the upstream had both sessions open;
 4. **scale-out**: a worker joins; the reconciler's fleet view plans moves and the loaded
    workers hand connections off gracefully until every worker holds its share;
 5. **STOP** a few streams through the API (the notifier routes STOP to the owner's queue);
@@ -56,14 +61,16 @@ from .audit import FleetAudit, StreamAudit, audit_stream, latency_summary
 from .backend import local_client
 from .client import ApiClient, ConnectionRow, read_table
 from .fleet import FleetTimings, LocalFleet
-from .simulator import SessionRecord, first_frame_after
+from .simulator import SessionRecord, first_frame_after, overlap_seconds
 
 __all__ = [
     "DemoInterrupted",
     "DemoOptions",
     "DemoReport",
+    "LiveHandoff",
     "PhaseTiming",
     "crash_path",
+    "overlap_handoffs_unavailable",
     "render_summary",
     "run_demo",
 ]
@@ -115,6 +122,31 @@ class PhaseTiming:
         return latency_summary(list(self.seconds.values()))
 
 
+#: The live-only pair's hand-off modes (``upstream.handoff``), in the summary's order.
+LIVE_MODES = ("overlap", "break")
+#: The live-only pair's frames/s: fast enough that a break-before-make hand-off (a few
+#: hundred ms locally) visibly loses frames, slow enough to cost the demo nothing.
+LIVE_RATE = 100.0
+
+
+@dataclass
+class LiveHandoff:
+    """One live-only stream through the deploy, audited at its end (issue #26)."""
+
+    stream_id: str
+    mode: str
+    #: Why the mode could not be asked for (the checkout has no ``upstream.handoff``), or "".
+    unavailable: str = ""
+    moves: int = 0
+    stored: int = 0
+    #: Seqs between the first and the last stored that are not stored.
+    lost: int = 0
+    #: The gap the connection reports (``gap_frames``): must equal ``lost``.
+    gap_frames: int = 0
+    #: How long the upstream had two of its sessions open together (seconds, summed).
+    overlap_seconds: float = 0.0
+
+
 @dataclass
 class DemoReport:
     """Everything measured; ``ok`` decides the exit status (nothing lost or duplicated)."""
@@ -132,6 +164,8 @@ class DemoReport:
     run_dir: Path | None = None
     #: Resume-gap totals the connections report (resumes, frames): 0 with a replaying upstream.
     gaps: tuple[int, int] = (0, 0)
+    #: The live-only pair through the deploy (overlap, break).
+    live: list[LiveHandoff] = field(default_factory=list)
     elapsed_seconds: float = 0.0
 
     @property
@@ -278,14 +312,22 @@ def _held_by(snap: Snapshot, worker_id: str) -> list[str]:
 
 
 def _busiest_slot(
-    fleet: LocalFleet, snap: Snapshot, rng: random.Random, exclude: set[int]
+    fleet: LocalFleet,
+    snap: Snapshot,
+    rng: random.Random,
+    exclude: set[int],
+    prefer: Sequence[str] = (),
 ) -> int | None:
+    """The live slot holding the most of ``prefer``, then the most connections (ties: random)."""
     counts = {
-        slot.index: len(_held_by(snap, slot.worker_id))
+        slot.index: (
+            len(set(_held_by(snap, slot.worker_id)) & set(prefer)),
+            len(_held_by(snap, slot.worker_id)),
+        )
         for slot in fleet.workers
         if slot.index not in exclude and slot.alive()
     }
-    if not counts or max(counts.values()) == 0:
+    if not counts or max(counts.values())[1] == 0:
         return None
     top = max(counts.values())
     return rng.choice(sorted(index for index, count in counts.items() if count == top))
@@ -332,11 +374,13 @@ def _disrupt(
     label: str,
     signum: int,
     exclude: set[int],
+    prefer: Sequence[str] = (),
 ) -> tuple[PhaseTiming, int | None]:
-    """Signal the busiest worker and time how long its streams took to flow again elsewhere."""
+    """Signal the busiest worker (the one holding most of ``prefer`` first) and time how long
+    its streams took to flow again elsewhere."""
     timing = PhaseTiming(label=label)
     snap = monitor.snapshot()
-    index = _busiest_slot(fleet, snap, rng, exclude)
+    index = _busiest_slot(fleet, snap, rng, exclude, prefer)
     if index is None:
         timing.converged = False
         monitor.event(f"[red]{label}: no worker holds a connection[/red]")
@@ -578,6 +622,7 @@ def _scenario(
     )
     if crashed is not None:
         _restart(monitor, fleet, crashed, "ECS replaces the crashed task")
+    live = _start_live(monitor, api, LIVE_RATE)
     report.handoff, drained = _disrupt(
         monitor,
         fleet,
@@ -585,9 +630,12 @@ def _scenario(
         label="handoff",
         signum=signal.SIGTERM,
         exclude=set() if crashed is None else {crashed},
+        prefer=[h.stream_id for h in live],
     )
     if drained is not None:
         _restart(monitor, fleet, drained, "deploy")
+        _deploy_the_rest(monitor, fleet, rng, live, drained)
+    _end_live(monitor, live, report)
     report.failures += [
         f"{t.label} did not converge" for t in (report.crash, report.handoff) if not t.converged
     ]
@@ -638,6 +686,125 @@ def _scenario(
         f"audit: produced {report.audit.produced}, stored {report.audit.stored}, "
         f"lost {report.audit.lost}, duplicated {report.audit.duplicated}"
     )
+
+
+def overlap_handoffs_unavailable() -> str | None:
+    """None if this checkout does make-before-break hand-offs (the ``upstream.handoff`` option
+    is accepted and the worker has its hand-over module), else why not (issue #26 landed the
+    option before the worker used it: until then every move breaks, whatever it says)."""
+    import importlib.util
+
+    from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
+
+    try:
+        parse_upstream_options({"handoff": "overlap"}, secret_prefixes=())
+    except InvalidUpstreamOptions as exc:
+        return f"upstream.handoff is not accepted by this checkout ({exc})"
+    if importlib.util.find_spec("wsfleet_worker.handover") is None:
+        return "the worker has no make-before-break hand-over (wsfleet_worker.handover)"
+    return None
+
+
+def _start_live(monitor: _Monitor, api: ApiClient, rate: float) -> list[LiveHandoff]:
+    """START the live-only pair (one stream per hand-off mode) and wait until both flow."""
+    from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
+
+    sim = monitor.fleet.simulator
+    unavailable = overlap_handoffs_unavailable() or ""
+    live = []
+    for mode in LIVE_MODES:
+        handoff = LiveHandoff(stream_id=f"live-{mode}", mode=mode)
+        handoff.unavailable = unavailable if mode == "overlap" else ""
+        options: dict[str, Any] = {"resume": "none", "normal_close": "final", "handoff": mode}
+        try:
+            parse_upstream_options(options, secret_prefixes=())
+        except InvalidUpstreamOptions:  # no hand-off modes yet: both break (the default)
+            del options["handoff"]
+        sim.open_stream(handoff.stream_id, rate=rate)
+        sim.set_shape(handoff.stream_id, "live_only")
+        api.start(handoff.stream_id, sim.url_for(handoff.stream_id), upstream=options)
+        live.append(handoff)
+    ids = [h.stream_id for h in live]
+    monitor.event(f"START sent for live-only streams {' '.join(ids)} (handoff overlap / break)")
+    monitor.wait("the live-only streams to flow", _every(ids, _streaming))
+    snap = monitor.snapshot()
+    for handoff in live:
+        row = snap.rows.get(handoff.stream_id)
+        handoff.moves = -(row.epoch if row else 0)  # the epoch at the end minus this one
+    return live
+
+
+def _deploy_the_rest(
+    monitor: _Monitor,
+    fleet: LocalFleet,
+    rng: random.Random,
+    live: Sequence[LiveHandoff],
+    drained: int,
+) -> None:
+    """The deploy rolls on to a worker still holding a live stream the first drain did not
+    move (the pair may have landed on two workers)."""
+    snap = monitor.snapshot()
+    unmoved = [
+        h.stream_id
+        for h in live
+        if (row := snap.rows.get(h.stream_id)) is not None and row.epoch == -h.moves
+    ]
+    if not unmoved:
+        return
+    fleet.wait_workers_ready()
+    timing, index = _disrupt(
+        monitor, fleet, rng, label="deploy (next task)", signum=signal.SIGTERM,
+        exclude={drained}, prefer=unmoved,
+    )  # fmt: skip
+    if index is not None:
+        _restart(monitor, fleet, index, "deploy")
+    if not timing.converged:
+        monitor.event("[red]the deploy's next task did not converge[/red]")
+
+
+def _end_live(monitor: _Monitor, live: Sequence[LiveHandoff], report: DemoReport) -> None:
+    """End the live-only pair at the upstream and audit each: moves, lost, gap, overlap."""
+    ids = [h.stream_id for h in live]
+    sim = monitor.fleet.simulator
+    for stream_id in ids:
+        sim.end_stream(stream_id)
+    if not monitor.wait("the live-only streams to stop", _every(ids, _finished)):
+        report.failures.append("the live-only streams did not stop after the upstream ended")
+    snap = monitor.snapshot(with_sessions=True)
+    for handoff in live:
+        row = snap.rows.get(handoff.stream_id)
+        handoff.moves += row.epoch if row else 0
+        handoff.gap_frames = row.gap_frames if row else 0
+        seqs = {
+            int(item["seq"])
+            for item in _read_messages(monitor, handoff.stream_id)
+            if item.get("seq") is not None
+        }
+        handoff.stored = len(seqs)
+        handoff.lost = (max(seqs) - min(seqs) + 1 - len(seqs)) if seqs else 0
+        sessions = snap.sessions.get(handoff.stream_id, [])
+        handoff.overlap_seconds = sum(t for _, _, t in overlap_seconds(sessions))
+        if handoff.lost != handoff.gap_frames:
+            report.failures.append(
+                f"{handoff.stream_id}: {handoff.lost} frame(s) lost but "
+                f"{handoff.gap_frames} reported"
+            )
+        if handoff.mode == "overlap" and not handoff.unavailable and handoff.lost:
+            report.failures.append(f"{handoff.stream_id}: lost {handoff.lost} through the deploy")
+    report.live = list(live)
+    monitor.event(
+        "live-only through the deploy: "
+        + ", ".join(f"{h.mode} lost {h.lost} in {h.moves} move(s)" for h in live)
+    )
+
+
+def _live_row(handoff: LiveHandoff) -> tuple[str, str, str, str]:
+    mode = handoff.mode + (" (n/a: ran as break)" if handoff.unavailable else "")
+    what = (
+        f"handoff {mode}: {handoff.moves} move(s), {handoff.stored} stored, gap reported "
+        f"{handoff.gap_frames}, upstream overlap {handoff.overlap_seconds:.2f} s"
+    )
+    return (f"live-only {handoff.mode}", str(handoff.lost), "", what)
 
 
 def _timing_row(label: str, timing: PhaseTiming, what: str) -> tuple[str, str, str, str]:
@@ -692,6 +859,10 @@ def render_summary(report: DemoReport) -> Table:
     )
     for label, count, what in counts:
         table.add_row(label, str(count), "", what)
+    if report.live:
+        table.add_section()
+        for handoff in report.live:
+            table.add_row(*_live_row(handoff))
     table.add_section()
     failures = report.failures or [f"{audit.lost} lost, {audit.duplicated} duplicated"]
     verdict = "OK" if report.ok else "FAILED"

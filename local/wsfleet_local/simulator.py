@@ -38,13 +38,25 @@ What a test can do to a stream
     counting at one position never stops); ``trickle_stream`` starts a fragmented message on
     every session and adds a byte at a time, forever; ``redirect_stream`` answers every
     handshake ``302`` (for the worker's SSRF guard); a :class:`Shape` says how a stream talks
-    to its clients.
+    to its clients. A :class:`SessionLimit` (``limit_sessions``) says how many sessions of
+    one account (by default the stream itself) the upstream tolerates at once: any number,
+    ``one`` (a second handshake is refused with HTTP 409 while a session is open: exchanges
+    and meeting APIs that allow one socket per credential), or ``cut_first`` (a second
+    session is accepted and the open one is closed, 1008). Shapes and limits combine: a
+    ``live_only`` stream with a ``one`` limit is an upstream make-before-break cannot overlap.
+    ``mute_stream`` makes the sessions that open while it is on send nothing until it is
+    turned off (they are listed with the fault ``muted``; the sessions already open stream
+    on): a hand-off's taker that gets no frame while its giver's session keeps flowing.
 
 Introspection
     Every accepted session is logged as a :class:`SessionRecord` (bounded log), with the
     handshake's headers and subprotocols and the subscribe message received. Checkers use
     ``overlaps`` (two sessions of one stream open at the same time: a split brain) and
-    ``first_frame_at`` (when streaming resumed after a failover).
+    ``first_frame_at`` (when streaming resumed after a failover). Beside the records, the
+    upstream keeps an ordered event log (:class:`SessionEvent`: ``open``, ``close``,
+    ``refused``, ``cut``, numbered in the order its event loop saw them): whether two
+    sessions were ever open together is read from that order, how long from
+    :func:`overlap_seconds` over the records.
 
 One control API, three places to run it
     Each control operation is written once, as a free function of the simulator's state, with
@@ -106,6 +118,8 @@ __all__ = [
     "Fault",
     "HostileFrame",
     "InvalidRequest",
+    "SessionEvent",
+    "SessionLimit",
     "SessionRecord",
     "Shape",
     "SimulatorClient",
@@ -122,6 +136,8 @@ __all__ = [
     "hostile_frame_data",
     "hostile_frame_text",
     "main",
+    "open_together",
+    "overlap_seconds",
     "plan_start",
 ]
 
@@ -194,6 +210,22 @@ class Shape(enum.StrEnum):
     LIVE_ONLY = "live_only"
 
 
+class SessionLimit(enum.StrEnum):
+    """How many sessions of one account the upstream tolerates at once (a session counts from
+    its accepted handshake until its TCP connection is gone, closing handshake included)."""
+
+    MANY = "many"  # the default: any number
+    #: A handshake is answered HTTP 409 while another session of the account is open
+    ONE = "one"
+    #: A new session is accepted and every open one of the account is closed with 1008
+    CUT_FIRST = "cut_first"
+
+
+#: Close code and reason of a session cut by a newer one (``cut_first``).
+CUT_CODE = 1008
+CUT_REASON = "replaced by a newer session of this account"
+
+
 class HostileFrame(enum.StrEnum):
     """One-shot hostile frames, sent like a fault frame; none carries a usable seq."""
 
@@ -222,6 +254,12 @@ def _parse_enum(cls: type[_Member], value: str, what: str) -> _Member:
     except ValueError:
         valid = ", ".join(member.value for member in cls)
         raise InvalidRequest(f"unknown {what} {value!r} (expected one of: {valid})") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LimitConfig:
+    limit: SessionLimit
+    account: str  # streams that share an account share the limit
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -421,6 +459,66 @@ def first_frame_after(records: Iterable[SessionRecord], after: float) -> float |
     return min(times, default=None)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One entry of the upstream's ordered event log.
+
+    ``n`` numbers the events in the order the simulator's event loop saw them (wall-clock
+    times may tie or step back; ``n`` never does). ``event`` is ``open`` (a session accepted),
+    ``close`` (its TCP connection gone), ``refused`` (a handshake answered 409 by a ``one``
+    limit; ``session_id`` 0) or ``cut`` (a ``cut_first`` limit began closing the session)."""
+
+    n: int
+    at: float
+    stream_id: str
+    session_id: int
+    event: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def open_together(events: Iterable[SessionEvent]) -> list[tuple[int, int]]:
+    """``(open, opening)`` session pairs where a session opened while another of the same
+    stream was still open, in the log's own order (no clock involved).
+
+    >>> log = [SessionEvent(1, 0, "s", 1, "open"), SessionEvent(2, 0, "s", 2, "open"),
+    ...        SessionEvent(3, 0, "s", 1, "close"), SessionEvent(4, 0, "s", 2, "close"),
+    ...        SessionEvent(5, 0, "s", 3, "open")]
+    >>> open_together(log)
+    [(1, 2)]
+    """
+    open_now: dict[str, set[int]] = defaultdict(set)
+    pairs: list[tuple[int, int]] = []
+    for event in sorted(events, key=lambda e: e.n):
+        if event.event == "open":
+            pairs.extend((other, event.session_id) for other in sorted(open_now[event.stream_id]))
+            open_now[event.stream_id].add(event.session_id)
+        elif event.event == "close":
+            open_now[event.stream_id].discard(event.session_id)
+    return pairs
+
+
+def overlap_seconds(
+    records: Iterable[SessionRecord], end: float | None = None
+) -> list[tuple[SessionRecord, SessionRecord, float]]:
+    """Each overlapping pair of :func:`find_overlaps` with how long both were open (seconds,
+    wall clock). A session still open counts as open until ``end`` (default: now).
+
+    >>> a = SessionRecord("s", 1, "p", None, opened_at=10.0, closed_at=12.5)
+    >>> b = SessionRecord("s", 2, "p", None, opened_at=12.0, closed_at=20.0)
+    >>> [(x.session_id, y.session_id, t) for x, y, t in overlap_seconds([a, b])]
+    [(1, 2, 0.5)]
+    """
+    until = time.time() if end is None else end
+    found = []
+    for older, newer in find_overlaps(records):
+        older_end = until if older.closed_at is None else older.closed_at
+        newer_end = until if newer.closed_at is None else newer.closed_at
+        found.append((older, newer, max(0.0, min(older_end, newer_end) - newer.opened_at)))
+    return found
+
+
 # --------------------------------------------------------------------------------------------
 # The control API, written once: each operation is a free function of a simulator's state,
 # registered with its route over /_sim; the facade (SimulatorControl) makes each one a method
@@ -524,6 +622,9 @@ def stream_info(sim: UpstreamSimulator, stream_id: str) -> dict[str, Any]:
         "pending_faults": [f.value for f in sim._faults.get(stream_id, ())],
         "pending_rejects": sim._rejects.get(stream_id, 0),
         "shape": (Shape.PLAIN if config is None else config.shape).value,
+        "session_limit": sim._session_limit(stream_id).limit.value,
+        "refused_handshakes": sim._limit_refusals[stream_id],
+        "muted": stream_id in sim._muted,
     }
 
 
@@ -672,9 +773,50 @@ def auth_rejects(sim: UpstreamSimulator, stream_id: str) -> int:
     return sim._auth_rejects[stream_id]
 
 
+@_route("POST", "streams/{id}/limit", ("kind", "kind", str), ("account", "account", str))
+def limit_sessions(
+    sim: UpstreamSimulator, stream_id: str, kind: str | SessionLimit, *, account: str | None = None
+) -> None:
+    """Give ``stream_id`` a :class:`SessionLimit` (applies from the next handshake). Streams
+    given the same ``account`` share it (default: the stream is its own account)::
+
+        sim.limit_sessions("s1", "one")        # a second session is refused (409)
+        sim.limit_sessions("s2", "cut_first")  # a second session cuts the first (1008)
+    """
+    limit = _parse_enum(SessionLimit, kind, "session limit")
+    if limit is SessionLimit.MANY:
+        sim._limits.pop(stream_id, None)
+        return
+    sim._limits[stream_id] = _LimitConfig(limit, account or stream_id)
+
+
+@_route("POST", "streams/{id}/mute", ("on", "on", bool))
+def mute_stream(sim: UpstreamSimulator, stream_id: str, on: bool) -> None:
+    """While ``on``, sessions of ``stream_id`` that open send nothing (not even what they owe)
+    until it is turned off; then they send from where they would have started. Sessions
+    already open are not affected."""
+    if on:
+        sim._muted.add(stream_id)
+    else:
+        sim._muted.discard(stream_id)
+        sim._wake(stream_id)
+
+
+@_route("GET", "streams/{id}/refusals", key="refused")
+def limit_refusals(sim: UpstreamSimulator, stream_id: str) -> int:
+    """Handshakes of ``stream_id`` refused (409) because its account had a session open."""
+    return sim._limit_refusals[stream_id]
+
+
+@_route("GET", "events", ("stream", "stream_id", str), key="events")
+def events(sim: UpstreamSimulator, stream_id: str | None = None) -> list[SessionEvent]:
+    """The ordered event log (oldest first), optionally of one stream."""
+    return [e for e in sim._events if stream_id is None or e.stream_id == stream_id]
+
+
 def _to_wire(route: _Route, result: Any) -> Any:
     if isinstance(result, list):
-        result = [r.to_dict() if isinstance(r, SessionRecord) else r for r in result]
+        result = [r.to_dict() if isinstance(r, SessionRecord | SessionEvent) else r for r in result]
     if route.key is not None:
         return {route.key: result}
     return {"ok": True} if result is None else result
@@ -684,6 +826,8 @@ def _from_wire(route: _Route, payload: Any) -> Any:
     result = payload if route.key is None else payload[route.key]
     if route.key == "sessions":
         return [SessionRecord.from_dict(item) for item in result]
+    if route.key == "events":
+        return [SessionEvent(**item) for item in result]
     return None if result == {"ok": True} else result
 
 
@@ -745,6 +889,10 @@ class SimulatorControl:
     redirects_served = _method(redirects_served)
     set_shape = _method(set_shape)
     auth_rejects = _method(auth_rejects)
+    limit_sessions = _method(limit_sessions)
+    limit_refusals = _method(limit_refusals)
+    mute_stream = _method(mute_stream)
+    events = _method(events)
 
     def url_for(self, stream_id: str) -> str:
         """WebSocket URL of one stream (append ``?from_seq=N`` to resume)."""
@@ -769,6 +917,10 @@ class SimulatorControl:
         """Wall time of the first frame sent by a session opened after ``after`` (or None)."""
         return first_frame_after(self.sessions(stream_id), after)
 
+    def open_together(self, stream_id: str) -> list[tuple[int, int]]:
+        """Session pairs of ``stream_id`` open at once, in the upstream's own event order."""
+        return open_together(self.events(stream_id))
+
 
 # --------------------------------------------------------------------------------------------
 # Shell: the asyncio server
@@ -788,6 +940,7 @@ class _SimConnection(ServerConnection):
     record: SessionRecord
     wake: asyncio.Event
     on_lost: Callable[[], None] | None = None
+    account: str | None = None  # set when its stream has a session limit
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -847,9 +1000,17 @@ class UpstreamSimulator(SimulatorControl):
         self._trickling: dict[str, float] = {}  # -> seconds between the trickled bytes
         self._shapes: dict[str, _ShapeConfig] = {}  # absent: plain
         self._auth_rejects: Counter[str] = Counter()
+        self._limits: dict[str, _LimitConfig] = {}  # absent: many
+        self._muted: set[str] = set()  # streams whose new sessions send nothing for now
+        self._limit_refusals: Counter[str] = Counter()
+        # account -> its sessions from the accepted handshake until the TCP connection is gone
+        self._accounts: defaultdict[str, set[_SimConnection]] = defaultdict(set)
+        self._events: deque[SessionEvent] = deque(maxlen=2 * max_sessions_logged)
+        self._event_ids = itertools.count(1)
         self._hostile_ids = itertools.count(1)
         self._log: deque[SessionRecord] = deque(maxlen=max_sessions_logged)
         self._session_ids = itertools.count(1)
+        self._cutting: set[asyncio.Task[None]] = set()
         self._server: Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -912,6 +1073,49 @@ class UpstreamSimulator(SimulatorControl):
         for ws in self._live.get(stream_id, ()):
             ws.wake.set()
 
+    def _session_limit(self, stream_id: str) -> _LimitConfig:
+        return self._limits.get(stream_id) or _LimitConfig(SessionLimit.MANY, stream_id)
+
+    def _log_event(self, stream_id: str, session_id: int, event: str) -> None:
+        self._events.append(
+            SessionEvent(next(self._event_ids), time.time(), stream_id, session_id, event)
+        )
+
+    def _admit(self, connection: _SimConnection, stream_id: str) -> bool:
+        """Apply the stream's session limit to a handshake about to be accepted: False if it
+        must be refused (``one``: another session of its account is open)."""
+        config = self._limits.get(stream_id)
+        if config is None:
+            return True
+        if config.limit is SessionLimit.ONE and self._accounts[config.account]:
+            self._limit_refusals[stream_id] += 1
+            self._log_event(stream_id, 0, "refused")
+            return False
+        connection.account = config.account
+        self._accounts[config.account].add(connection)
+        connection.on_lost = functools.partial(self._connection_lost, connection)
+        return True
+
+    def _connection_lost(self, ws: _SimConnection) -> None:
+        if ws.account is not None:
+            self._accounts[ws.account].discard(ws)
+        if hasattr(ws, "record"):
+            self._session_lost(ws)
+
+    def _cut_others(self, ws: _SimConnection) -> None:
+        """``cut_first``: begin closing every other open session of ``ws``'s account."""
+        config = self._limits.get(ws.record.stream_id)
+        if config is None or config.limit is not SessionLimit.CUT_FIRST or ws.account is None:
+            return
+        for other in list(self._accounts[ws.account]):
+            if other is ws or not hasattr(other, "record") or not other.record.is_open:
+                continue
+            other.record.faults = (*other.record.faults, "cut")
+            self._log_event(other.record.stream_id, other.record.session_id, "cut")
+            task = asyncio.get_running_loop().create_task(other.close(CUT_CODE, CUT_REASON))
+            self._cutting.add(task)
+            task.add_done_callback(self._cutting.discard)
+
     # -- HTTP --------------------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -949,6 +1153,10 @@ class UpstreamSimulator(SimulatorControl):
                 http.HTTPStatus.SERVICE_UNAVAILABLE, "rejected by an injected fault\n"
             )
         assert isinstance(connection, _SimConnection)
+        if not self._admit(connection, stream_id):
+            return connection.respond(
+                http.HTTPStatus.CONFLICT, "another session of this account is open\n"
+            )
         connection.target = (stream_id, from_seq)
         return None
 
@@ -1008,12 +1216,21 @@ class UpstreamSimulator(SimulatorControl):
             subprotocols=tuple(p.strip() for p in offered if p.strip()),
         )
         self._log.append(record)
+        self._log_event(stream_id, record.session_id, "open")
         connection.wake = asyncio.Event()
         self._live[stream_id].add(connection)
-        connection.on_lost = lambda: self._session_lost(connection)
+        connection.on_lost = functools.partial(self._connection_lost, connection)
         if connection.state is State.CLOSED:  # lost before we could hook it
-            self._session_lost(connection)
+            self._connection_lost(connection)
+        self._cut_others(connection)
         with contextlib.suppress(ConnectionClosed):  # the peer left: _session_lost logged it
+            if stream_id in self._muted:
+                record.faults = (*record.faults, "muted")
+                while stream_id in self._muted and record.is_open:
+                    connection.wake.clear()
+                    await connection.wake.wait()
+                if not record.is_open:
+                    return
             if shape is Shape.SUBSCRIBE:
                 assert config is not None
                 subscribed = await self._await_subscribe(connection, clock, config.field)
@@ -1050,6 +1267,7 @@ class UpstreamSimulator(SimulatorControl):
             return
         record.closed_at = time.time()
         record.close_code = "abort" if ws.close_code in (None, 1006) else ws.close_code
+        self._log_event(record.stream_id, record.session_id, "close")
         self._live[record.stream_id].discard(ws)
         ws.wake.set()
 

@@ -760,3 +760,88 @@ def test_a_malformed_fleet_view_reads_as_none(store, clock):
             ExpressionAttributeValues={":m": {"S": "garbage"}},
         )
     assert store.get_fleet_view(consistent=True) is None
+
+
+# ------------------------------------------------------------------ make-before-break transfer
+def test_transfer_moves_the_lease_in_one_write_and_fences_the_giver(store, clock):
+    pk = started(store)
+    register(store, clock, "w1")
+    register(store, clock, "w2")
+    giver = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(giver, 5)
+    clock.advance(30)
+    moved = store.transfer(giver, "w2", last_seq=9)
+    assert (moved.lease_owner, moved.lease_epoch, moved.last_seq) == ("w2", giver.epoch + 1, 9)
+    assert moved.rebalanced_at_ms == clock.now
+    # the taker shows in gsi_owner at once, never in gsi_unowned (it was never free)
+    assert indexes(store) == expected(owned={"w2": [(pk, giver.epoch + 1, STARTED)]},
+                                      STARTED=[pk])
+    assert store.get(pk) == moved
+    # the giver is fenced: every write of (w1, e) is refused, a second transfer too
+    for write in (lambda: store.checkpoint(giver, 10), lambda: store.release(giver),
+                  lambda: store.transfer(giver, "w2", last_seq=10)):
+        with pytest.raises(LeaseLost):
+            write()
+    # the taker's lease works like an acquired one
+    taker = Lease.of(moved)
+    store.checkpoint(taker, 12)
+    assert store.release(taker, last_seq=13).last_seq == 13
+
+
+def test_transfer_never_moves_the_checkpoint_back_and_a_drain_leaves_no_dwell_mark(store, clock):
+    pk = started(store)
+    register(store, clock, "w1")
+    giver = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(giver, 20)
+    moved = store.transfer(giver, "w2", last_seq=15, moved=False)  # a stale durable
+    assert (moved.lease_owner, moved.last_seq, moved.rebalanced_at_ms) == ("w2", 20, None)
+
+
+def test_transfer_refusals(store, clock):
+    register(store, clock, "w1")
+    register(store, clock, "w2")
+    # STOPPED meanwhile: nothing moves, the giver still holds it and ends it as a STOP
+    pk = started(store, "c1")
+    giver = Lease.of(store.acquire(pk, "w1"))
+    store.stop(pk)
+    with pytest.raises(ConnectionStopped):
+        store.transfer(giver, "w2", last_seq=1)
+    assert store.get(pk).lease_owner == "w1"
+    # another epoch (the giver was taken over meanwhile): refused, the new owner keeps it
+    pk2 = started(store, "c2")
+    old = Lease.of(store.acquire(pk2, "w1"))
+    current = store.acquire(pk2, "w1")  # a re-acquire fences the old epoch
+    with pytest.raises(LeaseLost):
+        store.transfer(old, "w2", last_seq=1)
+    assert (store.get(pk2).lease_owner, store.get(pk2).lease_epoch) == ("w1", current.lease_epoch)
+    # a released connection cannot be transferred; a deleted one neither
+    released = Lease.of(current)
+    store.release(released)
+    with pytest.raises(LeaseLost):
+        store.transfer(released, "w2", last_seq=1)
+    with pytest.raises(ValueError):
+        store.transfer(Lease(pk2, "w1", 9), "w1", last_seq=1)
+
+
+@pytest.mark.parametrize("first", ["transfer", "takeover"])
+def test_a_transfer_racing_a_takeover_lands_at_most_once(store, clock, first):
+    # G's worker lease lapses while it transfers: the takeover and the transfer are both
+    # conditional on (G, e); exactly one lands, whichever goes first.
+    register(store, clock, "w1")
+    pk = started(store)
+    giver = Lease.of(store.acquire(pk, "w1"))
+    clock.advance(LEASE_MS + 1)
+    register(store, clock, "w2")
+    register(store, clock, "w3")
+    if first == "transfer":
+        store.transfer(giver, "w2", last_seq=1)
+        with pytest.raises(LeaseConflict):
+            store.acquire(pk, "w3")  # the taker is alive: no takeover
+        winner = "w2"
+    else:
+        store.acquire(pk, "w3")  # kills w1, takes it
+        with pytest.raises(LeaseLost):
+            store.transfer(giver, "w2", last_seq=1)
+        winner = "w3"
+    assert store.get(pk).lease_owner == winner
+    assert store.get(pk).lease_epoch == giver.epoch + 1

@@ -37,6 +37,18 @@ def test_demo_runs_to_a_clean_summary(tmp_path):
     assert len(report["stop_seconds"]) == 2
     assert "joined" in report["rebalance"]  # a worker joined and the spread evened out
     assert "lost" in result.stdout and "duplicated" in result.stdout  # the summary table
+    # AND the live-only pair went through the deploy: each moved, and reports what it lost
+    live = {h["mode"]: h for h in report["live_handoffs"]}
+    assert set(live) == {"overlap", "break"}
+    for handoff in live.values():
+        assert handoff["moves"] >= 1 and handoff["stored"] > 0, handoff
+        assert handoff["gap_frames"] == handoff["lost"], handoff  # nothing lost untraced
+    # break-before-make on an upstream that cannot replay loses the hand-off's frames (the
+    # 0-loss row below would catch a mode that loses them); make-before-break loses none
+    assert live["break"]["lost"] > 0, live["break"]
+    if not live["overlap"]["unavailable"]:
+        assert live["overlap"]["lost"] == 0, live["overlap"]
+    assert "live-only overlap" in result.stdout and "live-only break" in result.stdout
 
 
 def test_demo_without_task_events_fails_the_crash_over_by_the_lease(tmp_path):

@@ -9,11 +9,16 @@ import pytest
 from wsfleet.bodies import excerpt
 from wsfleet.control import (
     QUEUE_NAME_LIMIT,
+    CommitNotice,
+    DeclineReply,
     HandoffHint,
+    PrepareCommand,
+    ReadyReply,
     StopCommand,
     control_queue_name,
     control_queue_policy,
     parse_control_message,
+    sibling_queue_url,
     stop_confirmed,
 )
 from wsfleet.hints import Hint
@@ -171,3 +176,64 @@ def test_control_queue_policy_denies_all_other_senders():
     assert allow["Principal"] == {"AWS": [notifier]}
     with pytest.raises(ValueError):
         control_queue_policy("q", "r", ["not-an-arn"])
+
+
+# ----------------------------------------------------------------- make-before-break (issue #26)
+HANDOFF_MESSAGES = [
+    PrepareCommand("CONN#a", 3, "task-1.ip-10-0-0-1-7-ab12"),
+    ReadyReply("CONN#a", 3, "task-2.host-9-cd34", 41),
+    DeclineReply("CONN#a", 3, "task-2.host-9-cd34", "budget"),
+    CommitNotice("CONN#a", 4),
+]
+
+
+@pytest.mark.parametrize("message", HANDOFF_MESSAGES, ids=lambda m: type(m).__name__)
+def test_handoff_messages_round_trip(message):
+    assert parse_control_message(message.body()) == message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3}',  # no giver
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": ""}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "a b"}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "' + "g" * 257 + '"}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": 7}',
+        '{"type": "PREPARE", "pk": "CONN#a", "giver": "g"}',  # no epoch
+        '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t"}',  # no first_seq
+        '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": 0}',
+        '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": true}',
+        '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": "4"}',
+        '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": 1e3}',
+        '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": '
+        + "9" * 20 + "}",
+        '{"type": "DECLINE", "pk": "CONN#a", "epoch": 3, "taker": "t"}',
+        '{"type": "DECLINE", "pk": "CONN#a", "epoch": 3, "taker": "t", "reason": "whatever"}',
+        '{"type": "COMMIT", "pk": "CONN#a", "epoch": 0}',
+        '{"type": "COMMIT", "pk": "WORKER#a", "epoch": 2}',
+        '{"type": "TRANSFER", "pk": "CONN#a", "epoch": 2}',  # unknown type
+        '{"type": ["READY"], "pk": "CONN#a", "epoch": 2}',
+    ],
+)
+def test_bad_handoff_messages_are_value_errors(body):
+    with pytest.raises(ValueError):
+        parse_control_message(body)
+
+
+def test_random_handoff_bodies_raise_nothing_but_value_error():
+    rng = random.Random(26)
+    fragments = ['{', '}', '"', ",", ":", "1", "-", '"type"', '"PREPARE"', '"READY"', '"COMMIT"',
+                 '"DECLINE"', '"pk"', '"CONN#a"', '"epoch"', '"giver"', '"taker"', '"first_seq"',
+                 '"reason"', '"full"', "null", "true", "\ud800", " "]
+    for _ in range(3000):
+        body = "".join(rng.choice(fragments) for _ in range(rng.randrange(1, 40)))
+        with contextlib.suppress(ValueError):
+            parse_control_message(body)
+
+
+def test_a_taker_reaches_the_givers_queue_beside_its_own():
+    own = "http://127.0.0.1:5000/123456789012/s-ctl-taker"
+    assert sibling_queue_url(own, control_queue_name("s-ctl-", "giver.1")) == (
+        "http://127.0.0.1:5000/123456789012/s-ctl-giver-1"
+    )

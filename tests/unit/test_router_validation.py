@@ -376,3 +376,16 @@ def test_a_start_id_of_only_dots_is_a_422_on_both_routes(monkeypatch, connection
         status, body = call(sample)
         assert status == 422
         assert body["field"] == "connection_id" and "only dots" in body["message"]
+
+
+@pytest.mark.parametrize("handoff", ["make-before-break", 1, None.__class__.__name__])
+def test_a_bad_upstream_handoff_is_a_422_naming_the_field(monkeypatch, handoff):
+    use(monkeypatch, Untouchable())
+    body = {"event_type": "START", "connection_id": "c-1", "ws_url": "wss://example.com/feed",
+            "upstream": {"handoff": handoff}}
+
+    status, answer = call(event(body=json.dumps(body)))
+
+    assert status == 422
+    assert answer["field"] == "upstream.handoff"
+    assert "overlap, break" in answer["message"]

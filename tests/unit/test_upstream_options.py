@@ -69,6 +69,18 @@ def test_full_options_round_trip_through_the_item() -> None:
     assert view["normal_close"] == "final"
 
 
+def test_handoff_mode_is_stored_only_when_given_and_reads_back() -> None:
+    from wsfleet.upstream_options import HandoffMode, UpstreamOptions
+
+    assert parse(None).handoff is None and "handoff" not in parse(None).to_item()
+    for mode in HandoffMode:
+        options = parse({"handoff": mode.value})
+        assert options.handoff is mode
+        assert options.to_item() == {"handoff": mode.value}
+        assert UpstreamOptions.from_item(options.to_item()) == options
+        assert options.to_view()["handoff"] == mode.value
+
+
 def test_normal_close_reconnect_is_the_default_and_is_not_stored() -> None:
     assert parse({"normal_close": "reconnect"}) == parse(None)
     assert not parse(None).final_normal_close
@@ -119,6 +131,9 @@ def test_parameter_credentials_resolve_through_ssm() -> None:
         ({"resume_param": "a b"}, "upstream.resume_param", "token"),
         ({"normal_close": "stop"}, "upstream.normal_close", "reconnect, final"),
         ({"normal_close": True}, "upstream.normal_close", "reconnect, final"),
+        ({"handoff": "make"}, "upstream.handoff", "overlap, break"),
+        ({"handoff": ["overlap"]}, "upstream.handoff", "overlap, break"),
+        ({"handoff": True}, "upstream.handoff", "overlap, break"),
         ({"seq_pointer": "seq"}, "upstream.seq_pointer", "JSON pointer"),
         ({"seq_pointer": "/a~2"}, "upstream.seq_pointer", "escape"),
         ({"seq_pointer": "/a" * 17}, "upstream.seq_pointer", "segments"),

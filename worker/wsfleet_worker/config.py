@@ -52,6 +52,7 @@ class WorkerConfig:
     breaker_max_failures: int = 5
     breaker_window_seconds: float = 600.0
     secret_cache_seconds: float = 60.0
+    handoff_prepare_seconds: float = 3.0
     #: The ECS task and container this process runs in (read from the task metadata
     #: endpoint at start, :mod:`wsfleet_worker.task_identity`); None outside ECS.
     task: TaskIdentity | None = None
@@ -92,6 +93,11 @@ class WorkerConfig:
             raise ConfigurationError(
                 f"{_VARIABLE_OF_FIELD['secret_cache_seconds']} must be 0 (off) or more, "
                 f"got {self.secret_cache_seconds}"
+            )
+        if self.handoff_prepare_seconds < 0:
+            raise ConfigurationError(
+                f"{_VARIABLE_OF_FIELD['handoff_prepare_seconds']} must be 0 (off) or more, "
+                f"got {self.handoff_prepare_seconds}"
             )
         if self.sweep_seconds <= 0:
             raise ConfigurationError(

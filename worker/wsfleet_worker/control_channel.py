@@ -9,9 +9,11 @@ holds it under that epoch and a consistent read of the record confirms the STOP
 (:func:`~wsfleet.control.stop_confirmed`): milliseconds instead of up to one heartbeat, and a
 forged command cannot end a live stream.
 
-Rebalancing uses the same queue: a peer handing a connection over sends a
-:class:`~wsfleet.control.HandoffHint` here, which the worker acquires at once
-(:mod:`~wsfleet_worker.rebalancing`).
+Planned hand-offs use the same queue: a peer handing a connection over sends a
+:class:`~wsfleet.control.HandoffHint` here (break-before-make), which the worker acquires at
+once (:mod:`~wsfleet_worker.rebalancing`), and the make-before-break messages (``PREPARE``,
+``READY``, ``DECLINE``, ``COMMIT``, docs/handoff.md) travel between giver and taker here too.
+Every message other than a STOP goes to the worker's hand-off callback.
 
 Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
 role and the worker role, for hand-offs), the queue is created with a policy denying
@@ -40,7 +42,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from wsfleet.bodies import excerpt
 from wsfleet.control import (
     WORKER_ID_TAG,
+    CommitNotice,
+    DeclineReply,
     HandoffHint,
+    PrepareCommand,
+    ReadyReply,
     StopCommand,
     control_queue_name,
     control_queue_policy,
@@ -54,7 +60,10 @@ from .observability import WorkerMetrics
 from .offload import Offloader
 from .sqs_consumer import Message, QueueConsumer
 
-__all__ = ["ControlChannel"]
+__all__ = ["ControlChannel", "HandoffMessage"]
+
+#: What the control queue carries besides STOP: hand-off hints and the overlap protocol.
+HandoffMessage = HandoffHint | PrepareCommand | ReadyReply | DeclineReply | CommitNotice
 
 _RETENTION_SECONDS = 300
 
@@ -120,10 +129,10 @@ class ControlChannel:
     async def run(
         self,
         on_stop: Callable[[StopCommand], Awaitable[bool]],
-        on_handoff: Callable[[HandoffHint], Awaitable[None]] | None = None,
+        on_handoff: Callable[[HandoffMessage], Awaitable[None]] | None = None,
     ) -> None:
         """Long-poll until cancelled; ``on_stop`` returns whether the STOP applied;
-        ``on_handoff`` takes a rebalancing hand-off addressed here (None: ignored)."""
+        ``on_handoff`` takes a hand-off message addressed here (None: ignored)."""
 
         async def handle(messages: list[Message]) -> None:
             for message in messages:
@@ -141,7 +150,7 @@ class ControlChannel:
         await self._queue.run(handle)
 
     async def _take(
-        self, on_handoff: Callable[[HandoffHint], Awaitable[None]], handoff: HandoffHint
+        self, on_handoff: Callable[[HandoffMessage], Awaitable[None]], handoff: HandoffMessage
     ) -> None:
         try:
             await on_handoff(handoff)
@@ -154,9 +163,12 @@ class ControlChannel:
                 exc_info=exc,
             )
 
-    async def send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
-        """Send up to ten hand-offs to a peer's control queue in one SendMessageBatch; returns
-        the pks that went out (the others' delayed copies on the hint queue go out at once)."""
+    async def send_handoffs(
+        self, queue_url: str, handoffs: list[HandoffHint] | list[HandoffMessage]
+    ) -> set[str]:
+        """Send up to ten hand-off messages to a peer's control queue in one
+        SendMessageBatch; returns the pks that went out (for hints: the others' delayed
+        copies on the hint queue go out at once)."""
         batch = handoffs[:SQS_BATCH_LIMIT]
         entries = [{"Id": str(i), "MessageBody": h.body()} for i, h in enumerate(batch)]
         try:
@@ -179,8 +191,9 @@ class ControlChannel:
 
     async def _handle(
         self, message: Message, on_stop: Callable[[StopCommand], Awaitable[bool]]
-    ) -> HandoffHint | None:
-        """Act on one STOP, or return the hand-off; nothing a message holds ends the consumer."""
+    ) -> HandoffMessage | None:
+        """Act on one STOP, or return the hand-off message; nothing a message holds ends the
+        consumer."""
         body = message.get("Body", "")
         try:
             command = parse_control_message(body)
@@ -193,6 +206,9 @@ class ControlChannel:
             return None
         if isinstance(command, HandoffHint):
             self._metrics.count("HandoffHints")
+            return command
+        if not isinstance(command, StopCommand):
+            self._metrics.count("HandoffMessages")
             return command
         try:
             applied = await on_stop(command)

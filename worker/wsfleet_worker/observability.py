@@ -66,6 +66,7 @@ COUNTERS = (
     "RebalanceGiven",  # connections handed off to a less loaded peer
     "RebalanceFailures",  # fleet view reads that failed, hand-off sends that raised
     "HandoffHints",  # hand-offs received on the control queue
+    "HandoffMessages",  # make-before-break PREPARE/READY/DECLINE/COMMIT received
     "PlacementDeferrals",  # hint-queue receives delayed because this worker is over its share
 )
 #: Last value per interval (unit Count).

@@ -89,7 +89,7 @@ from wsfleet.store import LeaseStore
 from . import health, task_identity
 from .config import WorkerConfig
 from .connector import Connector, describe_error, make_connector
-from .control_channel import ControlChannel
+from .control_channel import ControlChannel, HandoffMessage
 from .credentials import SecretResolver
 from .flusher import MessageFlusher
 from .liveness import FenceCause, WorkerLiveness
@@ -491,9 +491,16 @@ class Worker:
             delay = _CRASH_HINT_DELAY_SECONDS if result.reason is ExitReason.CRASHED else 0
             self.outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
 
-    async def _on_handoff(self, handoff: HandoffHint) -> None:
+    async def _on_handoff(self, handoff: HandoffMessage) -> None:
         """A peer handed us a connection (rebalancing): take it at once, no placement wait.
         If we cannot (full, draining), its delayed copy on the hint queue finds another."""
+        if not isinstance(handoff, HandoffHint):
+            self.logger.warning(
+                "make-before-break message not handled by this worker; dropped",
+                extra={"connection_id": connection_id_from_pk(handoff.pk),
+                       "type": type(handoff).__name__},
+            )
+            return
         outcome = await self.taker.acquire(Hint(handoff.pk, epoch=handoff.epoch))
         self.logger.debug(
             "hand-off received",

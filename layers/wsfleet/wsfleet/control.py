@@ -5,6 +5,12 @@ worker id), registers it in its worker item, and deletes it on a graceful exit. 
 notifier looks up the owner's worker item and sends a :class:`StopCommand` there, so STOP takes
 effect in milliseconds instead of at the next heartbeat.
 
+Planned hand-offs in ``overlap`` mode (make-before-break, docs/handoff.md sections 2-4) talk
+over the same queues: the giver sends :class:`PrepareCommand` to the taker, the taker answers
+:class:`ReadyReply` or :class:`DeclineReply` on the giver's queue, and the giver ends with
+:class:`CommitNotice`. Each is only a reason to act: the taker confirms PREPARE and COMMIT with
+a consistent read, and the giver acts on READY only for the move it has pending.
+
 The queue's name says whose it is (:func:`control_queue_name`, read back by
 :func:`worker_id_from_queue_name`); :mod:`wsfleet.control_janitor` deletes the queues of
 workers gone for good.
@@ -15,21 +21,29 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .bodies import connection_pk_field, decode_object, epoch_field
+from .bodies import MAX_EPOCH, connection_pk_field, decode_object, epoch_field
 from .record import ConnectionRecord, DesiredState
 
 __all__ = [
+    "HANDOFF_DECLINE_REASONS",
+    "MAX_WORKER_ID_CHARS",
     "QUEUE_NAME_LIMIT",
     "WORKER_ID_TAG",
+    "CommitNotice",
+    "ControlMessage",
+    "DeclineReply",
     "HandoffHint",
+    "PrepareCommand",
+    "ReadyReply",
     "StopCommand",
     "control_queue_name",
     "control_queue_policy",
     "parse_control_message",
     "queue_name_of",
+    "sibling_queue_url",
     "stop_confirmed",
     "worker_id_from_queue_name",
 ]
@@ -55,6 +69,17 @@ def control_queue_name(prefix: str, worker_id: str) -> str:
         return name
     digest = hashlib.sha256(worker_id.encode()).hexdigest()[:10]
     return f"{name[:QUEUE_NAME_LIMIT - 11]}-{digest}"
+
+
+def sibling_queue_url(queue_url: str, queue_name: str) -> str:
+    """The URL of queue ``queue_name`` beside ``queue_url`` (same endpoint and account): how a
+    taker reaches the giver's control queue, named by the giver id the record confirmed,
+    without a URL taken from a message body.
+
+    >>> sibling_queue_url("http://127.0.0.1:5000/123456789012/app-ctl-t", "app-ctl-g")
+    'http://127.0.0.1:5000/123456789012/app-ctl-g'
+    """
+    return queue_url.rstrip("/").rsplit("/", 1)[0] + "/" + queue_name
 
 
 def queue_name_of(queue_url: str) -> str:
@@ -158,19 +183,147 @@ class HandoffHint:
         return json.dumps(command, separators=(",", ":"))
 
 
-def parse_control_message(body: str) -> StopCommand | HandoffHint:
-    """A control queue message: a STOP or a HANDOFF; ValueError for anything else.
+#: Longest worker id a hand-off message may name (ids are ``<task_id>.<process>`` or an
+#: operator's ``WORKER_ID``: far shorter).
+MAX_WORKER_ID_CHARS = 256
+_WORKER_ID = re.compile(r"[!-~]+")  # visible ASCII: no spaces, no control characters
+#: Why a taker declined a PREPARE (a closed set: a reason is a log field, never free text).
+HANDOFF_DECLINE_REASONS = frozenset(
+    {"moved", "full", "draining", "budget", "no_frame", "no_seq", "connect_failed", "failed"}
+)
+_MAX_FIRST_SEQ = 2**53 - 1  # MAX_SAFE_SEQ of the worker's frame parser
+
+
+def _worker_field(payload: dict[str, object], key: str, what: str) -> str:
+    value = payload.get(key)
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_WORKER_ID_CHARS
+        or not _WORKER_ID.fullmatch(value)
+    ):
+        raise ValueError(f"{what} has no valid {key}")
+    return value
+
+
+def _compact(command: dict[str, object]) -> str:
+    return json.dumps(command, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class PrepareCommand:
+    """Giver -> taker (step 1): "open your own session of ``pk``, which I, ``giver``, hold
+    under ``epoch``; buffer, write nothing, answer READY or DECLINE"."""
+
+    pk: str
+    epoch: int
+    giver: str
+
+    def body(self) -> str:
+        return _compact({"type": "PREPARE", "pk": self.pk, "epoch": self.epoch,
+                         "giver": self.giver})
+
+
+@dataclass(frozen=True)
+class ReadyReply:
+    """Taker -> giver (step 3): "I hold every frame of ``pk`` from ``first_seq`` on"."""
+
+    pk: str
+    epoch: int
+    taker: str
+    first_seq: int
+
+    def body(self) -> str:
+        return _compact({"type": "READY", "pk": self.pk, "epoch": self.epoch,
+                         "taker": self.taker, "first_seq": self.first_seq})
+
+
+@dataclass(frozen=True)
+class DeclineReply:
+    """Taker -> giver: "I will not take ``pk`` over the overlap; break" (``reason`` is one of
+    :data:`HANDOFF_DECLINE_REASONS`)."""
+
+    pk: str
+    epoch: int
+    taker: str
+    reason: str
+
+    def body(self) -> str:
+        return _compact({"type": "DECLINE", "pk": self.pk, "epoch": self.epoch,
+                         "taker": self.taker, "reason": self.reason})
+
+
+@dataclass(frozen=True)
+class CommitNotice:
+    """Giver -> taker (step 6): "the transfer landed; ``pk`` is yours under ``epoch``"
+    (the new epoch). The taker believes the record, not this message."""
+
+    pk: str
+    epoch: int
+
+    def body(self) -> str:
+        return _compact({"type": "COMMIT", "pk": self.pk, "epoch": self.epoch})
+
+
+ControlMessage = (
+    StopCommand | HandoffHint | PrepareCommand | ReadyReply | DeclineReply | CommitNotice
+)
+
+
+def parse_control_message(body: str) -> ControlMessage:
+    """A control queue message; ValueError for anything else (unknown types included), so a
+    caller drops it with a trace and nothing a body holds can raise anything else.
 
     >>> parse_control_message('{"type": "HANDOFF", "pk": "CONN#a", "epoch": 2}')
     HandoffHint(pk='CONN#a', epoch=2)
+    >>> parse_control_message('{"type": "READY", "pk": "CONN#a", "epoch": 2, "taker": "t",'
+    ...                       ' "first_seq": 41}')
+    ReadyReply(pk='CONN#a', epoch=2, taker='t', first_seq=41)
     """
     payload = decode_object(body, what="control message")
-    if payload.get("type") == "HANDOFF":
-        pk = connection_pk_field(payload, what="HANDOFF")
-        epoch = epoch_field(payload, what="HANDOFF", required=True)
-        assert epoch is not None
-        return HandoffHint(pk, epoch)
-    return StopCommand.parse(body)
+    kind = payload.get("type")
+    if kind == "STOP":
+        return StopCommand.parse(body)
+    if not isinstance(kind, str) or kind not in _PARSERS:
+        raise ValueError("control message has an unknown type")
+    pk = connection_pk_field(payload, what=kind)
+    epoch = epoch_field(payload, what=kind, required=True)
+    assert epoch is not None
+    return _PARSERS[kind](payload, pk, epoch)
+
+
+def _ready(payload: dict[str, object], pk: str, epoch: int) -> ReadyReply:
+    first_seq = payload.get("first_seq")
+    if (
+        not isinstance(first_seq, int)
+        or isinstance(first_seq, bool)
+        or not 1 <= first_seq <= _MAX_FIRST_SEQ
+    ):
+        raise ValueError("READY has no valid first_seq")
+    return ReadyReply(pk, epoch, _worker_field(payload, "taker", "READY"), first_seq)
+
+
+def _decline(payload: dict[str, object], pk: str, epoch: int) -> DeclineReply:
+    reason = payload.get("reason")
+    if not isinstance(reason, str) or reason not in HANDOFF_DECLINE_REASONS:
+        raise ValueError("DECLINE has no valid reason")
+    return DeclineReply(pk, epoch, _worker_field(payload, "taker", "DECLINE"), reason)
+
+
+def _commit(payload: dict[str, object], pk: str, epoch: int) -> CommitNotice:
+    if epoch < 1 or epoch > MAX_EPOCH:
+        raise ValueError("COMMIT has no valid epoch")
+    return CommitNotice(pk, epoch)
+
+
+_PARSERS: dict[str, Callable[[dict[str, object], str, int], ControlMessage]] = {
+    "HANDOFF": lambda payload, pk, epoch: HandoffHint(pk, epoch),
+    "PREPARE": lambda payload, pk, epoch: PrepareCommand(
+        pk, epoch, _worker_field(payload, "giver", "PREPARE")
+    ),
+    "READY": _ready,
+    "DECLINE": _decline,
+    "COMMIT": _commit,
+}
 
 
 def stop_confirmed(command: StopCommand, record: ConnectionRecord | None) -> bool:

@@ -36,19 +36,26 @@ from dataclasses import dataclass
 from enum import Enum, StrEnum
 
 from .record import ConnectionRecord, DesiredState, WorkerRecord
+from .upstream_options import HandoffMode
 
 __all__ = [
     "EARLY_HINT_MAX_WAIT_MS",
     "MAX_HINT_DELAY_SECONDS",
     "BreakerVerdict",
+    "GiverVerdict",
+    "HandoffStep",
     "Lease",
     "LeaseState",
     "RefusalReason",
     "TakeoverVerdict",
+    "TakerVerdict",
     "TimerAction",
     "WorkerLeaseTimer",
     "breaker_verdict",
     "checkpoint_due",
+    "commit_confirmed",
+    "giver_verdict",
+    "handoff_mode",
     "hint_delay_seconds",
     "is_acquirable",
     "is_fenced",
@@ -58,8 +65,11 @@ __all__ = [
     "is_worker_alive",
     "lease_expires_in_ms",
     "lease_state",
+    "overlap_ready",
+    "prepare_confirmed",
     "refusal_reason",
     "takeover_verdict",
+    "taker_verdict",
 ]
 
 #: SQS caps DelaySeconds at 15 minutes.
@@ -382,3 +392,162 @@ def breaker_verdict(
     else:
         count, since = 1, now_ms
     return BreakerVerdict(count, checkpoint, max_failures > 0 and count >= max_failures, since)
+
+
+# ============================================================================ planned hand-offs
+# Make-before-break (docs/handoff.md sections 2-4): the giver G holds (G, e); the taker T
+# opens its own session and buffers; one conditional write moves (G, e) to (T, e + 1).
+
+
+def handoff_mode(option: HandoffMode | None, *, usable_seq: bool) -> HandoffMode:
+    """The mode of one planned move: ``break`` when the connection asks for it, and whenever
+    its frames carry no usable seq (two sessions' frames could not be matched and
+    deduplicated); else ``overlap`` (the default).
+
+    ``usable_seq``: the giver's session has received a numbered frame.
+
+    >>> handoff_mode(None, usable_seq=True), handoff_mode(None, usable_seq=False)
+    (<HandoffMode.OVERLAP: 'overlap'>, <HandoffMode.BREAK: 'break'>)
+    >>> handoff_mode(HandoffMode.BREAK, usable_seq=True)
+    <HandoffMode.BREAK: 'break'>
+    """
+    if option is HandoffMode.BREAK or not usable_seq:
+        return HandoffMode.BREAK
+    return HandoffMode.OVERLAP
+
+
+def overlap_ready(durable: int, first_seq: int) -> bool:
+    """Step 4: the taker's stream (every frame from ``first_seq`` on) overlaps what the giver
+    stored (every seq up to ``durable``), so a transfer at ``last_seq = durable`` loses
+    nothing: ``first_seq <= durable + 1``.
+
+    >>> overlap_ready(40, 41), overlap_ready(40, 12), overlap_ready(40, 42)
+    (True, True, False)
+    """
+    return first_seq <= durable + 1
+
+
+class HandoffStep(StrEnum):
+    """What one side of a planned move does next."""
+
+    WAIT = "wait"  # keep going (giver: streaming and storing; taker: buffering)
+    TRANSFER = "transfer"  # giver: freeze, quiesce, the one conditional write
+    BREAK = "break"  # giver: today's break-before-make (close, release, HANDOFF)
+    DECLINE = "decline"  # taker: close what it opened, tell the giver
+    ABANDON = "abandon"  # taker: the giver never committed: close, write nothing
+
+
+@dataclass(frozen=True)
+class GiverVerdict:
+    step: HandoffStep
+    reason: str = ""
+
+
+def giver_verdict(
+    *,
+    durable: int,
+    first_seq: int | None,
+    declined: bool,
+    session_live: bool,
+    deadline_ms: int,
+    now_ms: int,
+) -> GiverVerdict:
+    """The giver's decision after PREPARE, re-evaluated on every READY, DECLINE, stored
+    frame and tick (section 3): ``deadline_ms`` is the prepare bound
+    (``HANDOFF_PREPARE_SECONDS`` after PREPARE was sent).
+
+    * DECLINE, or the giver's own session ended (an upstream that cuts the first session
+      when a second opens; the giver does not reconnect, that would cut the taker): break;
+    * READY with ``first_seq`` the giver's stored frames reach (:func:`overlap_ready`):
+      transfer;
+    * past the bound with no READY (the taker got no numbered frame, could not connect,
+      died) or with the giver still below ``first_seq - 1``: break;
+    * else wait.
+
+    >>> giver_verdict(durable=9, first_seq=10, declined=False, session_live=True,
+    ...               deadline_ms=5_000, now_ms=1_000)
+    GiverVerdict(step=<HandoffStep.TRANSFER: 'transfer'>, reason='')
+    >>> giver_verdict(durable=9, first_seq=None, declined=False, session_live=True,
+    ...               deadline_ms=5_000, now_ms=5_000).reason
+    'no_ready'
+    """
+    if declined:
+        return GiverVerdict(HandoffStep.BREAK, "declined")
+    if not session_live:
+        return GiverVerdict(HandoffStep.BREAK, "giver_session_ended")
+    if first_seq is not None and overlap_ready(durable, first_seq):
+        return GiverVerdict(HandoffStep.TRANSFER)
+    if now_ms >= deadline_ms:
+        return GiverVerdict(HandoffStep.BREAK, "no_ready" if first_seq is None else "behind")
+    return GiverVerdict(HandoffStep.WAIT)
+
+
+@dataclass(frozen=True)
+class TakerVerdict:
+    step: HandoffStep
+    reason: str = ""
+
+
+def taker_verdict(
+    *,
+    buffered_frames: int,
+    buffered_bytes: int,
+    max_frames: int,
+    max_bytes: int,
+    deadline_ms: int,
+    now_ms: int,
+) -> TakerVerdict:
+    """The taker's decision while it buffers, before COMMIT: the buffer is bounded in frames
+    and bytes (over either: DECLINE, the giver breaks), and the wait for COMMIT by
+    ``deadline_ms`` (past it: ABANDON; the taker never owned, so it closes and writes nothing;
+    if a transfer named it after all, the move's delayed hint copy and its own sweep treat the
+    connection as one it owns without a session).
+
+    >>> taker_verdict(buffered_frames=5, buffered_bytes=100, max_frames=5, max_bytes=10**6,
+    ...               deadline_ms=9, now_ms=0)
+    TakerVerdict(step=<HandoffStep.DECLINE: 'decline'>, reason='budget')
+    """
+    if buffered_frames >= max_frames or buffered_bytes >= max_bytes:
+        return TakerVerdict(HandoffStep.DECLINE, "budget")
+    if now_ms >= deadline_ms:
+        return TakerVerdict(HandoffStep.ABANDON, "no_commit")
+    return TakerVerdict(HandoffStep.WAIT)
+
+
+def prepare_confirmed(
+    record: ConnectionRecord | None, pk: str, epoch: int, giver: str
+) -> bool:
+    """Step 2: a PREPARE is backed by the record (read consistently): STARTED, held by the
+    giver it names under the epoch it names, and not set to ``break``. A stale or forged
+    PREPARE fails here, and the taker opens nothing.
+
+    >>> rec = ConnectionRecord(pk="CONN#a", desired_state=DesiredState.STARTED, ws_url="",
+    ...                        lease_owner="g", lease_epoch=3)
+    >>> prepare_confirmed(rec, "CONN#a", 3, "g"), prepare_confirmed(rec, "CONN#a", 2, "g")
+    (True, False)
+    """
+    return (
+        record is not None
+        and record.pk == pk
+        and record.desired_state is DesiredState.STARTED
+        and record.lease_owner == giver
+        and record.lease_epoch == epoch
+        and record.upstream.handoff is not HandoffMode.BREAK
+    )
+
+
+def commit_confirmed(record: ConnectionRecord | None, taker: str, epoch: int) -> bool:
+    """Step 7: the transfer landed: the record (read consistently) names the taker under the
+    epoch the COMMIT names, STARTED. A COMMIT alone proves nothing (queue bodies are hostile).
+
+    >>> rec = ConnectionRecord(pk="CONN#a", desired_state=DesiredState.STARTED, ws_url="",
+    ...                        lease_owner="t", lease_epoch=4)
+    >>> commit_confirmed(rec, "t", 4), commit_confirmed(rec, "t", 3), commit_confirmed(None, "t", 4)
+    (True, False, False)
+    """
+    return (
+        record is not None
+        and record.desired_state is DesiredState.STARTED
+        and record.lease_owner == taker
+        and record.lease_epoch == epoch
+    )

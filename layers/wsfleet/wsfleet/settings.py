@@ -230,6 +230,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "picked up within this, or at once when a handshake is refused with 401/403 (one "
            "forced read per reference per 30 s). 0 reads it at every connect.",
            "worker", scope="worker"),
+    EnvVar("HANDOFF_PREPARE_SECONDS", "handoff_prepare_seconds", "3",
+           "Make-before-break bound (docs/handoff.md): a giver that has no READY from its "
+           "taker this long after PREPARE (the taker could not connect, got no numbered frame, "
+           "or lags) breaks instead (close, release, HANDOFF), and the taker waits twice this "
+           "for COMMIT before it closes what it opened. 0 turns overlap hand-offs off.",
+           "worker", scope="worker"),
 )
 
 

@@ -519,6 +519,44 @@ class LeaseStore(ABC):
         except ConnectionStopped as exc:
             raise LeaseLost(str(exc), exc.current) from exc
 
+    def transfer(
+        self, lease: Lease, to_owner: str, *, last_seq: int, moved: bool = True
+    ) -> ConnectionRecord:
+        """Make-before-break's one ownership write (docs/handoff.md, step 5): the connection
+        moves from ``lease`` (G, e) to ``(to_owner, e + 1)`` with the final checkpoint
+        ``last_seq``, on condition that it is still G's under e and STARTED. No state names
+        both owners; a takeover racing it makes exactly one of the two land.
+
+        ``moved``: a rebalancing move, stamped ``rebalanced_at_ms`` (the dwell time), as a
+        move's release is. Raises ConnectionStopped (STOPPED meanwhile: nothing moved; the
+        giver ends it as a STOP) or LeaseLost (not ours any more).
+
+        >>> from wsfleet.memstore import InMemoryLeaseStore
+        >>> store = InMemoryLeaseStore()
+        >>> _ = store.start("a", "wss://x")
+        >>> g = Lease.of(store.acquire("CONN#a", "g"))
+        >>> moved = store.transfer(g, "t", last_seq=7)
+        >>> moved.lease_owner, moved.lease_epoch - g.epoch, moved.last_seq
+        ('t', 1, 7)
+        """
+        if not to_owner or to_owner == lease.owner:
+            raise ValueError("a transfer names another owner")
+        now = self._clock()
+        values: dict[str, Any] = {
+            "lease_owner": to_owner,
+            "lease_epoch": lease.epoch + 1,
+            "updated_at_ms": now,
+        }
+        if moved:
+            values["rebalanced_at_ms"] = now
+        return self._holder_write(
+            lease,
+            values,
+            remove=(*_INDEX_ATTRIBUTES, *_HINT_CLAIM),
+            last_seq=last_seq,
+            started_only=True,
+        )
+
     def _end(
         self,
         lease: Lease,

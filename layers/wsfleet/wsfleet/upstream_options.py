@@ -40,6 +40,12 @@ appended, read JSON frames whose sequence number is the top-level ``SEQ_FIELD``.
   1001 on their deploys, 1000 at session limits or to force re-authentication). ``final``:
   the stream is over, the connection ends ``STOPPED`` with ``stop_reason`` ``upstream_closed``
   (for finite feeds: a replay, a file, a match that ends).
+* ``handoff``: how a planned hand-off (a SIGTERM drain, a rebalancing move) moves the stream
+  to another worker. ``overlap`` (make-before-break, the default): the taker opens its own
+  session and buffers before the giver closes, so a live-only stream loses nothing; it needs
+  frames that carry a seq (else it falls back to ``break``) and an upstream that allows two
+  sessions for a moment. ``break``: the giver closes, then the taker connects (one session at
+  a time; a live-only stream loses the hand-off time). See docs/handoff.md.
 
 Parsing is strict (every field bounded, unknown keys refused) and raises
 :class:`~wsfleet.exceptions.InvalidUpstreamOptions`, whose ``field`` names the offending
@@ -66,6 +72,7 @@ __all__ = [
     "SECRET_PLACEHOLDER",
     "Credential",
     "CredentialPlacement",
+    "HandoffMode",
     "InvalidUpstreamOptions",
     "ResumeMode",
     "UpstreamOptions",
@@ -120,6 +127,13 @@ class ResumeMode(StrEnum):
     QUERY = "query"
     SUBSCRIBE = "subscribe"
     NONE = "none"
+
+
+class HandoffMode(StrEnum):
+    """How a planned hand-off moves a stream (docs/handoff.md section 3)."""
+
+    OVERLAP = "overlap"  # make-before-break: two sessions for a moment, nothing lost
+    BREAK = "break"  # break-before-make: the giver closes before the taker connects
 
 
 class CredentialPlacement(StrEnum):
@@ -184,6 +198,8 @@ class UpstreamOptions:
     resume_param: str | None = None
     #: ``normal_close: final``: a close with 1000/1001 ends the stream (else it reconnects).
     final_normal_close: bool = False
+    #: ``handoff``: None is the default (``overlap`` where the frames carry a usable seq).
+    handoff: HandoffMode | None = None
 
     @property
     def is_default(self) -> bool:
@@ -216,6 +232,8 @@ class UpstreamOptions:
             item["resume_param"] = self.resume_param
         if self.final_normal_close:
             item["normal_close"] = "final"
+        if self.handoff is not None:
+            item["handoff"] = str(self.handoff)
         return item
 
     @classmethod
@@ -251,6 +269,7 @@ class UpstreamOptions:
             resume=ResumeMode(item.get("resume", ResumeMode.QUERY)),
             resume_param=None if item.get("resume_param") is None else str(item["resume_param"]),
             final_normal_close=item.get("normal_close") == "final",
+            handoff=None if item.get("handoff") is None else HandoffMode(str(item["handoff"])),
         )
 
     def to_view(self) -> dict[str, Any]:
@@ -297,7 +316,7 @@ def parse_upstream_options(
         obj,
         "upstream",
         {"headers", "subprotocols", "credential", "subscribe", "seq_pointer", "resume",
-         "resume_param", "normal_close"},
+         "resume_param", "normal_close", "handoff"},
     )
     headers = _headers(obj.get("headers"))
     subprotocols = _subprotocols(obj.get("subprotocols"))
@@ -354,6 +373,7 @@ def parse_upstream_options(
         resume=resume,
         resume_param=resume_param,
         final_normal_close=_normal_close(obj.get("normal_close")),
+        handoff=_handoff(obj.get("handoff")),
     )
 
 
@@ -364,6 +384,16 @@ def _normal_close(raw: object) -> bool:
         return True
     raise InvalidUpstreamOptions(
         "upstream.normal_close must be one of reconnect, final", "upstream.normal_close"
+    )
+
+
+def _handoff(raw: object) -> HandoffMode | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw in {mode.value for mode in HandoffMode}:
+        return HandoffMode(raw)
+    raise InvalidUpstreamOptions(
+        "upstream.handoff must be one of overlap, break", "upstream.handoff"
     )
 
 

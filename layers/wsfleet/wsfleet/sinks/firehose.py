@@ -25,7 +25,7 @@ from typing import Any
 from ..messages import Message
 from ..record import connection_id_from_pk
 from .base import SinkLimits
-from .records import OutRecord, RecordStreamSink, frame_json
+from .records import OutRecord, RecordStreamSink, frame_json_bytes
 
 __all__ = ["MAX_RECORD_BYTES", "FirehoseSink"]
 
@@ -77,7 +77,7 @@ class FirehoseSink(RecordStreamSink):
 
     def frame_bytes(self, message: Message) -> int:
         """The bytes of the frame's line (its JSON and the newline)."""
-        return len(frame_json(message)) + 1
+        return frame_json_bytes(message) + 1
 
     def _pack(
         self, messages: Sequence[Message], encoded: Callable[[Message], bytes]

@@ -47,7 +47,7 @@ from typing import Any
 from ..messages import Message
 from ..record import connection_id_from_pk
 from .base import SinkLimits
-from .records import OutRecord, RecordStreamSink, connection_id_of, frame_json
+from .records import OutRecord, RecordStreamSink, connection_id_of, frame_json_bytes
 
 __all__ = [
     "KPL_MAGIC",
@@ -118,8 +118,9 @@ def aggregate(partition_key: str, user_records: Sequence[bytes]) -> bytes:
     key = partition_key.encode("utf-8")
     parts = [b"\x0a", _varint(len(key)), key]  # partition_key_table[0]
     for data in user_records:
-        inner = b"\x08\x00\x1a" + _varint(len(data)) + data  # index 0, data
-        parts += [b"\x1a", _varint(len(inner)), inner]  # records
+        size = _varint(len(data))
+        # records: tag, length of (index 0, data), then index 0 and the data's tag and length
+        parts += [b"\x1a", _varint(3 + len(size) + len(data)), b"\x08\x00\x1a", size, data]
     message = b"".join(parts)
     return KPL_MAGIC + message + hashlib.md5(message, usedforsecurity=False).digest()
 
@@ -244,7 +245,7 @@ class KinesisSink(RecordStreamSink):
 
     def frame_bytes(self, message: Message) -> int:
         """The bytes of the frame's user record (its JSON)."""
-        return len(frame_json(message))
+        return frame_json_bytes(message)
 
     def _pack(
         self, messages: Sequence[Message], encoded: Callable[[Message], bytes]
@@ -252,22 +253,22 @@ class KinesisSink(RecordStreamSink):
         if not self.aggregate:
             return [OutRecord([m], encoded(m), connection_id_of(m)) for m in messages]
         # Per connection, in order: consecutive frames into records up to the size limit.
-        open_records: dict[str, tuple[list[Message], list[bytes], int]] = {}
+        open_records: dict[str, tuple[list[Message], list[bytes], int, int]] = {}
         packed: list[tuple[str, list[Message], list[bytes]]] = []
         for message in messages:
             key = connection_id_of(message)
             data = encoded(message)
-            limit = self._max_record_bytes - len(key.encode("utf-8"))
-            current = open_records.get(key)
             grow = _user_record_len(len(data))
-            if current is not None and current[2] + grow <= limit:
-                frames, datas, size = current
+            current = open_records.get(key)
+            if current is not None and current[2] + grow <= current[3]:
+                frames, datas, size, limit = current
                 frames.append(message)
                 datas.append(data)
-                open_records[key] = (frames, datas, size + grow)
+                open_records[key] = (frames, datas, size + grow, limit)
                 continue
+            limit = self._max_record_bytes - len(key.encode("utf-8"))
             frames, datas = [message], [data]
-            open_records[key] = (frames, datas, aggregated_size(key, [len(data)]))
+            open_records[key] = (frames, datas, aggregated_size(key, [len(data)]), limit)
             packed.append((key, frames, datas))
         return [OutRecord(frames, aggregate(key, datas), key) for key, frames, datas in packed]
 

@@ -15,9 +15,10 @@ not UTF-8 carries ``data_base64`` instead. A marker (a frame too large to store)
 (``connection_id``, ``seq``), or (``connection_id``, ``key``) for frames without a seq.
 
 **The put loop** (:class:`RecordStreamSink`). A batch's frames stay in one list, in the order
-they were queued. Each round asks the guard about every frame (a refused one is reported
-``fenced``), packs what is left into records (the backend's :meth:`~RecordStreamSink._pack`),
-takes the first records that fit one request (count and bytes), sends them with the send
+they were queued. Each round asks the guard about every frame's lease (a connection's pk and
+lease epoch: one answer for all its frames; a refused frame is reported ``fenced``), packs
+what is left into records (the backend's :meth:`~RecordStreamSink._pack`), takes the first
+records that fit one request (count and bytes), sends them with the send
 guard armed, and drops the frames of the records the service took. Frames of failed records
 keep their place in front of their connection's later frames, so they go again first. A round
 in which nothing failed is progress and goes on at once; a round with failures (per-record
@@ -32,8 +33,10 @@ markers).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
+import re
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -49,9 +52,20 @@ from ..messages import Message
 from ..record import CONNECTION_PREFIX
 from .base import FrameSink, Guard, GuardTripped, PutResult, SendGuard
 
-__all__ = ["OutRecord", "RecordStreamSink", "connection_id_of", "frame_json", "take_request"]
+__all__ = [
+    "OutRecord",
+    "RecordStreamSink",
+    "connection_id_of",
+    "frame_json",
+    "frame_json_bytes",
+    "take_request",
+]
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: JSON string escaping as ``json.dumps(..., ensure_ascii=False)`` does it (the C encoder):
+#: non-ASCII kept, ``"``, ``\\`` and control characters escaped.
+_escape: Callable[[str], str] = json.encoder.encode_basestring
+#: What ``_escape`` changes; a string without any of these is its own JSON body.
+_NEEDS_ESCAPE = re.compile(r'[\x00-\x1f\\"]')
 
 
 def connection_id_of(message: Message) -> str:
@@ -63,26 +77,74 @@ def connection_id_of(message: Message) -> str:
 def frame_json(message: Message) -> bytes:
     """The frame as its JSON record (see the module docstring), UTF-8.
 
+    Written out field by field rather than through ``json.dumps`` of a dict: the bytes are
+    the same (compact separators, ``ensure_ascii=False``, the fields in this order), and this
+    runs for every frame a stream sink stores, where the encoder's per-call set-up was the
+    largest single share of the worker's time (bench/throughput.py, issue #27).
+
     >>> from wsfleet.messages import seq_sk
     >>> frame_json(Message("CONN#a", seq_sk(7), "hi", 1000, "w1", 2, seq=7))
     b'{"connection_id":"a","key":"00000000000000000007","seq":7,"lease_epoch":2,\
 "received_at_ms":1000,"worker_id":"w1","data":"hi"}'
     """
-    record: dict[str, Any] = {"connection_id": connection_id_of(message), "key": message.sk}
+    parts = ['{"connection_id":', _escape(connection_id_of(message)), ',"key":',
+             _escape(message.sk)]  # fmt: skip
     if message.seq is not None:
-        record["seq"] = message.seq
-    record["lease_epoch"] = message.lease_epoch
-    record["received_at_ms"] = message.received_at_ms
-    record["worker_id"] = message.worker_id
+        parts += [',"seq":', int.__repr__(message.seq)]
+    parts += [',"lease_epoch":', int.__repr__(message.lease_epoch),
+              ',"received_at_ms":', int.__repr__(message.received_at_ms),
+              ',"worker_id":', _escape(message.worker_id)]  # fmt: skip
     data = message.message_data
     if message.oversize_bytes is not None:
-        record["oversize_bytes"] = message.oversize_bytes
-        record["data_sha256"] = message.data_sha256 or ""
+        parts += [',"oversize_bytes":', int.__repr__(message.oversize_bytes),
+                  ',"data_sha256":', _escape(message.data_sha256 or "")]  # fmt: skip
     elif isinstance(data, bytes):
-        record["data_base64"] = base64.b64encode(data).decode("ascii")
+        parts += [',"data_base64":"', base64.b64encode(data).decode("ascii"), '"']
     else:
-        record["data"] = data
-    return _encode(record).encode("utf-8", "surrogatepass")
+        parts += [',"data":', _escape(data)]
+    parts.append("}")
+    return "".join(parts).encode("utf-8", "surrogatepass")
+
+
+def _json_string_bytes(text: str) -> int:
+    """``len(_escape(text))`` in UTF-8, without building it for plain ASCII text."""
+    if text.isascii() and _NEEDS_ESCAPE.search(text) is None:
+        return len(text) + 2
+    return len(_escape(text).encode("utf-8", "surrogatepass"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fixed_bytes(pk: str, worker_id: str) -> int:
+    """What every record of one connection and worker has: names, punctuation, both ids."""
+    names = '{"connection_id":,"key":,"lease_epoch":,"received_at_ms":,"worker_id":}'
+    connection_id = pk[len(CONNECTION_PREFIX) :] if pk.startswith(CONNECTION_PREFIX) else pk
+    return len(names) + _json_string_bytes(connection_id) + _json_string_bytes(worker_id)
+
+
+def frame_json_bytes(message: Message) -> int:
+    """``len(frame_json(message))``, counted without encoding the frame.
+
+    A stream sink sizes every frame when it is queued and encodes it when it is sent; this
+    counts the escaped lengths instead (no join, no UTF-8 copy of plain ASCII data).
+
+    >>> from wsfleet.messages import seq_sk
+    >>> m = Message("CONN#a", seq_sk(7), 'h\u00e9 "x"', 1000, "w1", 2, seq=7)
+    >>> frame_json_bytes(m) == len(frame_json(m))
+    True
+    """
+    size = _fixed_bytes(message.pk, message.worker_id) + _json_string_bytes(message.sk)
+    if message.seq is not None:
+        size += 7 + len(int.__repr__(message.seq))  # ,"seq":
+    size += len(int.__repr__(message.lease_epoch)) + len(int.__repr__(message.received_at_ms))
+    data = message.message_data
+    if message.oversize_bytes is not None:  # ,"oversize_bytes": and ,"data_sha256":
+        size += 18 + len(int.__repr__(message.oversize_bytes)) + 15
+        size += _json_string_bytes(message.data_sha256 or "")
+    elif isinstance(data, bytes):  # ,"data_base64":"...", base64 in 4-byte groups
+        size += 16 + 4 * ((len(data) + 2) // 3) + 1
+    else:  # ,"data":
+        size += 8 + _json_string_bytes(data)
+    return size
 
 
 @dataclass(slots=True)
@@ -199,11 +261,10 @@ class RecordStreamSink(FrameSink):
         failed_rounds = 0
         while pending:
             if guard is not None:
-                allowed = [m for m in pending if guard(m)]
-                if len(allowed) < len(pending):
-                    kept = {id(m) for m in allowed}
-                    result.fenced.extend(m for m in pending if id(m) not in kept)
-                    pending = allowed
+                verdicts = _lease_verdicts(guard, pending)
+                if not all(verdicts.values()):
+                    result.fenced.extend(m for m in pending if not verdicts[_lease(m)])
+                    pending = [m for m in pending if verdicts[_lease(m)]]
                     if not pending:
                         break
             request = take_request(
@@ -230,7 +291,9 @@ class RecordStreamSink(FrameSink):
         whether anything failed that is worth a backoff."""
         check = None
         if guard is not None:
-            check = lambda: all(guard(m) for r in request for m in r.frames)  # noqa: E731
+            check = lambda: all(  # noqa: E731
+                _lease_verdicts(guard, (m for r in request for m in r.frames)).values()
+            )
         try:
             with self._send_guard.armed(check):
                 errors = self._send(request)
@@ -276,6 +339,23 @@ class RecordStreamSink(FrameSink):
 
     def _delays(self) -> Iterator[float]:
         return backoff(initial=self._backoff_initial, cap=self._backoff_cap, rng=self._rng)
+
+
+def _lease(message: Message) -> tuple[str, int]:
+    return (message.pk, message.lease_epoch)
+
+
+def _lease_verdicts(guard: Guard, messages: Iterable[Message]) -> dict[tuple[str, int], bool]:
+    """The guard's answer for every connection lease (pk, lease epoch) among ``messages``,
+    asked of the lease's first frame only: every frame of one lease is its session's, and the
+    session's right to write is what the guard answers (it was asked of every frame twice per
+    request, a measurable share of a frame's CPU)."""
+    verdicts: dict[tuple[str, int], bool] = {}
+    for message in messages:
+        lease = (message.pk, message.lease_epoch)
+        if lease not in verdicts:
+            verdicts[lease] = guard(message)
+    return verdicts
 
 
 #: Whole-request refusals of the stream services that mean "later" (Firehose answers

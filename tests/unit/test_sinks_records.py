@@ -1,0 +1,114 @@
+"""The stream sinks' frame record (wsfleet.sinks.records): frame_json writes exactly what
+``json.dumps`` of the record's fields writes (compact, ``ensure_ascii=False``), and
+frame_json_bytes, which the sinks size every queued frame with, is its exact length."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+from hypothesis import given, settings, strategies as st
+
+from wsfleet.messages import Message, local_sk, seq_sk
+from wsfleet.sinks.firehose import FirehoseSink
+from wsfleet.sinks.kinesis import KinesisSink
+from wsfleet.sinks.records import frame_json, frame_json_bytes
+
+
+def reference(message: Message) -> bytes:
+    """The record as json.dumps writes it: the definition frame_json must keep."""
+    pk = message.pk
+    record: dict[str, Any] = {"connection_id": pk.removeprefix("CONN#"), "key": message.sk}
+    if message.seq is not None:
+        record["seq"] = message.seq
+    record["lease_epoch"] = message.lease_epoch
+    record["received_at_ms"] = message.received_at_ms
+    record["worker_id"] = message.worker_id
+    if message.oversize_bytes is not None:
+        record["oversize_bytes"] = message.oversize_bytes
+        record["data_sha256"] = message.data_sha256 or ""
+    elif isinstance(message.message_data, bytes):
+        record["data_base64"] = base64.b64encode(message.message_data).decode("ascii")
+    else:
+        record["data"] = message.message_data
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "surrogatepass")
+
+
+# Text with everything JSON escapes or UTF-8 widens: quotes, backslashes, control characters,
+# non-ASCII and astral characters, and lone surrogates (stored as the raw frame can hold them).
+texts = st.text(
+    alphabet=st.one_of(
+        st.sampled_from('"\\/\n\r\t\b\f\x00\x1f\x7f é€😀\u2028'),
+        st.characters(codec="utf-8"),
+        st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+    ),
+    max_size=40,
+)
+ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=20)
+ints = st.integers(min_value=0, max_value=2**53 - 1)
+
+
+@st.composite
+def messages(draw: Any) -> Message:
+    connection = draw(ids)
+    epoch, received = draw(ints), draw(ints)
+    seq = draw(st.one_of(st.none(), st.integers(min_value=1, max_value=2**53 - 1)))
+    sk = seq_sk(seq) if seq is not None else local_sk(epoch % 10**10, received % 10**13, 1)
+    pk = draw(st.sampled_from([f"CONN#{connection}", connection]))
+    data = draw(st.one_of(texts, st.binary(max_size=40)))
+    message = Message(pk, sk, data, received, draw(st.one_of(ids, texts)), epoch, seq)
+    if draw(st.booleans()):
+        raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+        message = message.as_marker(len(raw) + draw(ints))
+        assert message.data_sha256 == hashlib.sha256(raw).hexdigest()
+    return message
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages())
+def test_frame_json_is_the_json_of_the_record_and_its_size_is_exact(message):
+    encoded = frame_json(message)
+    assert encoded == reference(message)
+    assert frame_json_bytes(message) == len(encoded)
+
+
+def test_the_sinks_size_a_frame_as_the_bytes_they_send():
+    frame = Message("CONN#a", seq_sk(3), 'caf\u00e9 "quoted"\n', 1_700_000_000_000, "w1", 2, 3)
+    record = frame_json(frame)
+    assert json.loads(record)["data"] == 'caf\u00e9 "quoted"\n'
+    assert KinesisSink(object(), "s").frame_bytes(frame) == len(record)
+    assert FirehoseSink(object(), "d").frame_bytes(frame) == len(record) + 1  # its newline
+
+
+def test_the_guard_is_asked_once_per_lease_and_fences_that_lease_only():
+    # GIVEN frames of three leases: connection a under epochs 1 and 2 (a failover on this
+    # worker: the old session's frames still queued), b under epoch 1; a's epoch 1 lapsed
+    import boto3
+    from botocore.stub import ANY, Stubber
+
+    from wsfleet.aws import client_config
+
+    client = boto3.client("kinesis", region_name="us-east-1", config=client_config())
+    sink = KinesisSink(client, "frames", sleep=lambda _s: None)
+    frames = [
+        Message("CONN#a", seq_sk(s), f"a{s}", 1_000 + s, "w1", 1 if s <= 3 else 2, s)
+        for s in range(1, 6)
+    ] + [Message("CONN#b", seq_sk(1), "b1", 1_000, "w1", 1, 1)]
+    asked: list[tuple[str, int]] = []
+
+    def guard(m: Message) -> bool:
+        asked.append((m.pk, m.lease_epoch))
+        return (m.pk, m.lease_epoch) != ("CONN#a", 1)
+
+    with Stubber(client) as stub:
+        ok = {"SequenceNumber": "1", "ShardId": "shardId-000000000000"}
+        stub.add_response("put_records", {"Records": [ok, ok]}, {"Records": ANY,
+                                                                 "StreamName": "frames"})
+        result = sink.put_batch(frames, guard=guard)
+    # THEN the guard heard each lease once; a's epoch-1 frames are fenced, never sent
+    assert sorted(asked) == [("CONN#a", 1), ("CONN#a", 2), ("CONN#b", 1)]
+    assert [m.seq for m in result.fenced] == [1, 2, 3]
+    assert result.written == 3 and not result.unwritten
