@@ -263,6 +263,7 @@ class Session:
         self._gaps_stored = (record.resume_gaps, record.gap_frames)
         self._gap_lock = asyncio.Lock()  # one note_gap in flight: the newest totals land last
         self._gap_tasks: set[asyncio.Task[bool]] = set()
+        self._stored_any = False  # the first acknowledged frame is logged (hand-off timing)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -684,6 +685,13 @@ class Session:
 
     def on_written(self, message: Message) -> None:
         self._bytes_in_flight -= self._frame_bytes.pop(message.key, 0)
+        if not self._stored_any:  # once per session: how long a take-over took to store
+            self._stored_any = True
+            self._info(
+                "first frame stored",
+                seq=message.seq,
+                since_start_ms=self._ctx.clock() - self.started_at_ms,
+            )
         if message.seq is None:
             self._local_unacked -= 1
         else:
