@@ -15,7 +15,8 @@ shapes, rebalance (300 connections on 3 workers scaled to 6: time to even, moves
 tradeoffs (the operator's tuning table and plot, docs/tradeoffs.md and .png; bench/tradeoffs.py),
 handoff-modes (issue #26: make-before-break beside break-before-make in one run, live-only,
 one-session and replaying upstreams through SIGTERM drains and a 3 -> 6 rebalance;
-bench/handoff_modes.py).
+bench/handoff_modes.py), sinks (issue #27: every frame sink's frames per worker vCPU-second and
+cost per million frames, bench/sink_bench.py).
 Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
 messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
 coordination writes and reads per connection-hour at 1,000 connections per worker, every
@@ -46,7 +47,7 @@ from .harness import ROOT, machine
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
-          "compat", "scale", "shapes", "rebalance", "tradeoffs", "handoff-modes")
+          "compat", "scale", "shapes", "rebalance", "tradeoffs", "handoff-modes", "sinks")
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,9 @@ def _steps(quick: bool) -> list[Step]:
         run_dir=d, connections=1000, factor=2.5, checkpoint_periods=1)))
 
     def disruption(kind: str, k: int, profile: str, rate: float, dynamodb: str = "moto",
-                   exit_event: bool = False) -> Step:
+                   exit_event: bool = False, rate_in_name: bool = False) -> Step:
         suffix = ("" if dynamodb == "moto" else f"-{dynamodb}") + ("-exit" if exit_event else "")
+        suffix += f"-{rate:g}fps" if rate_in_name else ""
         return Step(kind, f"{kind}-{profile}-{k}{suffix}", lambda d: run_disruption(
             kind, connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb,
             task_events=exit_event))
@@ -104,6 +106,9 @@ def _steps(quick: bool) -> list[Step]:
         if dynalite_available():
             steps += [crash(100, Profile.SHORT, 1.0, "dynalite"),
                       handoff(100, Profile.DEFAULT, 1.0, "dynalite"),
+                      # issue #26: signal -> first frame stored on the taker, p99 <= 0.5 s; at
+                      # 1 frame/s the stream's own cadence is most of that figure
+                      handoff(100, Profile.DEFAULT, 20.0, "dynalite", rate_in_name=True),
                       # issue #14: the lease-bound crash at a 20 s lease, and the same crash
                       # failed over from the task exit event
                       crash(100, Profile.DEFAULT, 1.0, "dynalite"),
@@ -161,6 +166,13 @@ def _steps(quick: bool) -> list[Step]:
             run_dir=d, dynamodb=backend, disruption="rebalance", rate=20.0,
             behaviours=("live",), per_cohort=10 if quick else 20)),
     ]
+    # Issue #27: every frame sink in one run, frames per worker vCPU-second and cost per
+    # million frames from the units the backend was sent (bench/sink_bench.py).
+    if dynalite_available():
+        from .sink_bench import run_sinks
+
+        steps.append(Step("sinks", "sinks", lambda d: run_sinks(
+            d, window=10.0 if quick else 20.0, warmup=3.0 if quick else 5.0)))
     return steps  # fmt: skip
 
 

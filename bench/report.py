@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .handoff_stages import STAGES as HANDOFF_STAGES, STEPS as HANDOFF_STEPS
+
 __all__ = ["render"]
 
 
@@ -90,6 +92,26 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
                   "session opened (release, hint, acquire, connect); its first frame.", "",
                   _table(["run", "old session closed", "new session opened", "first frame"],
                          breakdown)]  # fmt: skip
+    staged = [(name, r) for name, r in items if r.get("stages_seconds")]
+    if staged:
+        parts += ["", "Hand-off stages (issue #26; seconds after the SIGTERM, p50 / p99 over the "
+                  "connections; bench/handoff_stages.py): the giver's socket closed (upstream), "
+                  "its release landed, the hint sent; the taker received the hint, its acquire "
+                  "landed, its upstream session opened (upstream), the first frame sent "
+                  "(upstream) and the first frame stored by the taker (its sink acknowledged "
+                  "it). The target, p99 <= 0.5 s, is on the last.", "",
+                  _table(["run", "frames/s/stream", *(stage.replace("_", " ") for stage in
+                                                      HANDOFF_STAGES), "target met"],
+                         [[name, r["settings"]["frames_per_second_per_stream"],
+                           *(f"{_s(b['p50'])} / {_s(b['p99'])}" if (b := r["stages_seconds"]
+                             .get(stage)) else "-" for stage in HANDOFF_STAGES),
+                           _met(r.get("first_stored_target_met"))] for name, r in staged])]
+        parts += ["", "The same runs per step (seconds from one stage to the next for each "
+                  "connection, p50 / p99): where a connection spends its hand-off.", "",
+                  _table(["run", *(step.replace("_", " ") for step in HANDOFF_STEPS)],
+                         [[name, *(f"{_s(b['p50'])} / {_s(b['p99'])}" if (b := r.get(
+                             "steps_seconds", {}).get(step)) else "-" for step in HANDOFF_STEPS)]
+                          for name, r in staged])]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts)
 
@@ -374,6 +396,42 @@ def _throughput_section(document: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _sinks_section(document: dict[str, Any]) -> str:
+    """Issue #27: throughput and cost per frame sink (bench/sink_bench.py)."""
+    from .sink_bench import table
+
+    items = _results(document, "sinks")
+    parts = ["## 6d. Frame sinks: frames per worker vCPU-second and cost per million frames", "",
+             "bench/sink_bench.py: for each sink and load one bench/throughput.py run (its own "
+             "upstream, embedded moto server for Kinesis, Firehose and S3, dynalite tables, one "
+             "worker). Frames stored over the worker's CPU seconds in a steady window; the load "
+             "average (1 min) of the shared 2-core machine before and after each run is shown, "
+             "since CPU time per frame grows when other processes compete for the cores and "
+             "caches. Afterwards every stream is read back from its sink (the table, the stream, "
+             "or every object Firehose delivered to S3): seq 1..max, each with its own content; "
+             "duplicates counted (Kinesis and Firehose are at-least-once). Cost: the units the "
+             "backend was sent. DynamoDB: write request units of the items read back "
+             "(ceil(item / 1 KB), one write per frame). Kinesis and Firehose: every record the "
+             "service took, counted at a proxy in front of it (bench/sink_requests.py); Kinesis "
+             "provisioned = PUT payload units (25 KB per record) + shard-hours at full shard use "
+             "(1 MB/s or 1,000 records/s), Kinesis on-demand = data in with each record rounded "
+             "up to 1 KB (last column), Firehose Direct PUT = ingestion with each record rounded "
+             "up to 5 KB. Fixed charges (an on-demand stream-hour, S3 behind Firehose) are not "
+             "per frame and left out. A frame's record is its JSON with connection id, key, seq, "
+             "lease epoch, receive time and worker id (about 130 bytes more than the frame).", ""]
+    for _name, r in items:
+        if "error" in r:
+            continue
+        prices = r.get("prices") or {}
+        parts.append(f"Prices (USD, {prices.get('region')}, billing rules checked against the "
+                     f"public price pages on {prices.get('checked')}): "
+                     + ", ".join(f"{k} {v}" for k, v in prices.items()
+                                 if k not in ("region", "checked")) + ".")  # fmt: skip
+        parts += ["", table(r), ""]
+    parts += _error_rows(items)
+    return "\n".join(parts) if items else ""
+
+
 def _scale_models(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(v, (r.get(v) or {}).get("model") or {}) for v in ("v1", "v2") if r.get(v)]
 
@@ -568,6 +626,14 @@ def _targets(document: dict[str, Any]) -> str:
                          f"({r.get('frames_stored_per_second')} frames/s on "
                          f"{r.get('worker_cores_used')} cores)",
                          _met(r.get("target_met"))])  # fmt: skip
+    for name, r in _results(document, "sinks"):
+        for row in r.get("rows", []):
+            if "target" in row:
+                rows.append([f"sinks: Kinesis aggregated {row['target']} (#27)",
+                             f"{name} {row['load']}",
+                             f"{_n(row.get('frames_per_cpu_second'), 0)} frames/s per vCPU at "
+                             f"load {row['load_average_after'][0]}, no loss: "
+                             f"{_met(row.get('no_loss'))}", _met(row.get("target_met"))])
     for group, label in (("crash", "crash failover p99 <= lease + 1 s"),
                          ("handoff", "graceful hand-off p99 < 1 s")):  # fmt: skip
         for name, r in _results(document, group):
@@ -584,6 +650,12 @@ def _targets(document: dict[str, Any]) -> str:
                 rows.append([f"{label}{issue}", name, f"p99 {r['seconds']['p99']:.2f} s "
                              f"(lease {r['settings']['lease_seconds']:g} s, K = {k}, {on})",
                              _met(r.get("target_met"))])  # fmt: skip
+            if stored := r.get("first_stored_seconds"):
+                rate = r["settings"]["frames_per_second_per_stream"]
+                rows.append(["graceful hand-off, SIGTERM -> first frame stored by the taker, "
+                             "p99 <= 0.5 s (#26 target)", name,
+                             f"p99 {stored['p99']:.2f} s (K = {k}, {on}, {rate:g} frames/s)",
+                             _met(r.get("first_stored_target_met"))])  # fmt: skip
             elif "error" in r:
                 rows.append([f"{label}{issue}", name, f"failed: {r['error'][:80]}", _met(False)])
     for name, r in _results(document, "rebalance"):
@@ -833,6 +905,7 @@ def render(document: dict[str, Any]) -> str:
         _capacity_section(document),
         _flood_section(document),
         _throughput_section(document),
+        _sinks_section(document),
         _shapes_section(document),
         _handoff_modes_section(document),
         _rebalance_section(document),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = [
     "StreamSource",
     "Unresolvable",
     "cfn_string",
+    "container_environment",
     "read_stack",
 ]
 
@@ -258,8 +259,33 @@ def _worker_environment(template: Mapping[str, Any]) -> dict[str, Any]:
         chosen = next((c for c in containers if c.get("Name") == "worker"), None)
         chosen = chosen or (containers[0] if containers else None)
         if chosen:
-            return {item["Name"]: item.get("Value", "") for item in chosen.get("Environment") or []}
+            return container_environment(chosen.get("Environment") or [])
     return {}
+
+
+def container_environment(entries: Iterable[Any]) -> dict[str, Any]:
+    """An ECS container's ``Environment`` list as name -> unresolved value. An entry chosen by
+    a condition (``Fn::If`` between an entry and ``AWS::NoValue``) becomes its value under the
+    same condition, so resolving it leaves the variable undeclared where the stack would.
+
+    >>> container_environment([{"Name": "A", "Value": "1"},
+    ...     {"Fn::If": ["On", {"Ref": "AWS::NoValue"}, {"Name": "B", "Value": "2"}]}])
+    {'A': '1', 'B': {'Fn::If': ['On', {'Ref': 'AWS::NoValue'}, '2']}}
+    """
+    out: dict[str, Any] = {}
+    for entry in entries:
+        condition = entry.get("Fn::If") if isinstance(entry, Mapping) and len(entry) == 1 else None
+        if condition is None:
+            out[entry["Name"]] = entry.get("Value", "")
+            continue
+        name, *branches = condition
+        for branch in branches:
+            if isinstance(branch, Mapping) and "Name" in branch:
+                out[branch["Name"]] = {"Fn::If": [name, *(
+                    b.get("Value", "") if isinstance(b, Mapping) and b.get("Name") == branch["Name"]
+                    else {"Ref": "AWS::NoValue"} for b in branches
+                )]}  # fmt: skip
+    return out
 
 
 class Unresolvable(ConfigurationError):

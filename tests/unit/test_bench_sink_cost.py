@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sink_cost import kinesis_cost
+from bench.sink_cost import dynamodb_cost, firehose_cost, kinesis_cost
 
 
 def test_a_kinesis_record_costs_one_put_unit_per_25_kb_or_part_of_it():
@@ -18,3 +18,52 @@ def test_a_kinesis_record_costs_one_put_unit_per_25_kb_or_part_of_it():
         shard_hours * 0.015 * 1e3, rel=1e-3
     )
 
+
+
+def test_plain_kinesis_records_fill_shards_by_count_before_bytes():
+    # GIVEN a million 300-byte records: 1,000 records/s per shard binds, not 1 MB/s
+    cost = kinesis_cost({300: 1_000_000}, frames=1_000_000)
+    shard_usd = 1000 / 3600 * 0.015
+    assert cost["usd_per_million_frames_shard_hours"] == pytest.approx(shard_usd, rel=1e-3)
+    # and on-demand bills each record as 1 KB of data in at $0.08 per GB
+    assert cost["on_demand"]["usd_per_million_frames"] == pytest.approx(1e6 * 1024 / 2**30 * 0.08)
+
+
+def test_firehose_rounds_each_record_up_to_5_kb():
+    cost = firehose_cost([1, 5120, 5121, 1_024_000], frames=4)
+    assert cost["billed_bytes"] == 5120 + 5120 + 10240 + 1_024_000
+    assert cost["usd_per_million_frames"] == pytest.approx(
+        cost["billed_bytes"] / 2**30 * 0.029 * 1e6 / 4, rel=1e-5
+    )
+
+
+def test_dynamodb_bills_a_write_unit_per_kb_of_each_item():
+    cost = dynamodb_cost({300: 10, 1024: 1, 1025: 1}, frames=12)
+    assert cost["write_request_units"] == 10 + 1 + 2
+    assert cost["usd_per_connection_hour_at_20_fps"] == pytest.approx(
+        13 / 12 * 0.625 / 1e6 * 72_000, rel=1e-5
+    )
+
+
+def test_the_request_counter_counts_what_the_service_took_and_the_frames_in_it():
+    # GIVEN a PutRecords of an aggregated record (3 frames) and a plain one the service refused
+    import base64
+    import json
+
+    from bench.sink_requests import count_request
+    from wsfleet.sinks.kinesis import aggregate
+
+    packed = aggregate("conn-a", [b'{"seq":1}', b'{"seq":2}', b'{"seq":3}'])
+    body = json.dumps({"StreamName": "s", "Records": [
+        {"Data": base64.b64encode(packed).decode(), "PartitionKey": "conn-a"},
+        {"Data": base64.b64encode(b'{"seq":1}').decode(), "PartitionKey": "conn-b"},
+    ]}).encode()  # fmt: skip
+    answer = json.dumps({"FailedRecordCount": 1, "Records": [
+        {"SequenceNumber": "1", "ShardId": "shardId-0"},
+        {"ErrorCode": "ProvisionedThroughputExceededException", "ErrorMessage": "slow"},
+    ]}).encode()  # fmt: skip
+    taken, refused = count_request("kinesis", body, 200, answer)
+    # THEN one record billed at its data plus partition key, carrying 3 frames; one refused
+    assert taken == [(len(packed) + len("conn-a"), 3)] and refused == 1
+    # and a request refused as a whole (throttled) took nothing
+    assert count_request("kinesis", body, 400, b"{}") == ([], 0)

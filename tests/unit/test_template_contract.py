@@ -27,7 +27,7 @@ from wsfleet.settings import ENVIRONMENT, Settings
 from wsfleet.store import OWNER_INDEX, STATE_INDEX, UNOWNED_INDEX, WORKERS_INDEX
 from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
 from wsfleet_local.backend import load_template
-from wsfleet_local.stack import StackResolver
+from wsfleet_local.stack import StackResolver, container_environment
 from wsfleet_worker.config import WORKER_ENVIRONMENT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,8 @@ def worker_container(resources: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def task_env(resources: Mapping[str, Any]) -> dict[str, Any]:
-    return {item["Name"]: item["Value"] for item in worker_container(resources)["Environment"]}
+    """Name -> value; a conditional entry's value is an ``Fn::If`` (resolve_conditions)."""
+    return container_environment(worker_container(resources)["Environment"])
 
 
 # ------------------------------------------------------------------------------------- IAM view
@@ -868,6 +869,8 @@ WORKER_CONNECTION_ATTRIBUTES = {
     "gap_frames", "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch",
     "lease_owner", "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
     "unowned_since_ms", "updated_at_ms",
+    # at-least-once sinks: the send limit and replay totals (wsfleet_worker.checkpoint)
+    "sent_limit", "replayed_takeovers", "replayed_frames", "replayed_from_seq", "replayed_to_seq",
 }
 WORKER_ITEM_ATTRIBUTES = {
     "pk", "capacity", "connection_count", "container_runtime_id", "control_queue_url",

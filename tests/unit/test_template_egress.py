@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from wsfleet_local.backend import load_template
+from wsfleet_local.stack import container_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,6 @@ def test_the_worker_gets_the_upstream_policy_settings(template):
     container = template["Resources"]["WorkerTaskDefinition"]["Properties"][
         "ContainerDefinitions"
     ][0]
-    env = {item["Name"]: item["Value"] for item in container["Environment"]}
+    env = container_environment(container["Environment"])
     assert env["ALLOWED_UPSTREAM_HOSTS"] == {"Ref": "AllowedUpstreamHosts"}
     assert env["ALLOW_INSECURE_WS"] == {"Ref": "AllowInsecureWs"}

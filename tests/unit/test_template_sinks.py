@@ -45,7 +45,10 @@ def created(resources: dict[str, Any], logical_id: str, **parameters: str) -> bo
 def test_a_stack_that_sets_nothing_keeps_the_messages_table(template, resources):
     assert template["Parameters"]["MessageSink"]["Default"] == "dynamodb"
     env = worker_env(resources)
-    assert (env["MESSAGE_SINK"], env["MESSAGE_STREAM"]) == ({"Ref": "MessageSink"}, "")
+    # no sink variable is declared: the worker's own default is the messages table
+    assert not {"MESSAGE_SINK", "MESSAGE_STREAM", "MESSAGE_KINESIS_AGGREGATION"} & set(env)
+    assert Settings.from_env({}, hint_queue_url="").message_sink == "dynamodb"
+    assert worker_env(resources, MessageSink="kinesis")["MESSAGE_SINK"] == {"Ref": "MessageSink"}
     assert frame_grants(resources) == {"dynamodb:BatchWriteItem": {"Fn::GetAtt": [
         "MessagesTable", "Arn"]}}  # fmt: skip
     assert not created(resources, "FrameStream")
@@ -104,3 +107,40 @@ def test_every_allowed_sink_and_arn_is_a_setting_the_worker_accepts(template):
     for sink, arn in (("dynamodb", ""), ("kinesis", STREAM_ARN), ("firehose", DELIVERY_ARN)):
         settings = Settings.from_env({"MESSAGE_SINK": sink, "MESSAGE_STREAM": arn})
         assert (settings.message_sink, settings.message_stream) == (sink, arn)
+
+
+SINK_PARAMETERS = ("MessageSink", "MessageStreamArn", "MessageKinesisAggregation")
+
+
+def mentions(value: Any, names: set[str]) -> set[str]:
+    """The names among ``names`` that ``value`` refers to (Ref, GetAtt, DependsOn, Sub)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "Ref" and item in names:
+                found.add(item)
+            elif key == "Fn::GetAtt" and isinstance(item, list) and item[0] in names:
+                found.add(item[0])
+            found |= mentions(item, names)
+    elif isinstance(value, list):
+        for item in value:
+            found |= mentions(item, names)
+    elif isinstance(value, str):
+        found |= {n for n in names if "${" + n + "}" in value or "${" + n + "." in value}
+    return found
+
+
+def test_an_existing_dynamodb_stack_updates_without_change(template, resources):
+    # GIVEN the default parameters (what a stack deployed before sinks existed updates with)
+    defaults = resolver()
+    created_ids = {name for name in resources if created(resources, name)}
+    sink_only = set(resources) - created_ids
+    # THEN every resource the sinks added is left out of it (stream, alarms) ...
+    assert {"FrameStream", "FrameStreamThrottledAlarm", "FrameStreamIteratorAgeAlarm",
+            "FrameDeliveryThrottledAlarm"} <= sink_only  # fmt: skip
+    # ... and no resource it keeps renders anything of the sinks: no sink parameter, no
+    # sink-only resource, so each is what it was in the template before sinks (a new
+    # task-definition revision, say, would roll every worker of the stack for nothing)
+    for name in sorted(created_ids):
+        rendered = defaults.resolve_conditions(resources[name])
+        assert not mentions(rendered, set(SINK_PARAMETERS) | sink_only), name

@@ -17,6 +17,7 @@ from typing import Any
 
 from wsfleet.hint_sender import HintSender
 from wsfleet.hints import SQS_BATCH_LIMIT, Hint
+from wsfleet.record import connection_id_from_pk
 
 from .connector import describe_error
 from .offload import Offloader
@@ -58,6 +59,8 @@ class HintOutbox:
             failed = batch
             self._logger.warning("hint send failed", extra={"error": describe_error(exc)})
         self.sent += len(batch) - len(failed)
+        sent = [connection_id_from_pk(hint.pk) for hint in batch if hint not in failed]
+        self._logger.debug("hints sent", extra={"connection_ids": sent})
         if failed:
             self._logger.warning("hints not sent", extra={"count": len(failed)})
 
