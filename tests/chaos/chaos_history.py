@@ -319,6 +319,8 @@ def _check_duplicates(
                     f"{len(outside)} seq(s) stored twice outside every reported replay window "
                     f"{sorted(windows)[:5]}: {outside[:10]}")  # fmt: skip
     return sum(n - 1 for n in copies.values())
+
+
 def _planned(
     handoffs: Sequence[PlannedHandoff],
     used: set[PlannedHandoff],
