@@ -343,13 +343,15 @@ def _handoff_modes_section(document: dict[str, Any]) -> str:
             notes.append(f"- `{name}` {target}: {_met(met)}")
     intro = ("bench/handoff_modes.py (`python -m bench --only handoff-modes`). Issue #26: "
              "cohorts of streams, one per upstream behaviour (live-only; live-only allowing "
-             "one session per account; replaying) and hand-off mode (`upstream.handoff`: "
+             "one session per account; live-only cutting the first session when a second "
+             "opens; replaying) and hand-off mode (`upstream.handoff`: "
              "`break` = break-before-make, `overlap` = make-before-break), through the same "
              "SIGTERM drains (worker 0, then worker 1, a fresh peer ready) or the same 3 -> 6 "
              "rebalance, in one run; short lease profile. Lost: seqs between the first and the "
              "last stored that are not stored. Gap reported: the records' gap_frames. Overlaps: "
              "pairs of one stream's sessions open together at the upstream (simulator session "
-             "log). Targets: live/overlap 0 lost; one-session gap == lost; replay 0 and 0; "
+             "log). Targets: live/overlap 0 lost; one-session and cut-first gap == lost; replay 0 "
+             "and 0; "
              "break never overlaps.")  # fmt: skip
     section = _section("## 6e. Hand-off modes: make-before-break beside break-before-make "
                        "(issue #26)", intro, header, rows, items)  # fmt: skip
