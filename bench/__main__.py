@@ -72,8 +72,9 @@ def _steps(quick: bool) -> list[Step]:
         run_dir=d, connections=1000, factor=2.5, checkpoint_periods=1)))
 
     def disruption(kind: str, k: int, profile: str, rate: float, dynamodb: str = "moto",
-                   exit_event: bool = False) -> Step:
+                   exit_event: bool = False, rate_in_name: bool = False) -> Step:
         suffix = ("" if dynamodb == "moto" else f"-{dynamodb}") + ("-exit" if exit_event else "")
+        suffix += f"-{rate:g}fps" if rate_in_name else ""
         return Step(kind, f"{kind}-{profile}-{k}{suffix}", lambda d: run_disruption(
             kind, connections=k, profile=profile, rate=rate, run_dir=d, dynamodb=dynamodb,
             task_events=exit_event))
@@ -105,6 +106,9 @@ def _steps(quick: bool) -> list[Step]:
         if dynalite_available():
             steps += [crash(100, Profile.SHORT, 1.0, "dynalite"),
                       handoff(100, Profile.DEFAULT, 1.0, "dynalite"),
+                      # issue #26: signal -> first frame stored on the taker, p99 <= 0.5 s; at
+                      # 1 frame/s the stream's own cadence is most of that figure
+                      handoff(100, Profile.DEFAULT, 20.0, "dynalite", rate_in_name=True),
                       # issue #14: the lease-bound crash at a 20 s lease, and the same crash
                       # failed over from the task exit event
                       crash(100, Profile.DEFAULT, 1.0, "dynalite"),

@@ -58,6 +58,9 @@ __all__ = [
 
 #: Issue #14: a crash fails over within this (p99, K = 100) when the exit event is delivered.
 EXIT_EVENT_TARGET_SECONDS = 2.0
+#: Issue #26: a graceful hand-off stores each stream's first frame on the taker within this
+#: (p99, K = 100, from the giver's SIGTERM).
+HANDOFF_TARGET_SECONDS = 0.5
 
 
 def store_worker(fleet: Any, worker_id: str) -> Any:
@@ -351,6 +354,9 @@ def run_disruption(
     """SIGKILL (``kind="crash"``) or SIGTERM (``"handoff"``) a worker holding ``connections``;
     ``task_events``: its exit event reaches the task exit function (crash failover in seconds)."""
     signum = signal.SIGKILL if kind == "crash" else signal.SIGTERM
+    handoff = kind == "handoff"
+    # A hand-off's stages are stamped by the workers' DEBUG lines (bench/handoff_stages.py).
+    worker_env = {"POWERTOOLS_LOG_LEVEL": "DEBUG"} if handoff else {}
     timings = timings_for(profile, max_connections=max(100, connections))
     lease = timings.lease_seconds
     ids = [f"{kind[0]}{profile[0]}{connections}-{i:03d}" for i in range(connections)]
@@ -367,8 +373,8 @@ def run_disruption(
         },
     }
     with fleet_for_bench(
-        workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env={}, dynamodb=dynamodb,
-        task_events=task_events,
+        workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env=worker_env,
+        dynamodb=dynamodb, task_events=task_events,
     ) as faulty:
         fleet = faulty.fleet
         victim = fleet.workers[0]
@@ -411,6 +417,8 @@ def run_disruption(
         target = crash_target if kind == "crash" else 1.0
         result["target"] = f"p99 {'<=' if kind == 'crash' else '<'} {target:g} s"
         result["target_met"] = stats.p99 <= target if kind == "crash" else stats.p99 < target
+        if handoff:
+            _handoff_stages(result, fleet, run_dir, ids, signalled_at, victim.worker_id)
         if task_events:
             killed = store_worker(fleet, victim.worker_id)
             # The victim died by the exit event's write (before its last renewal's lease ran
@@ -422,6 +430,32 @@ def run_disruption(
         result["owners_after"] = sorted(owners_after)
         result["audit"] = audit(fleet, ids)
     return result
+
+
+def _handoff_stages(
+    result: dict[str, Any], fleet: Any, run_dir: Path, ids: list[str], signalled_at: float,
+    giver: str,
+) -> None:
+    """Issue #26's figure (signal -> each stream's first frame stored by its taker) and each
+    stage's time (:mod:`bench.handoff_stages`), into ``result``."""
+    from .handoff_stages import log_events, stage_times
+
+    timed = stage_times(
+        log_events(sorted(Path(run_dir).glob("worker-*.log"))),
+        fleet.simulator.sessions(),
+        ids,
+        signalled_at=signalled_at,
+        giver=giver,
+    )
+    result["stages_seconds"] = timed["stages"]
+    result["steps_seconds"] = timed["steps"]
+    stored = timed["stages"].get("first_stored")
+    if stored is None or stored["n"] < len(ids):
+        result["first_stored_target_met"] = False
+        return
+    result["first_stored_seconds"] = stored
+    result["first_stored_target"] = f"p99 <= {HANDOFF_TARGET_SECONDS:g} s"
+    result["first_stored_target_met"] = stored["p99"] <= HANDOFF_TARGET_SECONDS
 
 
 def run_stop_latency(

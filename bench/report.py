@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .handoff_stages import STAGES as HANDOFF_STAGES, STEPS as HANDOFF_STEPS
+
 __all__ = ["render"]
 
 
@@ -90,6 +92,26 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
                   "session opened (release, hint, acquire, connect); its first frame.", "",
                   _table(["run", "old session closed", "new session opened", "first frame"],
                          breakdown)]  # fmt: skip
+    staged = [(name, r) for name, r in items if r.get("stages_seconds")]
+    if staged:
+        parts += ["", "Hand-off stages (issue #26; seconds after the SIGTERM, p50 / p99 over the "
+                  "connections; bench/handoff_stages.py): the giver's socket closed (upstream), "
+                  "its release landed, the hint sent; the taker received the hint, its acquire "
+                  "landed, its upstream session opened (upstream), the first frame sent "
+                  "(upstream) and the first frame stored by the taker (its sink acknowledged "
+                  "it). The target, p99 <= 0.5 s, is on the last.", "",
+                  _table(["run", "frames/s/stream", *(stage.replace("_", " ") for stage in
+                                                      HANDOFF_STAGES), "target met"],
+                         [[name, r["settings"]["frames_per_second_per_stream"],
+                           *(f"{_s(b['p50'])} / {_s(b['p99'])}" if (b := r["stages_seconds"]
+                             .get(stage)) else "-" for stage in HANDOFF_STAGES),
+                           _met(r.get("first_stored_target_met"))] for name, r in staged])]
+        parts += ["", "The same runs per step (seconds from one stage to the next for each "
+                  "connection, p50 / p99): where a connection spends its hand-off.", "",
+                  _table(["run", *(step.replace("_", " ") for step in HANDOFF_STEPS)],
+                         [[name, *(f"{_s(b['p50'])} / {_s(b['p99'])}" if (b := r.get(
+                             "steps_seconds", {}).get(step)) else "-" for step in HANDOFF_STEPS)]
+                          for name, r in staged])]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts)
 
@@ -321,13 +343,15 @@ def _handoff_modes_section(document: dict[str, Any]) -> str:
             notes.append(f"- `{name}` {target}: {_met(met)}")
     intro = ("bench/handoff_modes.py (`python -m bench --only handoff-modes`). Issue #26: "
              "cohorts of streams, one per upstream behaviour (live-only; live-only allowing "
-             "one session per account; replaying) and hand-off mode (`upstream.handoff`: "
+             "one session per account; live-only cutting the first session when a second "
+             "opens; replaying) and hand-off mode (`upstream.handoff`: "
              "`break` = break-before-make, `overlap` = make-before-break), through the same "
              "SIGTERM drains (worker 0, then worker 1, a fresh peer ready) or the same 3 -> 6 "
              "rebalance, in one run; short lease profile. Lost: seqs between the first and the "
              "last stored that are not stored. Gap reported: the records' gap_frames. Overlaps: "
              "pairs of one stream's sessions open together at the upstream (simulator session "
-             "log). Targets: live/overlap 0 lost; one-session gap == lost; replay 0 and 0; "
+             "log). Targets: live/overlap 0 lost; one-session and cut-first gap == lost; replay 0 "
+             "and 0; "
              "break never overlaps.")  # fmt: skip
     section = _section("## 6e. Hand-off modes: make-before-break beside break-before-make "
                        "(issue #26)", intro, header, rows, items)  # fmt: skip
@@ -635,6 +659,12 @@ def _targets(document: dict[str, Any]) -> str:
                 rows.append([f"{label}{issue}", name, f"p99 {r['seconds']['p99']:.2f} s "
                              f"(lease {r['settings']['lease_seconds']:g} s, K = {k}, {on})",
                              _met(r.get("target_met"))])  # fmt: skip
+            if stored := r.get("first_stored_seconds"):
+                rate = r["settings"]["frames_per_second_per_stream"]
+                rows.append(["graceful hand-off, SIGTERM -> first frame stored by the taker, "
+                             "p99 <= 0.5 s (#26 target)", name,
+                             f"p99 {stored['p99']:.2f} s (K = {k}, {on}, {rate:g} frames/s)",
+                             _met(r.get("first_stored_target_met"))])  # fmt: skip
             elif "error" in r:
                 rows.append([f"{label}{issue}", name, f"failed: {r['error'][:80]}", _met(False)])
     for name, r in _results(document, "rebalance"):

@@ -296,6 +296,20 @@ class GapsView(BaseModel):
     frames: int
 
 
+class ReplayedView(BaseModel):
+    """At-least-once sinks (kinesis, firehose): takeovers that inherited frames the previous
+    holder may have sent above the checkpoint, the frames the new holders re-sent inside those
+    windows (no fewer than the duplicates consumers see), and the last window's seqs (inclusive;
+    null before the first). Always 0 with the idempotent dynamodb sink."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    takeovers: int
+    frames: int
+    from_seq: int | None
+    to_seq: int | None
+
+
 class ConnectionView(BaseModel):
     """One connection (``ws_url`` with query values masked, ``upstream`` with header values
     masked; a credential is only ever a reference)."""
@@ -313,6 +327,7 @@ class ConnectionView(BaseModel):
     failures: FailuresView
     upstream: dict[str, Any]
     gaps: GapsView
+    replayed: ReplayedView
     created_at_ms: int
     updated_at_ms: int
 

@@ -683,6 +683,15 @@ def _details(view: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append("gaps      none")
+    replayed = view.get("replayed") or {}
+    if replayed.get("takeovers"):
+        lines.append(
+            f"replayed  {replayed.get('frames', 0)} frame(s) re-sent inside the windows of "
+            f"{replayed['takeovers']} takeover(s); last window seq "
+            f"{replayed.get('from_seq')}..{replayed.get('to_seq')} (at-least-once sink)"
+        )
+    else:
+        lines.append("replayed  none")
     if view.get("last_error"):
         lines.append(f"error     {view['last_error']}")
     return lines
@@ -697,7 +706,7 @@ def get(
     json_flag: JsonOption = False,
     output: OutputOption = "text",
 ) -> None:
-    """Show a connection: state, checkpoint, lease, upstream options, resume gaps."""
+    """Show a connection: state, checkpoint, lease, upstream options, resume gaps, replays."""
     output = _output(output, json_flag)
     view = _ask_api(api, region, api_key, lambda client: client.get(connection_id))
     _print_view(view, output, details=True)

@@ -28,9 +28,19 @@ Invariants (each violation names the stream and the evidence):
 ``overlap``
     Two upstream sessions of one stream are never open together, except while the older one's
     worker was paused (SIGSTOP: the kernel keeps its socket open) and until shortly after it
-    resumed. There is no fencing-window allowance: a worker fences every session at its
-    deadline, before the lease can expire, and a hand-off closes the socket before it releases,
-    so any other overlap, however short, is a violation.
+    resumed, or within a *planned* hand-off (:class:`PlannedHandoff`: make-before-break, issue
+    #26): the giver announced it (PREPARE) before the newer session opened, and the two were
+    open together no later than the hand-off's end (the transfer and the giver's close, or
+    the fallback) plus a close grace. Each planned hand-off excuses one pair of sessions, so
+    a third session in its window is still a split brain. There is no fencing-window
+    allowance: a worker fences every session at its deadline, before the lease can expire,
+    and a break-mode hand-off closes the socket before it releases, so any other overlap,
+    however short, is a violation.
+``owner``
+    Every stored message was written by the owner of its epoch: the ``worker_id`` on the item
+    is the ``lease_owner`` the table showed under its ``lease_epoch`` (0 writes by a
+    non-owner: a prepared taker writes nothing before the transfer names it, a giver nothing
+    under the taker's epoch). Items of an epoch no sample saw are counted as unverified.
 ``gap``
     No resume asked for frames the upstream no longer had.
 
@@ -84,6 +94,7 @@ from wsfleet_local.simulator import hostile_frame_data
 __all__ = [
     "ForgedStop",
     "Pause",
+    "PlannedHandoff",
     "Sample",
     "StopOutcome",
     "Verdict",
@@ -117,6 +128,19 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class PlannedHandoff:
+    """A make-before-break hand-off of ``stream_id`` from its owner under ``epoch``, announced
+    (PREPARE sent) at ``prepared_at`` and over at ``ended_at`` (wall clock): the transfer
+    landed and the giver closed, or it fell back to break. ``ended_at`` None: unknown (the
+    giver died mid-hand-off), bounded by the prepare bound."""
+
+    stream_id: str
+    epoch: int
+    prepared_at: float
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
 class WorkerExit:
     """How one worker process ended (``returncode`` None: still running at the end)."""
 
@@ -127,6 +151,9 @@ class WorkerExit:
 
 #: Log timestamps have millisecond resolution; the runner's clock and the workers' are the same.
 _LOG_CLOCK_SLACK = 0.01
+#: How long after a logged hand-off end its two sessions may still be open together: the
+#: giver's close (websockets' close_timeout, 2 s) and the log line's own lateness.
+HANDOFF_CLOSE_SECONDS = 2.5
 
 
 @dataclass(frozen=True)
@@ -260,6 +287,28 @@ def _check_messages(
     return len(by_seq)
 
 
+def _planned(
+    handoffs: Sequence[PlannedHandoff],
+    used: set[PlannedHandoff],
+    newer_opened: float,
+    together_until: float,
+    bound_seconds: float,
+) -> PlannedHandoff | None:
+    """The unused planned hand-off whose window holds this overlap, if any: announced before
+    the newer session opened, and the two stopped being open together within a close of its
+    logged end (end unknown: within ``bound_seconds`` of the PREPARE)."""
+    for handoff in handoffs:
+        if handoff in used or handoff.prepared_at - _LOG_CLOCK_SLACK > newer_opened:
+            continue
+        if handoff.ended_at is not None:
+            limit = handoff.ended_at + HANDOFF_CLOSE_SECONDS
+        else:
+            limit = handoff.prepared_at + bound_seconds
+        if together_until <= limit:
+            return handoff
+    return None
+
+
 def _check_overlaps(
     stream_id: str,
     sessions: Sequence[Any],
@@ -268,10 +317,13 @@ def _check_overlaps(
     resume_grace_seconds: float,
     end_time: float,
     verdict: Verdict,
-) -> tuple[int, int]:
-    """Returns (overlaps found, overlaps excused by a paused owner); every overlap not excused
-    is a violation."""
-    found = excused = 0
+    handoffs: Sequence[PlannedHandoff] = (),
+    handoff_grace_seconds: float = 0.0,
+) -> tuple[int, int, int]:
+    """Returns (overlaps found, excused by a paused owner, planned hand-offs); every overlap
+    not excused is a violation."""
+    found = excused = planned = 0
+    used: set[PlannedHandoff] = set()
     ordered = sorted(sessions, key=lambda s: (s.opened_at, s.session_id))
     active: list[Any] = []
     for session in ordered:
@@ -289,14 +341,54 @@ def _check_overlaps(
             if zombie:
                 excused += 1
                 continue
+            window = _planned(handoffs, used, session.opened_at, min(older_end, newer_end),
+                              handoff_grace_seconds)  # fmt: skip
+            if window is not None:
+                used.add(window)
+                planned += 1
+                continue
             verdict.add(
                 "overlap",
                 stream_id,
                 f"sessions {older.session_id} and {session.session_id} streamed together for "
-                f"{length:.3f} s (no paused owner explains it)",
+                f"{length:.3f} s (no paused owner or planned hand-off explains it)",
             )
         active.append(session)
-    return found, excused
+    return found, excused, planned
+
+
+def _owners_by_epoch(samples: Iterable[Sample]) -> dict[tuple[str, int], set[str]]:
+    owners: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for sample in samples:
+        if sample.owner:
+            owners[(sample.stream_id, sample.epoch)].add(sample.owner)
+    return owners
+
+
+def _check_writers(
+    stream_id: str,
+    items: Sequence[Mapping[str, Any]],
+    owners: Mapping[tuple[str, int], set[str]],
+    verdict: Verdict,
+) -> tuple[int, int, int]:
+    """(writes checked, writes by a non-owner, writes of an epoch no sample saw)."""
+    checked = foreign = unseen = 0
+    for item in items:
+        writer = item.get("worker_id")
+        if not writer:
+            continue
+        epoch = int(item.get("lease_epoch") or 0)
+        holders = owners.get((stream_id, epoch))
+        if not holders:
+            unseen += 1
+            continue
+        checked += 1
+        if writer not in holders:
+            foreign += 1
+            verdict.add("owner", stream_id,
+                        f"seq {item.get('seq')} (sk {item.get('sk')}) written by {writer} under "
+                        f"epoch {epoch}, owned by {', '.join(sorted(holders))}")  # fmt: skip
+    return checked, foreign, unseen
 
 
 def check_history(
@@ -311,9 +403,22 @@ def check_history(
     pauses: Sequence[Pause],
     resume_grace_seconds: float,
     end_time: float,
+    handoffs: Sequence[PlannedHandoff] = (),
+    handoff_grace_seconds: float = 0.0,
 ) -> Verdict:
-    """Check every invariant of the module docstring over one run's history."""
+    """Check every invariant of the module docstring over one run's history.
+
+    ``handoffs``: the planned (make-before-break) hand-offs the workers announced;
+    ``handoff_grace_seconds``: how long after the PREPARE of a hand-off whose end was not
+    logged (its giver died) its two sessions may still be open together (the taker's wait
+    for COMMIT plus a close)."""
     verdict = Verdict()
+    owners = _owners_by_epoch(samples)
+    planned_by_stream: dict[str, list[PlannedHandoff]] = defaultdict(list)
+    for handoff in handoffs:
+        planned_by_stream[handoff.stream_id].append(handoff)
+    writes = [0, 0, 0]
+    planned = 0
     by_stream: dict[str, list[Any]] = defaultdict(list)
     for session in sessions:
         by_stream[session.stream_id].append(session)
@@ -349,12 +454,17 @@ def check_history(
             stream_id, items.get(stream_id, ()), record.last_seq, first_seen.get(stream_id, {}),
             verdict,
         )  # fmt: skip
-        w, e = _check_overlaps(
+        w, e, p = _check_overlaps(
             stream_id, stream_sessions, pauses, resume_grace_seconds=resume_grace_seconds,
-            end_time=end_time, verdict=verdict,
+            end_time=end_time, verdict=verdict, handoffs=planned_by_stream.get(stream_id, ()),
+            handoff_grace_seconds=handoff_grace_seconds,
         )  # fmt: skip
         overlaps += w
         excused += e
+        planned += p
+        for i, n in enumerate(_check_writers(stream_id, items.get(stream_id, ()), owners,
+                                             verdict)):  # fmt: skip
+            writes[i] += n
         for session in stream_sessions:
             if session.gap:
                 verdict.add("gap", stream_id,
@@ -373,6 +483,11 @@ def check_history(
             "checkpointed_total": sum(r.last_seq for r in final_records.values()),
             "overlaps": overlaps,
             "overlaps_of_paused_owners": excused,
+            "planned_handoffs_announced": len(handoffs),
+            "overlaps_of_planned_handoffs": planned,
+            "writes_owner_checked": writes[0],
+            "writes_by_non_owner": writes[1],
+            "writes_of_unsampled_epochs": writes[2],
             "table_samples": len(samples),
         }
     )

@@ -18,7 +18,13 @@ One run:
    queues once more; wait until the fleet converges (bounded), then arm hostile frames on the
    quiet fleet and wait (bounded) until they are stored and the poisoned queues drain;
 5. collect the simulator's session log, the records, every stored message and the workers'
-   exits and STOP log lines, and check the invariants (:mod:`chaos_history`).
+   exits, STOP and hand-off log lines, and check the invariants (:mod:`chaos_history`).
+
+With ``handoffs`` (``WSFLEET_CHAOS_HANDOFFS``) the schedule also disrupts that many planned
+hand-offs midway (issue #26: SIGKILL of the giver or a taker, SIGSTOP of a taker, a partition
+from DynamoDB, a taker whose upstream sessions get no frame); the hand-offs the givers
+log (:data:`HANDOFF_PREPARED_LOG`, :data:`HANDOFF_DECIDED_LOG`) are the planned overlaps the
+checker tells from a split brain.
 
 Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET_CHAOS_SEED``,
 ``WSFLEET_CHAOS_WORKERS``, ``WSFLEET_CHAOS_STREAMS``, ``WSFLEET_CHAOS_SECONDS``,
@@ -48,6 +54,7 @@ from typing import Any
 from chaos_history import (
     ForgedStop,
     Pause,
+    PlannedHandoff,
     Sample,
     StopOutcome,
     Verdict,
@@ -56,7 +63,7 @@ from chaos_history import (
     check_hostile,
     check_poison,
 )
-from chaos_schedule import FAULT_MENUS, POISON_BODIES, Action, make_schedule
+from chaos_schedule import FAULT_MENUS, PARTITION_RULES, POISON_BODIES, Action, make_schedule
 
 from bench.waiting import WaitTimeout, wait_until
 
@@ -80,6 +87,14 @@ MESSAGE_TIMEOUT_SECONDS = 1.0
 BREAKER_FRAME_BYTES = 500_000
 #: The refused redirect target: loopback, but not 127.0.0.1 (the local allowed list).
 TRAP_HOST = "127.0.0.2"
+#: What a giver logs about a make-before-break hand-off, each line with ``connection_id`` and
+#: ``epoch`` (the giver's): when it announced it (PREPARE sent), and when it decided it
+#: (transfer, or a fallback to break) with ``waited_ms`` since the PREPARE. The checker's
+#: planned-overlap windows: from the PREPARE to the decision (plus the giver's close).
+HANDOFF_PREPARED_LOG = "hand-off prepared"
+HANDOFF_DECIDED_LOG = "hand-off decided"
+#: HANDOFF_PREPARE_SECONDS in the run (the design's default).
+HANDOFF_PREPARE_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,10 @@ class ChaosConfig:
     sample_every_seconds: float = 0.2
     flood_rate: float = 50.0  # frames/s on the hostile-flood stream
     breaker_max_failures: int = 5
+    #: Disrupted planned hand-offs in the schedule (its own track; 0: none).
+    handoffs: int = 0
+    #: Mean seconds between the primary track's actions.
+    mean_gap: float = 2.5
     run_dir: Path | None = None
 
     @classmethod
@@ -112,6 +131,7 @@ class ChaosConfig:
             ("WSFLEET_CHAOS_STREAMS", "streams", int),
             ("WSFLEET_CHAOS_SECONDS", "chaos_seconds", float),
             ("WSFLEET_CHAOS_RATE", "rate", float),
+            ("WSFLEET_CHAOS_HANDOFFS", "handoffs", int),
         ):
             if env.get(name):
                 values[field_name] = kind(env[name])
@@ -259,6 +279,8 @@ class _Chaos:
         self.revive_waits: dict[int, float] = {}
         self.pauses: list[Pause] = []
         self.fault_window_end = 0.0
+        self.muted: set[str] = set()  # streams whose new upstream sessions get nothing
+        self.partition_end = 0.0  # schedule time at which the partition ends
         self.started = time.monotonic()
         from wsfleet_local.client import ApiClient
 
@@ -292,6 +314,41 @@ class _Chaos:
         if action.slot is not None:
             slot = fleet.workers[action.slot]
         match action.kind:
+            case "handoff":  # a drain whose hand-offs the follow-up disrupts midway
+                if not _running(slot) or action.slot in self.paused:
+                    self.log(f"skip hand-off ({action.variant}) of slot {action.slot}: "
+                             "not running")  # fmt: skip
+                    return None
+                if action.variant == "mute_taker":
+                    self._mute_held_by(slot.worker_id)
+                fleet.kill_worker(action.slot, signal.SIGTERM)
+                self.log(f"SIGTERM {slot.worker_id}: hand-offs, then {action.variant} "
+                         f"{action.duration:.1f} s in")  # fmt: skip
+            case "kill_draining":  # the giver dies mid-hand-off
+                if not slot.alive() or action.slot in self.paused:
+                    self.log(f"skip SIGKILL of slot {action.slot}: already gone")
+                    return None
+                fleet.kill_worker(action.slot, signal.SIGKILL)
+                self.log(f"SIGKILL {slot.worker_id} mid-drain")
+            case "partition":
+                from bench.faults import FaultRule
+                from wsfleet_local.fleet import FleetError
+
+                # of a running fleet: a worker still starting would fail its start (exit 1),
+                # which the partition is not about (revives wait for its end, see above)
+                for index, starting in enumerate(fleet.workers):
+                    if starting.alive() and index not in self.paused:
+                        with contextlib.suppress(FleetError):
+                            fleet._wait_worker_ready(starting)
+                self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in PARTITION_RULES])
+                self.fault_window_end = max(self.fault_window_end, action.at + action.duration)
+                self.partition_end = action.at + action.duration
+                self.log(f"partition: DynamoDB unreachable for {action.duration:.1f} s")
+            case "unmute":
+                for stream_id in sorted(self.muted):
+                    self.fleet.simulator.mute_stream(stream_id, False)
+                self.log(f"unmuted {len(self.muted)} stream(s)")
+                self.muted.clear()
             case "kill" | "term":
                 signum = signal.SIGKILL if action.kind == "kill" else signal.SIGTERM
                 if not _running(slot) or action.slot in self.paused:
@@ -300,6 +357,11 @@ class _Chaos:
                 fleet.kill_worker(action.slot, signum)
                 self.log(f"{signum.name} {slot.worker_id}")
             case "revive":
+                # ECS would start the replacement again until it can register; a worker
+                # started into the partition fails its start (exit 1): start it after
+                wait = self.partition_end - (time.monotonic() - self.started)
+                if wait > 0:
+                    return wait + 0.2
                 if slot.alive():
                     waited = self.revive_waits.get(action.slot, 0.0)
                     if waited > self.config.drain_timeout_seconds + 10:  # a stuck drain
@@ -349,6 +411,9 @@ class _Chaos:
                 from bench.faults import FaultRule
 
                 name, rules = FAULT_MENUS[action.menu or 0]
+                if action.at < self.partition_end:  # the partition is every fault at once
+                    self.log(f"skip faults ({name}): DynamoDB is partitioned away")
+                    return None
                 self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in rules])
                 self.fault_window_end = action.at + action.duration
                 self.log(f"faults on: {name} for {action.duration:.1f} s")
@@ -357,12 +422,24 @@ class _Chaos:
             case "hostile":
                 self.arm_hostile()
             case "clear":
-                if action.at + 1e-6 >= self.fault_window_end:
+                if action.at + 1e-6 >= max(self.fault_window_end, self.partition_end):
                     self.faulty.faults.clear_rules()
                     self.log("faults off")
             case _:
                 raise ValueError(f"unknown action {action.kind}")
         return None
+
+    def _mute_held_by(self, worker_id: str) -> None:
+        """Mute the upstream streams ``worker_id`` holds: its takers' sessions get no frame."""
+        records = _records(self.client, self.fleet.resources.connections_table)
+        held = sorted(
+            i for i, r in records.items()
+            if r.lease_owner == worker_id and self.desired.get(i) == "STARTED"
+        )  # fmt: skip
+        for stream_id in held:
+            self.fleet.simulator.mute_stream(stream_id, True)
+        self.muted.update(held)
+        self.log(f"muted {len(held)} stream(s) held by {worker_id}")
 
     def _send(self, sqs: Any, url: str, label: str, body: str) -> None:
         from botocore.exceptions import ClientError
@@ -476,6 +553,9 @@ class _Chaos:
     # -- healing and convergence --------------------------------------------------------------
     def heal(self) -> None:
         self.faulty.faults.clear_rules()
+        for stream_id in sorted(self.muted):
+            self.fleet.simulator.mute_stream(stream_id, False)
+        self.muted.clear()
         for index in list(self.paused):
             self._resume(index)
         for index, slot in enumerate(self.fleet.workers):
@@ -735,6 +815,44 @@ def _stop_outcomes(slots: list[Any]) -> dict[str, list[StopOutcome]]:
     return outcomes
 
 
+def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
+    """Every make-before-break hand-off a giver announced, with when it ended (if logged)."""
+    prepared: dict[tuple[str, int], float] = {}
+    ended: dict[tuple[str, int], float] = {}
+    for slot in slots:
+        path = slot.process.log_path
+        if path is None or not Path(path).exists():
+            continue
+        with open(path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                if "hand-off" not in line or "{" not in line:
+                    continue
+                try:
+                    entry = json.loads(line[line.index("{") :])
+                except ValueError:
+                    continue
+                stream, epoch = entry.get("connection_id"), entry.get("epoch")
+                at = _log_time(entry.get("timestamp"))
+                if not isinstance(stream, str) or not isinstance(epoch, int) or at is None:
+                    continue
+                message = str(entry.get("message", ""))
+                key = (stream, epoch)
+                if message.startswith(HANDOFF_DECIDED_LOG):
+                    ended[key] = max(at, ended.get(key, at))
+                    waited = entry.get("waited_ms")
+                    if isinstance(waited, int | float) and waited >= 0:
+                        at -= waited / 1000
+                    else:
+                        continue
+                elif not message.startswith(HANDOFF_PREPARED_LOG):
+                    continue
+                prepared[key] = min(at, prepared.get(key, at))
+    return [
+        PlannedHandoff(stream, epoch, at, ended.get((stream, epoch)))
+        for (stream, epoch), at in sorted(prepared.items())
+    ]
+
+
 def _log_time(stamp: Any) -> float | None:
     """A Powertools log timestamp (``2026-12-01 10:39:51,008+0000``) in epoch seconds."""
     if not isinstance(stamp, str):
@@ -758,6 +876,8 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         duration=config.chaos_seconds,
         workers=config.workers,
         lease_seconds=config.lease_seconds,
+        mean_gap=config.mean_gap,
+        handoffs=config.handoffs,
     )
     report = ChaosReport(config=config, schedule=schedule)
     run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="wsfleet-chaos-"))
@@ -782,6 +902,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             # explicit: the breaker check bounds the sessions by it
             "WORKER_BREAKER_MAX_FAILURES": str(config.breaker_max_failures),
             "WORKER_MESSAGE_TIMEOUT_SECONDS": str(MESSAGE_TIMEOUT_SECONDS),
+            "HANDOFF_PREPARE_SECONDS": str(HANDOFF_PREPARE_SECONDS),
         },
     )
     sampler: _Sampler | None = None
@@ -854,6 +975,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             pauses=chaos.pauses,
             resume_grace_seconds=config.heartbeat_seconds + 2.0,
             end_time=end_time,
+            handoffs=_planned_handoffs(chaos.all_slots),
+            # a taker waits twice the prepare bound for COMMIT; a close takes up to 2 s more
+            handoff_grace_seconds=2 * HANDOFF_PREPARE_SECONDS + 2.0,
         )
         check_poison(
             report.verdict,

@@ -22,7 +22,18 @@ hostile       arm one of each hostile frame (bad seqs, a maximum-size non-ASCII 
 poison        send every :data:`POISON_BODIES` body to the hint queue and to each running
               worker's control queue, plus a forged well-formed STOP (current epoch) of a
               stream that worker holds (its own track, drawn after the others)
+handoff       a planned hand-off disrupted midway (issue #26; its own track, drawn last): the
+              slot's worker is SIGTERMed (a drain: with ``upstream.handoff: overlap`` its
+              connections are prepared on takers) and ``duration`` later one of
+              :data:`HANDOFF_VARIANTS` strikes; every slot touched is revived or resumed
 ============  ==============================================================================
+
+Hand-off variants (``Action.variant``): ``kill_giver`` SIGKILLs the draining worker;
+``kill_taker`` SIGKILLs another worker (a taker, or about to be one); ``pause_taker``
+SIGSTOPs another worker for longer than the lease; ``partition`` cuts every worker off
+DynamoDB (every request answered 503, as a partitioned task sees it) for a moment;
+``mute_taker`` mutes, just before the SIGTERM, the upstream streams the draining worker holds:
+the sessions its takers open get no frame until the mute ends.
 
 The seed fixes the schedule, the runner's choices and the proxy's fault draws; process timing
 is the machine's, so a replay reproduces the scenario, not every interleaving.
@@ -34,7 +45,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FAULT_MENUS", "POISON_BODIES", "Action", "make_schedule"]
+__all__ = [
+    "FAULT_MENUS",
+    "HANDOFF_VARIANTS",
+    "PARTITION_RULES",
+    "POISON_BODIES",
+    "Action",
+    "make_schedule",
+]
 
 #: Fault sets a ``faults`` action picks from (FaultRule fields). Probabilities are per request.
 FAULT_MENUS: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
@@ -79,6 +97,13 @@ POISON_BODIES: tuple[tuple[str, str], ...] = (
     ("null", "null"),
 )
 
+#: How a planned hand-off is disrupted midway (see the module docstring).
+HANDOFF_VARIANTS = ("kill_giver", "kill_taker", "pause_taker", "partition", "mute_taker")
+#: A partition from DynamoDB, as the fault proxy plays it: every request refused.
+PARTITION_RULES: tuple[dict[str, Any], ...] = (
+    {"kind": "503", "service": "dynamodb", "probability": 1.0},
+)
+
 #: Relative weights of the primary actions.
 WEIGHTS = {
     "kill": 3,
@@ -99,9 +124,12 @@ class Action:
     slot: int | None = field(default=None, compare=False)
     duration: float = field(default=0.0, compare=False)
     menu: int | None = field(default=None, compare=False)
+    variant: str = field(default="", compare=False)
 
     def describe(self) -> str:
         parts = [f"t+{self.at:5.1f}s {self.kind}"]
+        if self.variant:
+            parts.append(self.variant)
         if self.slot is not None:
             parts.append(f"slot {self.slot}")
         if self.duration:
@@ -118,8 +146,11 @@ def make_schedule(
     workers: int,
     lease_seconds: float,
     mean_gap: float = 2.5,
+    handoffs: int = 0,
 ) -> list[Action]:
-    """Primary actions at exponential gaps over ``duration`` s, with their follow-ups.
+    """Primary actions at exponential gaps over ``duration`` s, with their follow-ups;
+    ``handoffs`` disrupted hand-offs on their own track (drawn last, on slots the primary
+    track leaves alone at the time, so a seed's other tracks do not change).
 
     A slot gets a new disruption only after its previous one is over (revived or resumed), so
     the runner never has to signal a worker in an undefined state.
@@ -131,6 +162,7 @@ def make_schedule(
     kinds = list(WEIGHTS)
     weights = [WEIGHTS[k] for k in kinds]
     busy_until = [0.0] * workers
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(workers)]  # busy, per slot
     actions: list[Action] = []
     t = rng.uniform(0.5, mean_gap)
     while t < duration:
@@ -146,15 +178,18 @@ def make_schedule(
                 actions.append(Action(t, "pause", slot, duration=length))
                 actions.append(Action(t + length, "resume", slot))
                 busy_until[slot] = t + length + 1.0
+                spans[slot].append((t, busy_until[slot]))
             elif kind in ("kill", "term"):
                 delay = rng.uniform(1.0, 4.0)
                 actions.append(Action(t, kind, slot))
                 actions.append(Action(t + delay, "revive", slot))
                 busy_until[slot] = t + delay + 3.0
+                spans[slot].append((t, busy_until[slot]))
             else:
                 actions.append(Action(t, "restart", slot))
                 actions.append(Action(t + 0.1, "revive", slot))
                 busy_until[slot] = t + 4.0
+                spans[slot].append((t, busy_until[slot]))
         else:
             actions.append(Action(t, kind))
         t += rng.expovariate(1 / mean_gap)
@@ -162,7 +197,55 @@ def make_schedule(
     # Drawn last, so adding these tracks left the other tracks of a seed unchanged.
     poison = _poison_track(rng, duration)
     hostile = [Action(rng.uniform(0.2, 0.6) * duration, "hostile")]
-    return sorted(actions + faults + poison + hostile)
+    handoff = _handoff_track(rng, duration, spans, lease_seconds, handoffs)
+    return sorted(actions + faults + poison + hostile + handoff)
+
+
+def _handoff_track(
+    rng: random.Random, duration: float, spans: list[list[tuple[float, float]]],
+    lease_seconds: float, count: int,
+) -> list[Action]:  # fmt: skip
+    """``count`` disrupted hand-offs, every variant in turn (shuffled), each on a giver and a
+    second slot no other action touches meanwhile (``spans``: each slot's busy intervals,
+    extended by these), while a third stays untouched; a hand-off with no room is left out."""
+
+    def idle(slot: int, start: float, end: float) -> bool:
+        return all(end <= a or b <= start for a, b in spans[slot])
+
+    variants = list(HANDOFF_VARIANTS)
+    rng.shuffle(variants)
+    actions: list[Action] = []
+    for index in range(count):  # spread over the middle of the run, one per slice
+        t = (0.15 + 0.7 * (index + rng.uniform(0.0, 0.5)) / max(count, 1)) * duration
+        variant = variants[index % len(variants)]
+        strike = rng.uniform(0.2, 1.0)  # into the hand-off: within the prepare bound
+        revive = t + strike + rng.uniform(1.0, 3.0)
+        length = lease_seconds + rng.uniform(1.0, 2.0)
+        end = max(revive, t + strike + length) + 3.0
+        free = [s for s in range(len(spans)) if idle(s, t, end)]
+        if len(free) < 3:
+            continue
+        giver, other = rng.sample(free, 2)
+        actions.append(Action(t, "handoff", giver, duration=strike, variant=variant))
+        actions.append(Action(revive, "revive", giver))
+        spans[giver].append((t, revive + 3.0))
+        match variant:
+            case "kill_giver":
+                actions.append(Action(t + strike, "kill_draining", giver))
+            case "kill_taker":
+                actions.append(Action(t + strike, "kill", other))
+                actions.append(Action(revive, "revive", other))
+                spans[other].append((t, revive + 3.0))
+            case "pause_taker":
+                actions.append(Action(t + strike, "pause", other, duration=length))
+                actions.append(Action(t + strike + length, "resume", other))
+                spans[other].append((t, t + strike + length + 1.0))
+            case "partition":
+                actions.append(Action(t + strike, "partition", duration=lease_seconds / 2))
+                actions.append(Action(t + strike + lease_seconds / 2, "clear"))
+            case "mute_taker":
+                actions.append(Action(t + strike + lease_seconds, "unmute"))
+    return actions
 
 
 def _poison_track(rng: random.Random, duration: float, count: int = 2) -> list[Action]:

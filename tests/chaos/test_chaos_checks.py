@@ -10,9 +10,11 @@ import hashlib
 import random
 from dataclasses import dataclass, field, replace
 
+import chaos_schedule
 from chaos_history import (
     ForgedStop,
     Pause,
+    PlannedHandoff,
     Sample,
     StopOutcome,
     Verdict,
@@ -108,6 +110,71 @@ def test_a_checkpoint_going_backwards_breaks_fencing():
     assert invariants(check(samples=samples)) == {"fenced"}
 
 
+def test_a_planned_handoffs_overlap_is_told_from_a_split_brain():
+    # GIVEN the giver's session (1) and the taker's (2) open together for 0.3 s
+    mbb = [Sess("s", 1, 100.0, 200.3), Sess("s", 2, 200.0)]
+    # WHEN the giver announced the hand-off (PREPARE) before the taker's session opened and
+    # the two closed within the hand-off's end plus the grace: planned, not a violation
+    announced = PlannedHandoff("s", epoch=1, prepared_at=199.8, ended_at=200.25)
+    verdict = check(sessions=mbb, handoffs=[announced], handoff_grace_seconds=0.5)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["overlaps_of_planned_handoffs"] == 1
+    assert verdict.figures["planned_handoffs_announced"] == 1
+    # the same overlap without the announcement is a split brain
+    assert invariants(check(sessions=mbb)) == {"overlap"}
+    # announced only after the second session had opened: it does not explain it
+    late = replace(announced, prepared_at=200.1)
+    assert invariants(check(sessions=mbb, handoffs=[late], handoff_grace_seconds=0.5)) == {
+        "overlap"
+    }
+    # a hand-off of another stream explains nothing here
+    other = replace(announced, stream_id="t")
+    assert invariants(check(sessions=mbb, handoffs=[other], handoff_grace_seconds=0.5)) == {
+        "overlap"
+    }
+
+
+def test_a_planned_overlap_that_outlasts_its_handoff_is_a_violation():
+    # the giver's session stays open 5 s after the hand-off ended: not the planned window
+    lingering = [Sess("s", 1, 100.0, 205.0), Sess("s", 2, 200.0)]
+    announced = PlannedHandoff("s", epoch=1, prepared_at=199.8, ended_at=200.2)
+    verdict = check(sessions=lingering, handoffs=[announced], handoff_grace_seconds=0.5)
+    assert invariants(verdict) == {"overlap"}
+    # a giver that died mid-hand-off (end unknown): bounded from the PREPARE instead
+    unknown = replace(announced, ended_at=None)
+    assert check(sessions=[Sess("s", 1, 100.0, 201.0), Sess("s", 2, 200.0)],
+                 handoffs=[unknown], handoff_grace_seconds=1.5).ok  # fmt: skip
+    assert not check(sessions=lingering, handoffs=[unknown], handoff_grace_seconds=1.5).ok
+
+
+def test_one_planned_handoff_excuses_one_pair_a_third_session_is_a_split_brain():
+    three = [Sess("s", 1, 100.0, 200.3), Sess("s", 2, 200.0), Sess("s", 3, 200.1, 200.2)]
+    announced = PlannedHandoff("s", epoch=1, prepared_at=199.8, ended_at=200.25)
+    verdict = check(sessions=three, handoffs=[announced], handoff_grace_seconds=0.5)
+    assert invariants(verdict) == {"overlap"}
+    assert verdict.figures["overlaps_of_planned_handoffs"] == 1
+    assert verdict.figures["overlaps"] == 3
+
+
+def test_a_write_by_anyone_but_the_owner_of_its_epoch_is_a_violation():
+    owned = [dict(item(1, 1, 150.0), worker_id="w0"), dict(item(2, 2, 300.0), worker_id="w1"),
+             dict(item(3, 2, 301.0), worker_id="w1")]  # fmt: skip
+    verdict = check(items={"s": owned})
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["writes_owner_checked"] == 3
+    assert verdict.figures["writes_by_non_owner"] == 0
+    # a prepared taker (w1) that wrote under the giver's epoch before the transfer named it
+    early = [dict(item(1, 1, 150.0), worker_id="w1"), *owned[1:]]
+    verdict = check(items={"s": early})
+    assert invariants(verdict) == {"owner"}
+    assert verdict.figures["writes_by_non_owner"] == 1
+    # an epoch no sample saw: not judged, but counted
+    unseen = [*owned, dict(item(4, 7, 302.0), worker_id="w9")]
+    verdict = check(items={"s": unseen}, final_records={"s": Rec(last_seq=4)})
+    assert verdict.figures["writes_of_unsampled_epochs"] == 1
+    assert "owner" not in invariants(verdict)
+
+
 def test_any_overlap_is_a_violation_unless_the_owner_was_paused():
     brief = [Sess("s", 1, 100.0, 200.05), Sess("s", 2, 200.0)]
     assert invariants(check(sessions=brief)) == {"overlap"}
@@ -160,6 +227,37 @@ def test_schedules_are_reproducible_and_keep_one_worker_untouched():
             disrupted[action.slot] = action.at + 10
         if action.kind in ("revive", "resume"):
             disrupted[action.slot] = action.at
+
+
+def test_the_handoff_track_disrupts_drains_midway_and_leaves_the_other_tracks_alone():
+    args = dict(duration=60, workers=5, lease_seconds=4)
+    plain = make_schedule(random.Random(5), **args)
+    with_handoffs = make_schedule(random.Random(5), **args, handoffs=5)
+    # the other tracks of the seed are unchanged: the hand-off track only adds
+    def key(a):
+        return (a.at, a.kind, a.slot, a.duration, a.menu, a.variant)
+
+    added = [key(a) for a in with_handoffs]
+    for action in plain:
+        added.remove(key(action))
+    assert added and {k[1] for k in added} <= {
+        "handoff", "kill_draining", "kill", "pause", "resume", "revive", "partition", "clear",
+        "unmute",
+    }  # fmt: skip
+    drains = [a for a in with_handoffs if a.kind == "handoff"]
+    assert drains and {a.variant for a in drains} <= set(chaos_schedule.HANDOFF_VARIANTS)
+    for drain in drains:
+        follow = [a for a in with_handoffs if a.at > drain.at]
+        # the giver comes back; its strike lands within the drain
+        assert any(a.kind == "revive" and a.slot == drain.slot for a in follow)
+        assert 0 < drain.duration <= 1.0
+        if drain.variant == "kill_giver":
+            assert any(a.kind == "kill_draining" and a.slot == drain.slot for a in follow)
+        if drain.variant == "mute_taker":
+            assert any(a.kind == "unmute" for a in follow)
+    # with too few workers (one must stay untouched) there is none
+    assert not [a for a in make_schedule(random.Random(5), duration=60, workers=2,
+                                         lease_seconds=4, handoffs=5) if a.kind == "handoff"]
 
 
 # -- poison-message track ----------------------------------------------------------------------

@@ -442,6 +442,27 @@ def test_checkpoint_never_regresses(store, clock):
     assert (released.last_seq, released.lease_owner) == (31, "")
 
 
+def test_a_stale_checkpoint_never_lowers_the_send_limit_and_a_release_sets_it(store, clock):
+    # At-least-once sinks (issue #27): sent_limit bounds what the holder has sent; an older
+    # checkpoint landing late must not lower it under frames sent since.
+    pk = started(store)
+    register(store, clock, "w1")
+    lease = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(lease, 31, window={"sent_limit": 131})
+    store.checkpoint(lease, 30, window={"sent_limit": 130})  # a late, older write
+    record = store.get(pk)
+    assert (record.last_seq, record.sent_limit) == (31, 131)
+    window = {"sent_limit": 40, "replayed_takeovers": 1, "replayed_frames": 9,
+              "replayed_from_seq": 5, "replayed_to_seq": 14}
+    released = store.release(lease, last_seq=40, window=window)
+    assert (released.last_seq, released.sent_limit, released.replayed_frames) == (40, 40, 9)
+    assert (released.replayed_from_seq, released.replayed_to_seq) == (5, 14)
+    # a START of another stream forgets the old stream's window
+    store.stop(pk)
+    restarted = store.start("c1", "wss://elsewhere.example/s").record
+    assert (restarted.sent_limit, restarted.replayed_takeovers) == (None, 0)
+
+
 def test_checkpoint_after_stop_is_refused_but_the_final_release_lands(store, clock):
     pk = started(store)
     register(store, clock, "w1")

@@ -490,9 +490,10 @@ def test_get_shows_the_lease_state(router, store, worker_a):
     assert 0 < lease["expires_in_ms"] <= 20_000
     assert set(reply.body) == {
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "failures", "upstream", "gaps", "created_at_ms",
-        "updated_at_ms",
+        "stop_reason", "last_error", "failures", "upstream", "gaps", "replayed",
+        "created_at_ms", "updated_at_ms",
     }
+    assert reply.body["replayed"] == {"takeovers": 0, "frames": 0, "from_seq": None, "to_seq": None}
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,11 @@ def test_every_worker_write_names_only_attributes_the_template_allows(aws):
     # ... a free connection: acquire, re-take (its own earlier attempt), checkpoint, errors
     lease = Lease.of(store.acquire(connection_pk("a"), "w1"))
     lease = Lease.of(store.acquire(connection_pk("a"), "w1"))
-    store.checkpoint(lease, 4)
+    window = {  # an at-least-once sink's send limit and replay totals ride on the checkpoint
+        "sent_limit": 9, "replayed_takeovers": 1, "replayed_frames": 2,
+        "replayed_from_seq": 3, "replayed_to_seq": 9,
+    }
+    store.checkpoint(lease, 4, window=window)
     store.record_error(lease, "upstream closed 1011")
     store.note_failure(lease, "crashed", count=1, at_seq=4, since_ms=1)
     store.note_gap(lease, resumes=1, frames=30)

@@ -117,6 +117,37 @@ def test_a_busy_round_does_not_hold_up_the_next_receive(aws):
     run_poller(aws, acquire, scenario)
 
 
+def test_rounds_waiting_for_one_slow_acquire_each_do_not_stop_the_receives(aws):
+    """A hint leaves the hand when its own acquire ends, not when its round does: rounds whose
+    other hints are done, each waiting for one slow acquire (and its delete), hold one place
+    each, so hints arriving meanwhile are still received and acquired (issue #26: a hand-off
+    burst is not paced by each round's slowest acquire)."""
+    slow_released = asyncio.Event()
+    acquired: list[str] = []
+
+    async def acquire(hint: Hint) -> HintOutcome:
+        acquired.append(hint.pk)
+        if hint.pk.startswith("CONN#slow"):
+            await slow_released.wait()
+        return HintOutcome.DONE
+
+    async def scenario(poller, sqs) -> None:
+        # GIVEN four rounds in hand, each with a quick hint done and a slow one waiting
+        for i in range(4):
+            send(sqs, aws.hint_queue_url, f"CONN#slow{i}", f"CONN#quick{i}")
+            await until(lambda i=i: {f"CONN#slow{i}", f"CONN#quick{i}"} <= set(acquired),
+                        f"round {i} taken")  # fmt: skip
+        # WHEN another hint arrives while all of them wait
+        send(sqs, aws.hint_queue_url, "CONN#late")
+        # THEN it is received and acquired before any slow acquire ends
+        await until(lambda: "CONN#late" in acquired, "the late hint, while the rounds wait")
+        assert not slow_released.is_set()
+        slow_released.set()
+        await until(lambda: queue_depth(sqs, aws.hint_queue_url) == (0, 0), "all deleted")
+
+    run_poller(aws, acquire, scenario)
+
+
 def test_hints_in_hand_count_against_free_slots(aws):
     """Overlapping rounds never take more hints than the worker has room for."""
     release = asyncio.Event()

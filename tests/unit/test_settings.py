@@ -36,6 +36,7 @@ def test_every_variable_is_read():
         "REBALANCE_DWELL_SECONDS": "60", "REBALANCE_BAND_PERCENT": "5",
         "REBALANCE_PLACEMENT_SECONDS": "0.5",
         "MESSAGE_SINK": "kinesis", "MESSAGE_STREAM": "frames", "MESSAGE_KINESIS_AGGREGATION": "no",
+        "MESSAGE_REPLAY_WINDOW": "250",
     }
     assert {v.name for v in ENVIRONMENT if v.scope == "shared"} == set(env)
     s = Settings.from_env(env)
@@ -49,6 +50,7 @@ def test_every_variable_is_read():
         "kinesis", "frames", False
     )
     assert s.checkpoint_ms == 30_000
+    assert s.message_replay_window == 250
     assert s.control_queue_sender_arns == "arn:aws:iam::1:role/N"  # ARNs keep their case
     assert s.upstream_secret_prefixes == ("arn:aws:ssm:us-east-1:1:parameter/Wsfleet/", "x")
     assert s.require_hint_queue_url() == "http://q"

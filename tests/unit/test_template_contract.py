@@ -869,6 +869,8 @@ WORKER_CONNECTION_ATTRIBUTES = {
     "gap_frames", "hinted_at_ms", "hinted_since_ms", "last_error", "last_seq", "lease_epoch",
     "lease_owner", "rebalanced_at_ms", "resume_gaps", "state_shard", "stop_reason", "unowned_shard",
     "unowned_since_ms", "updated_at_ms",
+    # at-least-once sinks: the send limit and replay totals (wsfleet_worker.checkpoint)
+    "sent_limit", "replayed_takeovers", "replayed_frames", "replayed_from_seq", "replayed_to_seq",
 }
 WORKER_ITEM_ATTRIBUTES = {
     "pk", "capacity", "connection_count", "container_runtime_id", "control_queue_url",

@@ -65,10 +65,21 @@ def test_connection_view_redacts_the_url_and_lists_every_field():
     assert view["last_seq"] == 9
     assert list(view) == [
         "connection_id", "desired_state", "ws_url", "resume", "last_seq", "lease",
-        "stop_reason", "last_error", "failures", "upstream", "gaps", "created_at_ms",
-        "updated_at_ms",
+        "stop_reason", "last_error", "failures", "upstream", "gaps", "replayed",
+        "created_at_ms", "updated_at_ms",
     ]
     assert view["failures"] == {"count": 0, "at_seq": None}
+    assert view["replayed"] == {"takeovers": 0, "frames": 0, "from_seq": None, "to_seq": None}
+
+
+def test_the_view_reports_the_last_replay_window_and_the_totals():
+    view = connection_view(
+        record(replayed_takeovers=2, replayed_frames=7, replayed_from_seq=41,
+               replayed_to_seq=60, sent_limit=1060),
+        None,
+        NOW,
+    )
+    assert view["replayed"] == {"takeovers": 2, "frames": 7, "from_seq": 41, "to_seq": 60}
 
 
 def test_the_readmes_name_the_gap_report_as_the_view_has_it():

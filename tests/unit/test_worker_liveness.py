@@ -84,7 +84,8 @@ until = functools.partial(wait_until_async, timeout=WAIT)
 
 
 def make(
-    *, lease_ms: int = 400, heartbeat_ms: int = 40, margin_ms: int = 100
+    *, lease_ms: int = 400, heartbeat_ms: int = 40, margin_ms: int = 100,
+    on_renewal_done: Callable[[], None] = lambda: None,
 ) -> tuple[WorkerLiveness, Store, ShiftedClock, list[FenceCause], WorkerMetrics]:
     clock = ShiftedClock()
     store = Store(clock)
@@ -101,7 +102,7 @@ def make(
     )  # fmt: skip
     liveness = WorkerLiveness(
         parts, lease_ms=lease_ms, heartbeat_ms=heartbeat_ms, margin_ms=margin_ms,
-        connection_count=lambda: 7, on_fence=fences.append,
+        connection_count=lambda: 7, on_fence=fences.append, on_renewal_done=on_renewal_done,
     )
     liveness.start(now)
     return liveness, store, clock, fences, metrics
@@ -185,6 +186,30 @@ async def test_a_hanging_renewal_does_not_hold_the_self_fence_back():
         assert fences == [FenceCause.DEADLINE]
     finally:
         store.gate.set()
+
+
+@sync
+async def test_a_late_renewal_tells_the_poller_the_moment_it_ends():
+    # GIVEN a worker whose renewal hangs (the taker refuses new work while it runs late)
+    done: list[int] = []
+    liveness, store, clock, fences, _metrics = make(
+        lease_ms=10_000, heartbeat_ms=40, margin_ms=1_000,
+        on_renewal_done=lambda: done.append(liveness.behind_ms(clock())),
+    )  # fmt: skip
+    store.gate = threading.Event()
+    task = asyncio.create_task(liveness.run())
+    try:
+        await until(lambda: store.entered.is_set() and liveness.behind_ms(clock()) > 0)
+        # THEN nobody is told while it is still out
+        assert done == []
+        # WHEN it lands
+        store.gate.set()
+        await until(lambda: bool(done))
+    finally:
+        store.gate.set()
+        await stop(task)
+    # THEN the poller was told, once the renewal was no longer late (and per renewal after)
+    assert done[0] == 0 and fences == []
 
 
 @sync

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from wsfleet_worker.observability import WorkerMetrics
-from wsfleet_worker.poller import HintPoller
+from wsfleet_worker.poller import MAX_HINTS_IN_HAND, HintPoller
 
 
 class Queue:
@@ -45,6 +45,9 @@ class Logger:
     def warning(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    def debug(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
 
 def make(placement: Any) -> tuple[HintPoller, Queue]:
     queue = Queue()
@@ -67,11 +70,11 @@ def test_a_loaded_worker_holds_back_once_then_receives_without_waiting() -> None
 
     async def run() -> None:
         poller, queue = make(placement)
-        assert await poller._room() == 50
+        assert await poller._room() == MAX_HINTS_IN_HAND  # (fewer than the 50 free slots)
         assert len(asked) == 1 and queue.wait_seconds == 0  # held back once, then no wait
         # a balanced worker receives at once, with the long poll again
         poller._placement = lambda: 0.0
-        assert await poller._room() == 50
+        assert await poller._room() == MAX_HINTS_IN_HAND
         assert queue.wait_seconds == 20
 
     asyncio.run(run())
@@ -83,7 +86,7 @@ def test_no_holding_back_while_hints_are_queued() -> None:
         poller._requested = 10
         await poller._start_round([{"ReceiptHandle": str(i), "Body": "x"} for i in range(2)])
         assert poller._backlog  # the last receive brought two: a burst
-        assert await poller._room() == 50 - 2  # the two in hand count against the slots
+        assert await poller._room() == MAX_HINTS_IN_HAND - 2  # the two in hand count
         assert queue.wait_seconds == 20
         await asyncio.gather(*poller._rounds)  # two unusable hints, deleted
         await poller._start_round([{"ReceiptHandle": "3", "Body": "x"}])

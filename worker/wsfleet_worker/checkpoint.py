@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["CheckpointTracker"]
+__all__ = ["CheckpointTracker", "SendWindow"]
 
 
 class CheckpointTracker:
@@ -103,3 +103,96 @@ class CheckpointTracker:
         if not self._pending:
             self._pending_heap.clear()
         return self.durable > before
+
+
+class SendWindow:
+    """What a failover of an at-least-once sink (kinesis, firehose) can re-send. Pure, no I/O.
+
+    The next owner resumes after the checkpoint (``last_seq``), so it re-sends every frame
+    this holder sent above it. Those are bounded by a *send limit* stored on the connection
+    item (``sent_limit``) before any frame above the previous one leaves: the holder hands a
+    frame to the sink only while its seq is at most :attr:`limit`, the bound that the last
+    write of the item that landed carries. Raising it rides on the checkpoint write
+    (``last_seq = durable`` and ``sent_limit = durable + frames`` in one update), so:
+
+    * a takeover re-sends at most the seqs ``(last_seq, sent_limit]`` it acquired with: at most
+      ``frames`` (MESSAGE_REPLAY_WINDOW) seqs past the checkpoint;
+    * the checkpoint of a busy stream is written when a quarter of the allowance is left
+      (:meth:`running_low`), i.e. about every ``0.75 x frames`` frames, besides the time cadence
+      (CHECKPOINT_SECONDS); a frame that finds the limit reached waits for that write
+      (backpressure, as a full write queue);
+    * a clean ending (release, STOP, FAILED) with nothing in flight stores ``sent_limit`` equal
+      to the final checkpoint: the next owner re-sends nothing (:meth:`final_limit`).
+
+    A session that inherits a window (``sent_limit > last_seq``) counts the frames it writes
+    inside it (:meth:`written`): the ``replayed`` totals of the connection view, stored with
+    its next checkpoint or final write (no write of their own).
+
+    Example::
+
+        w = SendWindow(last_seq=100, sent_limit=140, frames=1000)
+        w.replay, w.allows(140), w.allows(141)   # ((101, 140), True, False)
+        w.next_limit(durable=120)                # 1120
+    """
+
+    __slots__ = ("frames", "limit", "replay", "replayed_frames", "takeovers")
+
+    def __init__(
+        self,
+        *,
+        last_seq: int,
+        sent_limit: int | None,
+        frames: int,
+        takeovers: int = 0,
+        replayed_frames: int = 0,
+    ) -> None:
+        self.frames = max(1, frames)
+        self.limit = max(last_seq, sent_limit or 0)
+        #: The inherited window ``(from_seq, to_seq)``: what this takeover may re-send.
+        self.replay: tuple[int, int] | None = (
+            (last_seq + 1, self.limit) if self.limit > last_seq else None
+        )
+        self.takeovers = takeovers + (self.replay is not None)
+        self.replayed_frames = replayed_frames
+
+    def allows(self, seq: int) -> bool:
+        """May a frame with this seq be handed to the sink now?"""
+        return seq <= self.limit
+
+    def running_low(self, highest_received: int) -> bool:
+        """A quarter of the allowance or less is left: raise the limit (checkpoint) now."""
+        return self.limit - highest_received <= self.frames // 4
+
+    def next_limit(self, durable: int, outstanding: int = 0, waiting: int = 0) -> int:
+        """The limit the next checkpoint write stores: ``frames`` past the checkpoint it
+        writes, never below the current one. A frame ``waiting`` beyond that (the upstream
+        skipped more than ``frames`` seqs) is let through once nothing is in flight
+        (``outstanding``): the window then holds that one frame."""
+        limit = max(self.limit, durable + self.frames)
+        return max(limit, waiting) if outstanding == 0 else limit
+
+    def stored(self, limit: int) -> None:
+        """A write carrying ``limit`` landed: frames up to it may be sent."""
+        self.limit = max(self.limit, limit)
+
+    def final_limit(self, durable: int, outstanding: int) -> int:
+        """The limit of a final write: the checkpoint itself if no frame is in flight (all
+        that was sent is acknowledged, so at or below ``durable``), else the stored limit."""
+        return durable if outstanding == 0 else self.limit
+
+    def written(self, seq: int) -> None:
+        """A frame was acknowledged by the sink; counted if inside the inherited window."""
+        replay = self.replay
+        if replay is not None and replay[0] <= seq <= replay[1]:
+            self.replayed_frames += 1
+
+    def fields(self, limit: int) -> dict[str, int]:
+        """The item attributes a write storing ``limit`` carries (``sent_limit`` and, once
+        there was a replay, the totals and the last window)."""
+        values = {"sent_limit": limit}
+        if self.takeovers:
+            values["replayed_takeovers"] = self.takeovers
+            values["replayed_frames"] = self.replayed_frames
+        if self.replay is not None:
+            values["replayed_from_seq"], values["replayed_to_seq"] = self.replay
+        return values

@@ -24,7 +24,10 @@ request cannot hold the self-fence back. It runs on a thread of its own
 it.
 
 ``RenewLatenessMs``: completion of a renewal minus the moment it was due (the capacity bench
-reports its maximum).
+reports its maximum). While a renewal runs late (more than a quarter heartbeat) the worker takes
+nothing new (:meth:`~wsfleet_worker.taking.LeaseTaker.free_slots`); ``on_renewal_done`` tells
+the hint poller the moment it has ended, so a worker that was late takes hints again at once,
+not at the poller's next re-check of its room.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class WorkerLiveness(WorkerRole):
         it; None: not written).
     :param on_fence: called once, synchronously, when the lease is over; it must abort every
         session's socket before it returns.
+    :param on_renewal_done: called after every renewal that ended (landed or failed) without
+        fencing: the renewal is no longer running late (see the module docstring).
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class WorkerLiveness(WorkerRole):
         connection_count: Callable[[], int],
         movable_count: Callable[[], int | None] = lambda: None,
         on_fence: Callable[[FenceCause], None],
+        on_renewal_done: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(parts)
         self._lease_ms = lease_ms
@@ -77,6 +83,7 @@ class WorkerLiveness(WorkerRole):
         self._connection_count = connection_count
         self._movable_count = movable_count
         self._on_fence = on_fence
+        self._on_renewal_done = on_renewal_done
         self.timer: WorkerLeaseTimer | None = None
         self.cause: FenceCause | None = None
         self._wake = asyncio.Event()
@@ -179,3 +186,5 @@ class WorkerLiveness(WorkerRole):
         finally:
             self._metrics.observe("RenewLatenessMs", max(0, self._clock() - due_ms))
             self._wake.set()
+        if self.cause is None:
+            self._on_renewal_done()

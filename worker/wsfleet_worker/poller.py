@@ -29,17 +29,22 @@ peers first. Not while hints are queued (the last receive brought more than one:
 failover burst, where speed comes first and rebalancing evens the spread out afterwards).
 
 Rounds overlap: while one batch is being acted on (its acquires, or an early hint's wait for
-its lease to lapse), the next receive is already out, up to ``MAX_ROUNDS_IN_FLIGHT`` batches
-in hand. Taking over a hundred connections is then a pipeline, not ten rounds back to back.
-Hints in hand count against the free slots, so overlapping never receives beyond capacity.
+its lease to lapse), the next receive is already out. What bounds them is the hints *in hand*
+(received, their acquire not finished): at most ``MAX_HINTS_IN_HAND``, and never more than the
+free slots, so overlapping never receives beyond capacity. A hint leaves the hand as soon as
+its own acquire ends, not when its whole round does: a round waiting for one slow acquire (an
+early hint, a throttled write) and for its DeleteMessageBatch holds one place, not ten, and the
+receives go on. Taking over a hundred connections is then a pipeline, not rounds back to back
+each as slow as its slowest acquire.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from wsfleet.hints import Hint
 from wsfleet.record import connection_id_from_pk
 
 from .observability import WorkerMetrics
@@ -49,8 +54,9 @@ from .taking import HintOutcome, LeaseTaker
 
 __all__ = ["HintPoller"]
 
-#: Received batches being acted on at once (see the module docstring).
-MAX_ROUNDS_IN_FLIGHT = 3
+#: Hints received whose acquire has not finished, at most (three full receives; see the
+#: module docstring).
+MAX_HINTS_IN_HAND = 3 * RECEIVE_LIMIT
 #: The wait of a receive after a placement deferral: none, so the loaded worker takes only
 #: what its less loaded peers' long polls left queued meanwhile.
 _DEFERRED_WAIT_SECONDS = 0
@@ -91,7 +97,8 @@ class HintPoller:
         self._metrics = metrics
         self._logger = logger
         self._slot_freed = asyncio.Event()
-        self._rounds: dict[asyncio.Task[None], int] = {}  # round -> hints it holds
+        self._rounds: set[asyncio.Task[None]] = set()
+        self._in_hand = 0  # hints received whose acquire has not finished
         self._round_failed: BaseException | None = None
 
     @property
@@ -118,13 +125,13 @@ class HintPoller:
             raise self._round_failed
 
     async def _room(self) -> int:
-        """How many hints to receive next: the free slots less the hints in hand. Waits while
-        that is none or ``MAX_ROUNDS_IN_FLIGHT`` rounds are in hand; 0 (receive no more) once
-        stopped or a round failed."""
+        """How many hints to receive next: the free slots less the hints in hand, within
+        ``MAX_HINTS_IN_HAND``. Waits while that is none; 0 (receive no more) once stopped or a
+        round failed."""
         deferred = False
         while not self._queue.stopped and self._round_failed is None:
-            free = self._taker.free_slots() - sum(self._rounds.values())
-            if free > 0 and len(self._rounds) < MAX_ROUNDS_IN_FLIGHT:
+            free = min(self._taker.free_slots(), MAX_HINTS_IN_HAND) - self._in_hand
+            if free > 0:
                 delay = 0.0
                 if not deferred and not self._backlog and self._placement is not None:
                     delay = self._placement()
@@ -155,22 +162,57 @@ class HintPoller:
 
     async def _start_round(self, messages: list[Message]) -> None:
         self._backlog = len(messages) > 1 or len(messages) >= self._requested > 0
+        self._in_hand += len(messages)
         task = asyncio.create_task(self._handle(messages), name="hint-round")
-        self._rounds[task] = len(messages)
+        self._rounds.add(task)
 
         def settled(done: asyncio.Task[None]) -> None:
-            del self._rounds[done]
+            self._rounds.discard(done)
             if not done.cancelled() and done.exception() is not None:
                 self._round_failed = done.exception()  # a bug: run() re-raises it
-            self._slot_freed.set()  # room for another round
+            self._slot_freed.set()
 
         task.add_done_callback(settled)
 
     async def _handle(self, messages: list[Message]) -> None:
+        held = len(messages)  # this round's hints still in hand
+
+        def let_go(count: int) -> None:
+            """``count`` of this round's hints are done with: room for the next receive."""
+            nonlocal held
+            count = min(count, held)
+            held -= count
+            self._in_hand -= count
+            if count:
+                self._slot_freed.set()
+
+        async def act(hint: Hint) -> HintOutcome:
+            try:
+                return await self._taker.acquire(hint)
+            finally:
+                let_go(1)
+
+        try:
+            await self._act(messages, let_go, act)
+        finally:
+            let_go(held)
+
+    async def _act(
+        self,
+        messages: list[Message],
+        let_go: Callable[[int], None],
+        act: Callable[[Hint], Awaitable[HintOutcome]],
+    ) -> None:
+        """Triage the round, acquire what it asks for, delete or give back each message."""
         triage = triage_hints(
             ((m["ReceiptHandle"], m.get("Body", "")) for m in messages),
             self._taker.running(),
             self._taker.capacity_left(),
+        )
+        self._logger.debug(
+            "hints received",
+            extra={"count": len(messages),
+                   "connection_ids": [connection_id_from_pk(h.pk) for h, _ in triage.acquire]},
         )
         if triage.invalid:
             self._metrics.count("InvalidHints", len(triage.invalid))
@@ -178,10 +220,11 @@ class HintPoller:
                 "deleting unusable hints",
                 extra={"count": len(triage.invalid), "errors": triage.invalid[:3]},
             )
+        let_go(len(messages) - len(triage.acquire))  # nothing to acquire for those
         # return_exceptions: one hint whose handling fails costs that hint, not the round (and
         # so not the worker: run() re-raises only failures of the round itself).
         outcomes = await asyncio.gather(
-            *(self._taker.acquire(hint) for hint, _ in triage.acquire), return_exceptions=True
+            *(act(hint) for hint, _ in triage.acquire), return_exceptions=True
         )
         handled, give_back = list(triage.drop), list(triage.release)
         for (hint, receipt), outcome in zip(triage.acquire, outcomes, strict=True):

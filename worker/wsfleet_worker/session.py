@@ -104,10 +104,11 @@ from wsfleet.exceptions import (
 from wsfleet.lease import BreakerVerdict, Lease, breaker_verdict, checkpoint_due
 from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.record import ConnectionRecord
+from wsfleet.sinks.select import AT_LEAST_ONCE_SINKS
 from wsfleet.store import LeaseStore
 from wsfleet.upstream_options import ResumeMode, resume_gap
 
-from .checkpoint import CheckpointTracker
+from .checkpoint import CheckpointTracker, SendWindow
 from .config import WorkerConfig
 from .connector import Connector, describe_error, is_permanent
 from .credentials import CredentialUnavailable, SecretResolver
@@ -144,6 +145,8 @@ _IN_FLIGHT_WAIT_SECONDS = CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS
 _FINAL_WRITE_BACKOFF = {"initial": 0.2, "factor": 2.0, "cap": 10.0}
 #: A checkpoint write that failed is tried again after this long (not on every tick).
 _CHECKPOINT_RETRY_MS = 5_000
+#: A frame waiting for its send limit to be raised retries a failed raise after this long.
+_SEND_LIMIT_RETRY_SECONDS = 0.5
 #: How often a session waiting for its last message write re-checks its lease.
 _QUIESCE_POLL_SECONDS = 0.5
 #: Backoff of a gap-totals write that failed, and how many attempts one flush makes.
@@ -214,6 +217,21 @@ class Session:
         interval = context.config.settings.checkpoint_ms
         self.checkpointed_at_ms = self.started_at_ms - int(context.rng.uniform(0, interval))
         self._checkpointing = False
+        self._checkpoint_ended = asyncio.Event()
+        settings = context.config.settings
+        #: At-least-once sinks only: the send limit that bounds what a failover re-sends.
+        self.window: SendWindow | None = None
+        if settings.message_sink in AT_LEAST_ONCE_SINKS:
+            self.window = SendWindow(
+                last_seq=record.last_seq,
+                sent_limit=record.sent_limit,
+                frames=settings.message_replay_window,
+                takeovers=record.replayed_takeovers,
+                replayed_frames=record.replayed_frames,
+            )
+        #: A takeover's window is stored with the first checkpoint write, due at once.
+        self._replay_unstored = self.window is not None and self.window.replay is not None
+        self._send_wait = 0  # the seq of a frame waiting for the send limit (0: none)
         self.state = SessionState.CONNECTING
         self.reason: ExitReason | None = None
         self.via = ""
@@ -245,6 +263,7 @@ class Session:
         self._gaps_stored = (record.resume_gaps, record.gap_frames)
         self._gap_lock = asyncio.Lock()  # one note_gap in flight: the newest totals land last
         self._gap_tasks: set[asyncio.Task[bool]] = set()
+        self._stored_any = False  # the first acknowledged frame is logged (hand-off timing)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -464,6 +483,7 @@ class Session:
         moved: bool = False,
     ) -> None:
         ctx = self._ctx
+        window = self._final_window()
         if kind is FinalWrite.MARK_FAILED:
             self._verdict = None
             record = self.record
@@ -475,20 +495,40 @@ class Session:
                 at_seq=record.failure_seq if record.failure_seq is not None else last_seq,
                 since_ms=record.failure_since_ms,
                 last_seq=last_seq,
+                **window,
             )
         elif kind is FinalWrite.MARK_STOPPED:
             await ctx.offloader.io(
-                ctx.leases.mark_stopped, self.lease, stop_reason or "stopped", last_seq=last_seq
+                ctx.leases.mark_stopped,
+                self.lease,
+                stop_reason or "stopped",
+                last_seq=last_seq,
+                **window,
             )
         else:
             verdict = self._verdict
             if verdict is not None:  # a crash below the threshold: count it, then release
                 await self._store_failure(verdict)
                 self._verdict = None
-            extra = {"moved": True} if moved else {}  # stamps rebalanced_at_ms
+            extra: dict[str, Any] = {"moved": True} if moved else {}  # stamps rebalanced_at_ms
             await ctx.offloader.io(
-                ctx.leases.release, self.lease, last_seq=last_seq, stopped=stopped, **extra
+                ctx.leases.release,
+                self.lease,
+                last_seq=last_seq,
+                stopped=stopped,
+                **extra,
+                **window,
             )
+
+    def _final_window(self) -> dict[str, Any]:
+        """The final write's ``window`` argument (at-least-once sinks; see
+        :meth:`SendWindow.final_limit`): nothing in flight, so the next owner re-sends
+        nothing; else the stored limit still bounds it."""
+        window = self.window
+        if window is None:
+            return {}
+        limit = window.final_limit(self.tracker.durable, self.tracker.outstanding)
+        return {"window": window.fields(limit)}
 
     async def _sleep_unless_fenced(self, seconds: float) -> None:
         try:
@@ -529,6 +569,15 @@ class Session:
         """Is a checkpoint write due (advanced, and CHECKPOINT_SECONDS since the last)?"""
         if self.reason is not None or self._checkpointing:
             return False
+        window = self.window
+        if window is not None and (
+            self._replay_unstored
+            or (
+                self.tracker.durable > self.persisted_seq
+                and window.running_low(self.tracker.highest_received)
+            )
+        ):
+            return True
         return checkpoint_due(
             durable=self.tracker.durable,
             persisted=self.persisted_seq,
@@ -553,7 +602,15 @@ class Session:
             # No checkpoint may pass a gap that is not stored (see the module docstring).
             if self.gaps_pending and not await self._store_gaps():
                 return
-            await ctx.offloader.io(ctx.leases.checkpoint, self.lease, last_seq)
+            window = self.window
+            limit = 0
+            if window is None:
+                await ctx.offloader.io(ctx.leases.checkpoint, self.lease, last_seq)
+            else:
+                limit = window.next_limit(last_seq, self.tracker.outstanding, self._send_wait)
+                await ctx.offloader.io(
+                    ctx.leases.checkpoint, self.lease, last_seq, window=window.fields(limit)
+                )
         except ConnectionStopped:
             if not self._ending:
                 self.finish(ExitReason.STOPPED, via="checkpoint")
@@ -572,8 +629,40 @@ class Session:
             self.checkpointed_at_ms = started
             ctx.metrics.count("CheckpointWrites")
             self._note_checkpoint(last_seq, started)
+            if window is not None:
+                window.stored(limit)
+                self._replay_unstored = False
         finally:
             self._checkpointing = False
+            self._checkpoint_ended.set()
+
+    async def _await_send_limit(self, seq: int) -> bool:
+        """Hold the frame ``seq`` until the send limit covers it (:class:`SendWindow`): the
+        checkpoint that raises the limit is written now, or the one under way awaited. The
+        socket is not read meanwhile (backpressure). False if the session ends first: the
+        frame is not sent (it is above the checkpoint, so the next owner gets it replayed)."""
+        window = self.window
+        assert window is not None
+        self._send_wait = seq
+        try:
+            while not window.allows(seq):
+                if self._done.is_set() or self.fenced:
+                    return False
+                if self._checkpointing:
+                    self._checkpoint_ended.clear()
+                    await self._checkpoint_ended.wait()
+                    continue
+                self._progress.clear()
+                tracker = self.tracker
+                if window.next_limit(tracker.durable, tracker.outstanding, seq) < seq:
+                    await self._progress.wait()  # the frames in flight must be written first
+                    continue
+                await self.checkpoint()
+                if not window.allows(seq):  # failed, or the lease was not surely ours
+                    await self._sleep_unless_fenced(_SEND_LIMIT_RETRY_SECONDS)
+            return True
+        finally:
+            self._send_wait = 0
 
     def _note_checkpoint(self, last_seq: int, at_ms: int) -> None:
         """CheckpointLagMs: receipt of the oldest newly covered frame -> checkpoint stored."""
@@ -596,10 +685,19 @@ class Session:
 
     def on_written(self, message: Message) -> None:
         self._bytes_in_flight -= self._frame_bytes.pop(message.key, 0)
+        if not self._stored_any:  # once per session: how long a take-over took to store
+            self._stored_any = True
+            self._info(
+                "first frame stored",
+                seq=message.seq,
+                since_start_ms=self._ctx.clock() - self.started_at_ms,
+            )
         if message.seq is None:
             self._local_unacked -= 1
         else:
             self.tracker.written(message.seq)
+            if self.window is not None:
+                self.window.written(message.seq)
         self._progress.set()
 
     def on_rejected(self, message: Message) -> None:
@@ -986,6 +1084,14 @@ class Session:
             assert frame.seq is not None
             if self._gap_baseline is not None:
                 self._first_frame(self._gap_baseline, frame.seq)
+            # (a seq above the limit was never accepted: the limit only grows)
+            window = self.window
+            if (
+                window is not None
+                and not window.allows(frame.seq)
+                and not await self._await_send_limit(frame.seq)
+            ):
+                return
             if not self.tracker.accept(frame.seq):
                 ctx.metrics.count("DuplicateFrames")
                 return

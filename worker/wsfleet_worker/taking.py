@@ -143,6 +143,7 @@ class LeaseTaker(WorkerRole):
         ):
             return HintOutcome.GIVE_BACK
         self.acquiring.add(pk)
+        began = self._clock()
         try:
             record = await self._acquire_lease(pk)
             if record is None:  # began to drain while waiting for the lease to lapse
@@ -168,6 +169,10 @@ class LeaseTaker(WorkerRole):
         finally:
             self.acquiring.discard(pk)
         self._metrics.count("Acquired")
+        self._logger.debug(
+            "lease acquired",
+            extra={"connection_id": record.connection_id, "acquire_ms": self._clock() - began},
+        )
         if self._liveness.fenced:
             # Won under a lease that is over: write nothing more; it lapses with the worker's.
             return HintOutcome.DONE

@@ -182,6 +182,8 @@ class Worker:
             connection_count=lambda: len(self.sessions),
             movable_count=lambda: self.rebalancer.movable() if self.rebalancer else None,
             on_fence=self._fence_all,
+            # a renewal no longer late: room for hints again at once (LeaseTaker.free_slots)
+            on_renewal_done=lambda: self.poller.slot_freed(),
         )
         self.taker = LeaseTaker(
             parts,

@@ -43,6 +43,7 @@ __all__ = [
     "CONNECTION_ID_PATTERN",
     "CONNECTION_PREFIX",
     "INDEX_SHARDS",
+    "WINDOW_FIELDS",
     "WORKER_INDEX_VALUE",
     "WORKER_PREFIX",
     "ConnectionRecord",
@@ -182,6 +183,13 @@ def _opt_str(item: Mapping[str, Any], name: str) -> str | None:
     return None if value is None else str(value)
 
 
+#: The connection attributes of an at-least-once sink's replay window (``sent_limit`` and the
+#: ``replayed_*`` totals), written only with writes the holder makes anyway.
+WINDOW_FIELDS = (
+    "sent_limit", "replayed_takeovers", "replayed_frames", "replayed_from_seq", "replayed_to_seq"
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConnectionRecord:
     """One connection item. ``lease_owner == ""`` (absent in DynamoDB) means free."""
@@ -216,6 +224,16 @@ class ConnectionRecord:
     #: When a rebalancing hand-off last moved it (the release sets it): not moved again
     #: within REBALANCE_DWELL_SECONDS of that, whoever owns it now.
     rebalanced_at_ms: int | None = None
+    #: At-least-once sinks (kinesis, firehose; :mod:`wsfleet_worker.checkpoint`): no holder
+    #: has sent a frame above this seq, so a takeover re-sends at most ``(last_seq,
+    #: sent_limit]``. None: nothing above ``last_seq`` was sent (or the sink is idempotent).
+    sent_limit: int | None = None
+    #: Takeovers that inherited such a window, the frames their new holders re-sent inside
+    #: those windows (an upper bound of the duplicates consumers see), and the last window.
+    replayed_takeovers: int = 0
+    replayed_frames: int = 0
+    replayed_from_seq: int | None = None
+    replayed_to_seq: int | None = None
 
     @property
     def connection_id(self) -> str:
@@ -256,6 +274,11 @@ class ConnectionRecord:
             resume_gaps=_int(item, "resume_gaps"),
             gap_frames=_int(item, "gap_frames"),
             rebalanced_at_ms=_opt_int(item, "rebalanced_at_ms"),
+            sent_limit=_opt_int(item, "sent_limit"),
+            replayed_takeovers=_int(item, "replayed_takeovers"),
+            replayed_frames=_int(item, "replayed_frames"),
+            replayed_from_seq=_opt_int(item, "replayed_from_seq"),
+            replayed_to_seq=_opt_int(item, "replayed_to_seq"),
         )
 
     def to_item(self) -> dict[str, Any]:
@@ -267,7 +290,7 @@ class ConnectionRecord:
         item = asdict(self)
         item["desired_state"] = str(self.desired_state)
         item["upstream"] = None if self.upstream.is_default else self.upstream.to_item()
-        for counter in ("resume_gaps", "gap_frames"):
+        for counter in ("resume_gaps", "gap_frames", "replayed_takeovers", "replayed_frames"):
             if not item[counter]:
                 item[counter] = None  # absent until a gap is seen: items stay as they were
         keys, removed = index_keys(

@@ -119,6 +119,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "kinesis: pack each connection's frames into KPL aggregated records (consumers "
            "deaggregate with the KPL libraries, as KCL and Lambda do); false: one frame per "
            "record.", "worker"),
+    EnvVar("MESSAGE_REPLAY_WINDOW", "message_replay_window", "10000",
+           "kinesis and firehose: the most frames a failover re-sends. A holder sends no seq "
+           "above the bound it last wrote with the checkpoint (checkpoint + this), so the "
+           "checkpoint is also written when 3/4 of it is used: about 3600 x rate / (0.75 x N) "
+           "writes per connection-hour at `rate` frames/s, at least 3600/CHECKPOINT_SECONDS. "
+           "Ignored by dynamodb (idempotent).", "worker"),
     EnvVar("STOPPED_RETENTION_DAYS", "stopped_retention_days", "7",
            "STOPPED connection items expire (TTL) this many days after the stop; 0 keeps them.",
            "router, worker"),
@@ -266,6 +272,7 @@ class Settings:
     message_sink: str = "dynamodb"
     message_stream: str = ""
     message_kinesis_aggregation: bool = True
+    message_replay_window: int = 10_000
     stopped_retention_days: float = 7.0
     checkpoint_seconds: float = 600.0
     health_file: str = "/tmp/wsfleet-worker.health"
@@ -297,6 +304,8 @@ class Settings:
             )
         if self.checkpoint_seconds <= 0:
             raise ConfigurationError("CHECKPOINT_SECONDS must be positive")
+        if self.message_replay_window < 1:
+            raise ConfigurationError("MESSAGE_REPLAY_WINDOW must be at least 1")
         if self.max_connections < 1:
             raise ConfigurationError("MAX_CONNECTIONS must be at least 1")
         if self.message_sink not in ("dynamodb", "kinesis", "firehose"):

@@ -63,6 +63,7 @@ from .lease import (
 from .rebalance import FLEET_VIEW_PK, FleetView
 from .record import (
     INDEX_SHARDS,
+    WINDOW_FIELDS,
     WORKER_INDEX_VALUE,
     ConnectionRecord,
     DesiredState,
@@ -167,8 +168,8 @@ def _restart_changes(
         removals.append("upstream")
     else:
         values["upstream"] = upstream.to_item()
-    if not same:
-        removals += ["resume_gaps", "gap_frames"]
+    if not same:  # another stream: its seqs say nothing about the old one's
+        removals += ["resume_gaps", "gap_frames", *WINDOW_FIELDS]
     if current.lease_owner and not owned:
         removals.append("lease_owner")
     return values, tuple(removals)
@@ -459,9 +460,11 @@ class LeaseStore(ABC):
         except _Refused as refused:
             current = refused.current
             if last_seq is not None and is_stale_checkpoint(current, lease, last_seq):
-                return self._holder_write(
-                    lease, set_values, remove=removed, started_only=started_only
-                )
+                # The send bound and replay totals of a stale write are older, hence lower,
+                # than what landed: never written back (a bound must not shrink under frames
+                # already sent).
+                fresh = {k: v for k, v in set_values.items() if k not in WINDOW_FIELDS}
+                return self._holder_write(lease, fresh, remove=removed, started_only=started_only)
             _raise_refusal(lease, current, refused.__cause__ or refused)
 
     @abstractmethod
@@ -477,12 +480,18 @@ class LeaseStore(ABC):
         STARTED if ``started_only``, and ``last_seq`` (set with the rest) is not below the
         item's. Raises :class:`_Refused` carrying the current item."""
 
-    def checkpoint(self, lease: Lease, last_seq: int) -> None:
+    def checkpoint(
+        self, lease: Lease, last_seq: int, *, window: Mapping[str, int] | None = None
+    ) -> None:
         """Record ``last_seq`` as durable (never backwards), fenced by owner and epoch and
         allowed only while STARTED: ConnectionStopped tells the holder of a STOP it missed,
-        LeaseLost that it is fenced."""
+        LeaseLost that it is fenced. ``window``: an at-least-once sink's send bound and replay
+        totals (:data:`WINDOW_FIELDS`), stored in the same write."""
         self._holder_write(
-            lease, {"updated_at_ms": self._clock()}, last_seq=last_seq, started_only=True
+            lease,
+            {"updated_at_ms": self._clock(), **(window or {})},
+            last_seq=last_seq,
+            started_only=True,
         )
 
     def release(
@@ -492,20 +501,23 @@ class LeaseStore(ABC):
         last_seq: int | None = None,
         stopped: bool = False,
         moved: bool = False,
+        window: Mapping[str, int] | None = None,
     ) -> ConnectionRecord:
         """Give the connection up now (owner removed, epoch kept so it keeps counting), with
         the final checkpoint. ``stopped``: the holder knows it is no longer STARTED (so it does
         not belong in gsi_unowned). ``moved``: a rebalancing hand-off, remembered on the item
         (``rebalanced_at_ms``, in the same write) so no owner moves it again within the dwell
-        time. Raises LeaseLost if it was not ours any more."""
+        time. ``window``: as for :meth:`checkpoint`. Raises LeaseLost if it was not ours any
+        more."""
         now = self._clock()
+        bound = dict(window or {})
         if not stopped:
             keys, _ = index_keys(lease.pk, DesiredState.STARTED, owned=False, since_ms=now)
             moved_at = {"rebalanced_at_ms": now} if moved else {}
             try:
                 return self._holder_write(
                     lease,
-                    {"updated_at_ms": now, **keys, **moved_at},
+                    {"updated_at_ms": now, **keys, **moved_at, **bound},
                     remove=("lease_owner",),
                     last_seq=last_seq,
                     started_only=True,
@@ -514,7 +526,7 @@ class LeaseStore(ABC):
                 pass  # stopped meanwhile: released below without joining gsi_unowned
         try:
             return self._holder_write(
-                lease, {"updated_at_ms": now}, remove=("lease_owner",), last_seq=last_seq
+                lease, {"updated_at_ms": now, **bound}, remove=("lease_owner",), last_seq=last_seq
             )
         except ConnectionStopped as exc:
             raise LeaseLost(str(exc), exc.current) from exc
@@ -585,10 +597,16 @@ class LeaseStore(ABC):
             raise LeaseLost(str(exc), exc.current) from exc
 
     def mark_stopped(
-        self, lease: Lease, reason: str, *, last_seq: int | None = None
+        self,
+        lease: Lease,
+        reason: str,
+        *,
+        last_seq: int | None = None,
+        window: Mapping[str, int] | None = None,
     ) -> ConnectionRecord:
-        """STOPPED + stop_reason + release in one write fenced by owner and epoch."""
-        return self._end(lease, DesiredState.STOPPED, reason, {}, last_seq)
+        """STOPPED + stop_reason + release in one write fenced by owner and epoch
+        (``window``: as for :meth:`checkpoint`)."""
+        return self._end(lease, DesiredState.STOPPED, reason, dict(window or {}), last_seq)
 
     def mark_failed(
         self,
@@ -599,12 +617,14 @@ class LeaseStore(ABC):
         at_seq: int,
         since_ms: int | None = None,
         last_seq: int | None = None,
+        window: Mapping[str, int] | None = None,
     ) -> ConnectionRecord:
         """The breaker tripped: FAILED + reason + release, fenced. FAILED is terminal until a
-        new START and gets no TTL (an operator must be able to find it)."""
+        new START and gets no TTL (an operator must be able to find it). ``window``: as for
+        :meth:`checkpoint`."""
         reason = reason[:_MAX_ERROR_CHARS]
         extra: dict[str, Any] = {
-            "last_error": reason, "failure_count": count, "failure_seq": at_seq
+            "last_error": reason, "failure_count": count, "failure_seq": at_seq, **(window or {})
         }
         if since_ms is not None:
             extra["failure_since_ms"] = since_ms

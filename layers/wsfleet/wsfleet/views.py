@@ -58,6 +58,14 @@ def connection_view(
         "failures": {"count": record.failure_count, "at_seq": record.failure_seq},
         "upstream": record.upstream.to_view(),
         "gaps": {"resumes": record.resume_gaps, "frames": record.gap_frames},
+        # At-least-once sinks: takeovers that inherited frames sent above the checkpoint, the
+        # frames re-sent inside those windows, and the last window (seqs, inclusive).
+        "replayed": {
+            "takeovers": record.replayed_takeovers,
+            "frames": record.replayed_frames,
+            "from_seq": record.replayed_from_seq,
+            "to_seq": record.replayed_to_seq,
+        },
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }

@@ -27,6 +27,7 @@ _EXPORTS = {
     "DynamoDBSink": "dynamodb",
     "FirehoseSink": "firehose",
     "KinesisSink": "kinesis",
+    "AT_LEAST_ONCE_SINKS": "select",
     "SINK_KINDS": "select",
     "sink_from_settings": "select",
 }

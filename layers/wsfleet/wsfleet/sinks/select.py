@@ -12,10 +12,13 @@ from typing import Any
 
 from .base import FrameSink
 
-__all__ = ["SINK_KINDS", "sink_from_settings"]
+__all__ = ["AT_LEAST_ONCE_SINKS", "SINK_KINDS", "sink_from_settings"]
 
 #: The values of ``MESSAGE_SINK``; the first is the default.
 SINK_KINDS = ("dynamodb", "kinesis", "firehose")
+#: The sinks where a frame sent again is stored again (a failover's replay duplicates): the
+#: worker bounds what a failover re-sends (``MESSAGE_REPLAY_WINDOW``) and reports it.
+AT_LEAST_ONCE_SINKS = ("kinesis", "firehose")
 
 
 def sink_from_settings(
