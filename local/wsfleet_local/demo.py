@@ -763,7 +763,9 @@ def _deploy_the_rest(
 
 
 def _end_live(monitor: _Monitor, live: Sequence[LiveHandoff], report: DemoReport) -> None:
-    """End the live-only pair at the upstream and audit each: moves, lost, gap, overlap."""
+    """End the live-only pair at the upstream and audit each: moves, lost, gap, overlap. A
+    loss the connection reports is shown, not failed (an overlap may fall back to break, by
+    design); a loss it does not report fails the demo."""
     ids = [h.stream_id for h in live]
     sim = monitor.fleet.simulator
     for stream_id in ids:
@@ -789,8 +791,6 @@ def _end_live(monitor: _Monitor, live: Sequence[LiveHandoff], report: DemoReport
                 f"{handoff.stream_id}: {handoff.lost} frame(s) lost but "
                 f"{handoff.gap_frames} reported"
             )
-        if handoff.mode == "overlap" and not handoff.unavailable and handoff.lost:
-            report.failures.append(f"{handoff.stream_id}: lost {handoff.lost} through the deploy")
     report.live = list(live)
     monitor.event(
         "live-only through the deploy: "

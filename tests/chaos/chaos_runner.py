@@ -342,7 +342,14 @@ class _Chaos:
                 self.log(f"SIGKILL {slot.worker_id} mid-drain")
             case "partition":
                 from bench.faults import FaultRule
+                from wsfleet_local.fleet import FleetError
 
+                # of a running fleet: a worker still starting would fail its start (exit 1),
+                # which the partition is not about (revives wait for its end, see above)
+                for index, starting in enumerate(fleet.workers):
+                    if starting.alive() and index not in self.paused:
+                        with contextlib.suppress(FleetError):
+                            fleet._wait_worker_ready(starting)
                 self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in PARTITION_RULES])
                 self.fault_window_end = max(self.fault_window_end, action.at + action.duration)
                 self.partition_end = action.at + action.duration

@@ -22,6 +22,10 @@ SSRF guard (issue #11). The router judged the URL text; the worker judges what i
   against the original name (``server_hostname``, which also sets SNI) and the ``Host`` header
   still names it. Environment proxies (``HTTPS_PROXY``) are not used: through a proxy the
   proxy resolves the name and nothing here could check it.
+* connects to one host that overlap (a take-over of a hundred connections to one feed) share
+  one lookup (:func:`shared_lookups`): getaddrinfo runs on asyncio's default executor, a
+  handful of threads, where a burst of identical lookups would queue one per connection.
+  Nothing is cached: the next connect looks up again.
 
 Handshake options (issue #13): extra headers and subprotocols go into the opening handshake.
 A connect carrying a credential (``origin_locked``) additionally refuses a redirect to another
@@ -67,6 +71,7 @@ __all__ = [
     "describe_error",
     "is_permanent",
     "make_connector",
+    "shared_lookups",
     "system_resolver",
 ]
 
@@ -94,6 +99,29 @@ async def system_resolver(host: str, port: int) -> list[IPAddress]:
         if address not in found:
             found.append(address)
     return found
+
+
+def shared_lookups(resolve: Resolver) -> Resolver:
+    """``resolve``, with the lookups of one ``(host, port)`` that overlap done once.
+
+    A connect that asks while a lookup of its name is out waits for that answer instead of
+    queueing one of its own. The answer is not kept: a lookup asked after it came back goes
+    out again (no cache to go stale, no answer reused past its DNS TTL). A failed lookup fails
+    every connect that waited for it. One connect cancelled while waiting does not cancel the
+    lookup the others wait for.
+    """
+    pending: dict[tuple[str, int], asyncio.Future[Sequence[IPAddress]]] = {}
+
+    async def lookup(host: str, port: int) -> Sequence[IPAddress]:
+        key = (host.lower(), port)
+        answer = pending.get(key)
+        if answer is None:
+            answer = asyncio.ensure_future(resolve(host, port))
+            pending[key] = answer
+            answer.add_done_callback(lambda _done: pending.pop(key, None))
+        return await asyncio.shield(answer)
+
+    return lookup
 
 
 class _GuardedConnect(connect):
@@ -226,6 +254,7 @@ def make_connector(
     client_log = logging.getLogger("websockets.client")
     client_log.setLevel(max(client_log.getEffectiveLevel(), logging.INFO))
     connection_class = bounded_connection(message_timeout)
+    resolver = shared_lookups(resolver)
 
     async def open_connection(
         url: str,

@@ -4,10 +4,12 @@ A worker hints a connection it lets go while the connection should keep streamin
 on drain, a session that crashed or was handed over, a stranded connection the sweep freed,
 a connection won while draining and handed back. Callers must not wait for SQS (a drain
 releases a thousand connections; the sweep and the session callbacks are not the place for a
-round trip), so :meth:`HintOutbox.add` only queues: whatever accumulates while the sends are
-in flight goes out together next, ten hints per SendMessageBatch, the batches at once. A hint
-that cannot be sent is logged and dropped: its connection is free and STARTED, so it sits in
-gsi_unowned and the reconciler hints it after its grace.
+round trip), so :meth:`HintOutbox.add` only queues. Ten hints make a SendMessageBatch, and a
+full one goes out at once, whatever is in flight (it is that request either way). A partial
+one goes out when nothing is in flight; what is queued while sends are out joins it, so a
+drain's trickle of releases is coalesced, never sent one request per hint. A hint that cannot
+be sent is logged and dropped: its connection is free and STARTED, so it sits in gsi_unowned
+and the reconciler hints it after its grace.
 """
 
 from __future__ import annotations
@@ -33,24 +35,25 @@ class HintOutbox:
         self._offloader = offloader
         self._logger = logger
         self._pending: list[Hint] = []
-        self._task: asyncio.Task[None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
         self.sent = 0
 
     def add(self, hint: Hint) -> None:
         self._pending.append(hint)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._drain())
+        self._send_ready()
 
-    async def _drain(self) -> None:
-        while self._pending:
-            pending, self._pending = self._pending, []
-            # One SendMessageBatch per ten hints, all at once (bounded by the SQS pool): a
-            # drain of a hundred connections must not send ten batches one after another.
-            chunks = [
-                pending[start:start + SQS_BATCH_LIMIT]
-                for start in range(0, len(pending), SQS_BATCH_LIMIT)
-            ]
-            await asyncio.gather(*(self._send(chunk) for chunk in chunks))
+    def _send_ready(self) -> None:
+        """Send every full batch now, and a partial one if no send is out."""
+        while len(self._pending) >= SQS_BATCH_LIMIT or (self._pending and not self._sending):
+            batch = self._pending[:SQS_BATCH_LIMIT]
+            del self._pending[:SQS_BATCH_LIMIT]
+            task = asyncio.create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._send_ready()  # what was queued meanwhile
 
     async def _send(self, batch: list[Hint]) -> None:
         try:
@@ -66,5 +69,6 @@ class HintOutbox:
 
     async def flush(self) -> None:
         """Wait until everything queued so far has been sent (or given up on)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+        while self._sending:
+            # asyncio.wait, not gather: a flush cut short (a drain's timeout) cancels no send
+            await asyncio.wait(set(self._sending))
