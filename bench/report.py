@@ -403,7 +403,8 @@ def _sinks_section(document: dict[str, Any]) -> str:
     from .sink_bench import table
 
     items = _results(document, "sinks")
-    parts = ["## 6d. Frame sinks: frames per worker vCPU-second and cost per million frames", "",
+    parts = ["## 6f. Frame sinks: frames per worker vCPU-second and cost per million frames "
+             "(issue #27)", "",
              "bench/sink_bench.py: for each sink and load one bench/throughput.py run (its own "
              "upstream, embedded moto server for Kinesis, Firehose and S3, dynalite tables, one "
              "worker). Frames stored over the worker's CPU seconds in a steady window; the load "
@@ -420,7 +421,13 @@ def _sinks_section(document: dict[str, Any]) -> str:
              "up to 1 KB (last column), Firehose Direct PUT = ingestion with each record rounded "
              "up to 5 KB. Fixed charges (an on-demand stream-hour, S3 behind Firehose) are not "
              "per frame and left out. A frame's record is its JSON with connection id, key, seq, "
-             "lease epoch, receive time and worker id (about 130 bytes more than the frame).", ""]
+             "lease epoch, receive time and worker id (about 130 bytes more than the frame). "
+             "The upstream paces frames as a feed does (every 50 ms what is due: one frame per "
+             "socket read at 20 frames/s), so the 100 x 20 rows pay a wake-up of the event loop "
+             "per frame and a request per 100 ms flush, where 10 x 1,000 reads ~50 frames at a "
+             "time. Where frames/s is below the offered rate the backend set the pace (dynalite, "
+             "or the moto server, which serialises every request and is slow on PutRecords of "
+             "500 plain records) and the worker held the rest back (backpressure, no loss).", ""]
     for _name, r in items:
         if "error" in r:
             continue
