@@ -643,6 +643,18 @@ def _targets(document: dict[str, Any]) -> str:
                              f"{_n(row.get('frames_per_cpu_second'), 0)} frames/s per vCPU at "
                              f"load {row['load_average_after'][0]}, no loss: "
                              f"{_met(row.get('no_loss'))}", _met(row.get("target_met"))])
+    for name, r in _results(document, "handoff-modes"):
+        live = (r.get("cohorts") or {}).get("live/overlap")
+        broken = (r.get("cohorts") or {}).get("live/break") or {}
+        rate = r.get("settings", {}).get("frames_per_second_per_stream")
+        if "error" in r:
+            continue
+        rows.append(["live-only: 0 frames lost per planned move with overlap (#26)", name,
+                     (f"overlap {live['frames_lost']} lost in {live['moves']} moves"
+                      if live else f"overlap not run ({r.get('overlap_unavailable')})")
+                     + f"; break {broken.get('lost_per_move')} per move at {rate:g} frames/s "
+                     f"(load {r.get('load_average_after')})",
+                     _met(r.get("target_met"))])  # fmt: skip
     for group, label in (("crash", "crash failover p99 <= lease + 1 s"),
                          ("handoff", "graceful hand-off p99 < 1 s")):  # fmt: skip
         for name, r in _results(document, group):
