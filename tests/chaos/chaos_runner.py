@@ -276,6 +276,8 @@ class _Chaos:
         # The poison track draws from its own RNG so it leaves the STOP/START choices alone.
         self.poison_rng = random.Random(config.seed + 2)
         self.all_slots = list(self.fleet.workers)  # every worker incarnation, for `survived`
+        #: Hostile frames found stored while their session was open (_hostile_stored).
+        self.hostile_verified = 0
         self.poisoned_queues: dict[str, str] = {}  # control queue url -> its worker id
         self.forged: list[ForgedStop] = []
         # Forged-STOP targets are never STOPped by the schedule, so any STOP a worker applies
@@ -769,7 +771,10 @@ def _hostile_stored(chaos: _Chaos, client: Any) -> bool:
         scratch, **{**_hostile_evidence(chaos, sessions, {HOSTILE_FRAMES: items}, {}, []),
                     "trap_connections": 0},
     )  # fmt: skip
-    return not any(v.invariant == "hostile_lost" for v in scratch.violations)
+    if any(v.invariant == "hostile_lost" for v in scratch.violations):
+        return False
+    chaos.hostile_verified = int(scratch.figures.get("hostile_frames_checked", 0))
+    return True
 
 
 def _checkpoints(chaos: _Chaos, client: Any) -> dict[str, int]:
@@ -1052,6 +1057,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             report.verdict,
             **_hostile_evidence(chaos, sessions, items, records, schedule),
             trap_connections=trap.accepted,
+            verified_open=chaos.hostile_verified,
         )
         report.verdict.figures["poison_sent"] = chaos.poison_sent
         report.verdict.figures["poison_refused_by_sqs"] = chaos.poison_refused
