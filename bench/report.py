@@ -443,6 +443,42 @@ def _sinks_section(document: dict[str, Any]) -> str:
     return "\n".join(parts) if items else ""
 
 
+def _sink_replay_section(document: dict[str, Any]) -> str:
+    """Issue #27's delivery contract: loss and re-sends per hand-off (bench/sink_replay.py)."""
+    items = _results(document, "sink-replay")
+    rows = []
+    for _name, r in items:
+        if "error" in r:
+            continue
+        load = f"{r.get('load_before')} / {r.get('load_after')}"
+        for kind, c in (r.get("kinds") or {}).items():
+            widths = [high - low + 1 for _, low, high in c.get("windows") or []]
+            rows.append([r["sink"], kind, c["handoffs"], c["re_sent"], c["reported"],
+                         max(widths, default="-"), c["outside"], r["lost"], load,
+                         _met(r.get("met"))])  # fmt: skip
+    parts = ["## 6g. Frame sinks: frames lost and re-sent after a SIGKILL, a rebalance and a "
+             "SIGTERM (issue #27)", "",
+             "bench/sink_replay.py (`python -m bench --only sink-replay`): one local fleet per "
+             "sink (moto server: tables, stream, S3), 6 streams at 20 frames/s on two workers, "
+             "lease 4 s / heartbeat 1 s, MESSAGE_REPLAY_WINDOW=60 and CHECKPOINT_SECONDS=600 so "
+             "the send limit drives the checkpoints. The worker holding the most streams is "
+             "SIGKILLed (its peer takes over, task exit event), a third worker joins "
+             "(rebalancing moves), the other first worker is SIGTERMed (drain); then every "
+             "stream is STOPped and read back from the sink. A copy of a seq beyond the first "
+             "is *re-sent*, counted against the hand-off that gave its epoch the stream. "
+             "*Reported*: the `replayed.frames` the connection views gained in that step (frames "
+             "the new holder wrote inside its inherited window: an upper bound of the "
+             "duplicates); *window*: the widest `replayed.from_seq..to_seq` reported; "
+             "*outside*: re-sent copies outside every reported window. Lost: a seq up to the "
+             "final checkpoint missing from the sink (whole run). Target: lost 0, re-sent <= "
+             "reported, outside 0, 0 re-sent after a SIGTERM. Load: 1-minute load average "
+             "before / after the run.", "",
+             _table(["sink", "hand-off", "hand-offs", "re-sent", "reported", "window",
+                     "outside", "lost", "load", "target met"], rows), ""]  # fmt: skip
+    parts += _error_rows(items)
+    return "\n".join(parts) if items else ""
+
+
 def _scale_models(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(v, (r.get(v) or {}).get("model") or {}) for v in ("v1", "v2") if r.get(v)]
 
@@ -929,6 +965,7 @@ def render(document: dict[str, Any]) -> str:
         _flood_section(document),
         _throughput_section(document),
         _sinks_section(document),
+        _sink_replay_section(document),
         _shapes_section(document),
         _handoff_modes_section(document),
         _rebalance_section(document),

@@ -848,7 +848,10 @@ def render_summary(report: DemoReport) -> Table:
     for label, timing, what in phases:
         table.add_row(*_timing_row(label, timing, what))
     table.add_section()
-    overlaps = f"bad content, stale-epoch writes, {audit.overlapping_sessions} overlapping sessions"
+    overlaps = (
+        f"bad content, stale-epoch writes ({audit.overlapping_sessions} upstream session "
+        "overlaps: planned make-before-break hand-offs)"
+    )
     skipped = f"frames the upstream skipped, reported in {report.gaps[0]} resume(s) (0: replayed)"
     counts = (
         ("produced", audit.produced, "frames, to each stream's end or STOP"),
