@@ -339,6 +339,8 @@ def _handoff_modes_section(document: dict[str, Any]) -> str:
     for name, r in items:
         if r.get("overlap_unavailable"):
             notes.append(f"- `{name}`: overlap mode not run: {r['overlap_unavailable']}")
+        if r.get("not_even"):
+            notes.append(f"- `{name}`: the spread did not even out: {r['not_even']}")
         for target, met in (r.get("targets") or {}).items():
             notes.append(f"- `{name}` {target}: {_met(met)}")
     intro = ("bench/handoff_modes.py (`python -m bench --only handoff-modes`). Issue #26: "
