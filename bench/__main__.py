@@ -47,7 +47,8 @@ from .harness import ROOT, machine
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 GROUPS = ("cost", "crash", "handoff", "stop", "capacity", "flood", "throughput", "reconcile",
-          "compat", "scale", "shapes", "rebalance", "tradeoffs", "handoff-modes", "sinks")
+          "compat", "scale", "shapes", "rebalance", "tradeoffs", "handoff-modes", "sinks",
+          "sink-replay")
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,13 @@ def _steps(quick: bool) -> list[Step]:
 
         steps.append(Step("sinks", "sinks", lambda d: run_sinks(
             d, window=10.0 if quick else 20.0, warmup=3.0 if quick else 5.0)))
+    # Issue #27's delivery contract: frames lost and re-sent by the stream sinks through a
+    # SIGKILL, a rebalance and a SIGTERM, against the windows the views report.
+    from .sink_replay import run_sink_replay
+
+    steps += [Step("sink-replay", f"sink-replay-{sink}", functools.partial(
+        lambda d, sink: run_sink_replay(run_dir=d, sink=sink), sink=sink))
+        for sink in ("kinesis", "firehose")]
     return steps  # fmt: skip
 
 

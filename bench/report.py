@@ -339,17 +339,21 @@ def _handoff_modes_section(document: dict[str, Any]) -> str:
     for name, r in items:
         if r.get("overlap_unavailable"):
             notes.append(f"- `{name}`: overlap mode not run: {r['overlap_unavailable']}")
+        if r.get("not_even"):
+            notes.append(f"- `{name}`: the spread did not even out: {r['not_even']}")
         for target, met in (r.get("targets") or {}).items():
             notes.append(f"- `{name}` {target}: {_met(met)}")
     intro = ("bench/handoff_modes.py (`python -m bench --only handoff-modes`). Issue #26: "
              "cohorts of streams, one per upstream behaviour (live-only; live-only allowing "
-             "one session per account; replaying) and hand-off mode (`upstream.handoff`: "
+             "one session per account; live-only cutting the first session when a second "
+             "opens; replaying) and hand-off mode (`upstream.handoff`: "
              "`break` = break-before-make, `overlap` = make-before-break), through the same "
              "SIGTERM drains (worker 0, then worker 1, a fresh peer ready) or the same 3 -> 6 "
              "rebalance, in one run; short lease profile. Lost: seqs between the first and the "
              "last stored that are not stored. Gap reported: the records' gap_frames. Overlaps: "
              "pairs of one stream's sessions open together at the upstream (simulator session "
-             "log). Targets: live/overlap 0 lost; one-session gap == lost; replay 0 and 0; "
+             "log). Targets: live/overlap 0 lost; one-session and cut-first gap == lost; replay 0 "
+             "and 0; "
              "break never overlaps.")  # fmt: skip
     section = _section("## 6e. Hand-off modes: make-before-break beside break-before-make "
                        "(issue #26)", intro, header, rows, items)  # fmt: skip
@@ -401,7 +405,8 @@ def _sinks_section(document: dict[str, Any]) -> str:
     from .sink_bench import table
 
     items = _results(document, "sinks")
-    parts = ["## 6d. Frame sinks: frames per worker vCPU-second and cost per million frames", "",
+    parts = ["## 6f. Frame sinks: frames per worker vCPU-second and cost per million frames "
+             "(issue #27)", "",
              "bench/sink_bench.py: for each sink and load one bench/throughput.py run (its own "
              "upstream, embedded moto server for Kinesis, Firehose and S3, dynalite tables, one "
              "worker). Frames stored over the worker's CPU seconds in a steady window; the load "
@@ -418,7 +423,13 @@ def _sinks_section(document: dict[str, Any]) -> str:
              "up to 1 KB (last column), Firehose Direct PUT = ingestion with each record rounded "
              "up to 5 KB. Fixed charges (an on-demand stream-hour, S3 behind Firehose) are not "
              "per frame and left out. A frame's record is its JSON with connection id, key, seq, "
-             "lease epoch, receive time and worker id (about 130 bytes more than the frame).", ""]
+             "lease epoch, receive time and worker id (about 130 bytes more than the frame). "
+             "The upstream paces frames as a feed does (every 50 ms what is due: one frame per "
+             "socket read at 20 frames/s), so the 100 x 20 rows pay a wake-up of the event loop "
+             "per frame and a request per 100 ms flush, where 10 x 1,000 reads ~50 frames at a "
+             "time. Where frames/s is below the offered rate the backend set the pace (dynalite, "
+             "or the moto server, which serialises every request and is slow on PutRecords of "
+             "500 plain records) and the worker held the rest back (backpressure, no loss).", ""]
     for _name, r in items:
         if "error" in r:
             continue
@@ -428,6 +439,42 @@ def _sinks_section(document: dict[str, Any]) -> str:
                      + ", ".join(f"{k} {v}" for k, v in prices.items()
                                  if k not in ("region", "checked")) + ".")  # fmt: skip
         parts += ["", table(r), ""]
+    parts += _error_rows(items)
+    return "\n".join(parts) if items else ""
+
+
+def _sink_replay_section(document: dict[str, Any]) -> str:
+    """Issue #27's delivery contract: loss and re-sends per hand-off (bench/sink_replay.py)."""
+    items = _results(document, "sink-replay")
+    rows = []
+    for _name, r in items:
+        if "error" in r:
+            continue
+        load = f"{r.get('load_before')} / {r.get('load_after')}"
+        for kind, c in (r.get("kinds") or {}).items():
+            widths = [high - low + 1 for _, low, high in c.get("windows") or []]
+            rows.append([r["sink"], kind, c["handoffs"], c["re_sent"], c["reported"],
+                         max(widths, default="-"), c["outside"], r["lost"], load,
+                         _met(r.get("met"))])  # fmt: skip
+    parts = ["## 6g. Frame sinks: frames lost and re-sent after a SIGKILL, a rebalance and a "
+             "SIGTERM (issue #27)", "",
+             "bench/sink_replay.py (`python -m bench --only sink-replay`): one local fleet per "
+             "sink (moto server: tables, stream, S3), 6 streams at 20 frames/s on two workers, "
+             "lease 4 s / heartbeat 1 s, MESSAGE_REPLAY_WINDOW=60 and CHECKPOINT_SECONDS=600 so "
+             "the send limit drives the checkpoints. The worker holding the most streams is "
+             "SIGKILLed (its peer takes over, task exit event), a third worker joins "
+             "(rebalancing moves), the other first worker is SIGTERMed (drain); then every "
+             "stream is STOPped and read back from the sink. A copy of a seq beyond the first "
+             "is *re-sent*, counted against the hand-off that gave its epoch the stream. "
+             "*Reported*: the `replayed.frames` the connection views gained in that step (frames "
+             "the new holder wrote inside its inherited window: an upper bound of the "
+             "duplicates); *window*: the widest `replayed.from_seq..to_seq` reported; "
+             "*outside*: re-sent copies outside every reported window. Lost: a seq up to the "
+             "final checkpoint missing from the sink (whole run). Target: lost 0, re-sent <= "
+             "reported, outside 0, 0 re-sent after a SIGTERM. Load: 1-minute load average "
+             "before / after the run.", "",
+             _table(["sink", "hand-off", "hand-offs", "re-sent", "reported", "window",
+                     "outside", "lost", "load", "target met"], rows), ""]  # fmt: skip
     parts += _error_rows(items)
     return "\n".join(parts) if items else ""
 
@@ -634,6 +681,18 @@ def _targets(document: dict[str, Any]) -> str:
                              f"{_n(row.get('frames_per_cpu_second'), 0)} frames/s per vCPU at "
                              f"load {row['load_average_after'][0]}, no loss: "
                              f"{_met(row.get('no_loss'))}", _met(row.get("target_met"))])
+    for name, r in _results(document, "handoff-modes"):
+        live = (r.get("cohorts") or {}).get("live/overlap")
+        broken = (r.get("cohorts") or {}).get("live/break") or {}
+        rate = r.get("settings", {}).get("frames_per_second_per_stream")
+        if "error" in r:
+            continue
+        rows.append(["live-only: 0 frames lost per planned move with overlap (#26)", name,
+                     (f"overlap {live['frames_lost']} lost in {live['moves']} moves"
+                      if live else f"overlap not run ({r.get('overlap_unavailable')})")
+                     + f"; break {broken.get('lost_per_move')} per move at {rate:g} frames/s "
+                     f"(load {r.get('load_average_after')})",
+                     _met(r.get("target_met"))])  # fmt: skip
     for group, label in (("crash", "crash failover p99 <= lease + 1 s"),
                          ("handoff", "graceful hand-off p99 < 1 s")):  # fmt: skip
         for name, r in _results(document, group):
@@ -908,6 +967,7 @@ def render(document: dict[str, Any]) -> str:
         _flood_section(document),
         _throughput_section(document),
         _sinks_section(document),
+        _sink_replay_section(document),
         _shapes_section(document),
         _handoff_modes_section(document),
         _rebalance_section(document),

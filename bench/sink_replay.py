@@ -27,6 +27,7 @@ lost 0; re_sent <= reported and outside 0; 0 re-sent after a SIGTERM.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections import Counter, defaultdict
@@ -85,6 +86,7 @@ def run_sink_replay(
     )
     ids = [f"rp{i:02d}" for i in range(connections)]
     extra = {"MESSAGE_REPLAY_WINDOW": str(window)}
+    load_before = round(os.getloadavg()[0], 2)
     with LocalFleet(
         workers=2, timings=timings, run_dir=run_dir, rate=rate, sink=sink, extra_worker_env=extra
     ) as fleet:
@@ -179,6 +181,8 @@ def run_sink_replay(
         "lost": lost,
         "kinds": {kind: asdict(c) for kind, c in counts.items()},
         "met": lost == 0 and _met(counts),
+        "load_before": load_before,
+        "load_after": round(os.getloadavg()[0], 2),
     }
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import pstats
@@ -94,12 +95,16 @@ def serve(rate: float, frame_bytes: int = 0) -> None:
     """The upstream: prints its URL, then streams numbered frames to every client.
 
     Resumes at ``from_seq`` (the worker asks for it). Frames are written to the socket
-    directly, 100 per write, already framed (server frames are unmasked, so a text frame is
-    two or four header bytes and the payload): going through ``send()`` one frame at a time
+    directly, several per write, already framed (server frames are unmasked, so a text frame
+    is two or four header bytes and the payload): going through ``send()`` one frame at a time
     cost this process more CPU than the worker spends per frame, and on a small machine the
-    upstream, not the worker, set the pace. Without a rate a session writes whenever its
-    socket's buffer is below 256 KiB: as fast as the worker reads.
+    upstream, not the worker, set the pace. Without a rate a session writes 100 frames
+    whenever its socket's buffer is below 256 KiB: as fast as the worker reads. With a rate it
+    writes every 50 ms what is due (20 frames/s: one frame per write), so frames arrive as a
+    paced feed sends them: a burst of 100 frames every 5 s would let the stream sinks pack 100
+    frames into one record where a real 20 frames/s feed gives them about 2 per flush.
     """
+    chunk = 100 if rate <= 0 else max(1, min(100, math.ceil(rate * 0.05)))
 
     def framed(text: str) -> bytes:
         payload = text.encode()
@@ -121,10 +126,10 @@ def serve(rate: float, frame_bytes: int = 0) -> None:
                 continue
             transport.write(b"".join(
                 framed(f'{{"seq": {n}, "data": "{frame_data(stream, n, frame_bytes)}"}}')
-                for n in range(seq, seq + 100)
+                for n in range(seq, seq + chunk)
             ))  # fmt: skip
-            seq += 100
-            sent += 100
+            seq += chunk
+            sent += chunk
             ahead = sent / rate - (time.monotonic() - started) if rate > 0 else 0.0
             await asyncio.sleep(max(0.0, ahead))
 

@@ -547,10 +547,11 @@ class Resources:
 
     Example::
 
-        >>> resources = backend.create_resources("t1")
+        >>> resources = backend.create_resources("t1")  # backend: a running EmbeddedBackend
         >>> resources.connections_table
         't1-ConnectionsTable'
-        >>> os.environ.update(resources.env())  # AWS_ENDPOINT_URL, CONNECTIONS_TABLE, ...
+        >>> resources.env()["CONNECTIONS_TABLE"]  # with AWS_ENDPOINT_URL, HINT_QUEUE_URL, ...
+        't1-ConnectionsTable'
     """
 
     endpoint_url: str
@@ -593,8 +594,10 @@ def local_client(service: str, endpoint_url: str, region: str = DEFAULT_REGION) 
 
     Example::
 
-        >>> local_client("dynamodb", resources.endpoint_url).list_tables()["TableNames"]
-        ['t1-ConnectionsTable', 't1-MessagesTable']
+        >>> resources = backend.create_resources("t2")
+        >>> names = local_client("dynamodb", resources.endpoint_url).list_tables()["TableNames"]
+        >>> [name for name in names if name.startswith("t2-")]
+        ['t2-ConnectionsTable', 't2-MessagesTable']
     """
     import boto3
 
@@ -623,8 +626,9 @@ def provision_resources(
 
     Example::
 
-        >>> provision_resources("http://127.0.0.1:5000", "demo").hint_queue_url
-        'http://127.0.0.1:5000/123456789012/demo-HintQueue'
+        >>> url = provision_resources(backend.endpoint_url, "demo").hint_queue_url
+        >>> url.removeprefix(backend.endpoint_url)
+        '/123456789012/demo-HintQueue'
     """
     from botocore.exceptions import BotoCoreError, ClientError
 

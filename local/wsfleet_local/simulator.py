@@ -31,7 +31,10 @@ What a test can do to a stream
     Arm a one-shot :class:`Fault` or :class:`HostileFrame` (for the worker's frame parsing and
     size limits): it hits a session open now, else the next one, and is listed in that
     session's ``faults`` (a hostile frame as ``hostile:<kind>:<n>:<size>``, from which
-    :func:`hostile_frame_data` gives back the data a worker should have stored).
+    :func:`hostile_frame_data` gives back the data a worker should have stored). A hostile
+    frame is stream content: every session open when it is armed gets the same frame (same
+    ``n``), as every subscriber of a real feed would (two at once during a make-before-break
+    hand-off); with none open, the next session gets it.
     ``poison_stream`` opens *every* session with a ``size``-byte frame (a crash loop for a
     worker whose limit is lower); ``creep_stream`` sends every session the one frame it owes
     next and then such a frame (the client's position moves on every session: a loop a breaker
@@ -674,7 +677,13 @@ def inject_hostile(
         size = 0
     elif size is None:
         size = DEFAULT_HOSTILE_FRAME_BYTES
-    sim._hostile[stream_id].append((frame, size))
+    armed = (frame, size, next(sim._hostile_ids))
+    open_now = sim._live.get(stream_id)
+    if open_now:
+        for ws in open_now:
+            ws.hostile.append(armed)
+    else:
+        sim._hostile[stream_id].append(armed)
     sim._wake(stream_id)
 
 
@@ -941,6 +950,8 @@ class _SimConnection(ServerConnection):
     wake: asyncio.Event
     on_lost: Callable[[], None] | None = None
     account: str | None = None  # set when its stream has a session limit
+    #: hostile frames armed while this session was open, still to send (kind, size, n)
+    hostile: deque[tuple[HostileFrame, int, int]]
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -994,7 +1005,8 @@ class UpstreamSimulator(SimulatorControl):
         self._rejects: Counter[str] = Counter()
         self._redirects: dict[str, str] = {}  # -> Location (see redirect_stream)
         self._redirects_served: Counter[str] = Counter()
-        self._hostile: defaultdict[str, deque[tuple[HostileFrame, int]]] = defaultdict(deque)
+        # armed while no session was open: for the next one (kind, size, n)
+        self._hostile: defaultdict[str, deque[tuple[HostileFrame, int, int]]] = defaultdict(deque)
         self._poisoned: dict[str, int] = {}  # -> size of every session's first frame
         self._creeping: dict[str, int] = {}  # -> size of the frame after each session's one
         self._trickling: dict[str, float] = {}  # -> seconds between the trickled bytes
@@ -1218,6 +1230,7 @@ class UpstreamSimulator(SimulatorControl):
         self._log.append(record)
         self._log_event(stream_id, record.session_id, "open")
         connection.wake = asyncio.Event()
+        connection.hostile = deque()
         self._live[stream_id].add(connection)
         connection.on_lost = functools.partial(self._connection_lost, connection)
         if connection.state is State.CLOSED:  # lost before we could hook it
@@ -1292,8 +1305,10 @@ class UpstreamSimulator(SimulatorControl):
 
         await ws.send(fragments())
 
-    async def _send_hostile(self, ws: _SimConnection, kind: HostileFrame, size: int) -> None:
-        n = next(self._hostile_ids)
+    async def _send_hostile(
+        self, ws: _SimConnection, kind: HostileFrame, size: int, n: int | None = None
+    ) -> None:
+        n = next(self._hostile_ids) if n is None else n
         ws.record.faults = (*ws.record.faults, f"hostile:{kind.value}:{n}:{size}")
         await ws.send(hostile_frame_text(ws.record.stream_id, kind, n, size))
 
@@ -1336,9 +1351,12 @@ class UpstreamSimulator(SimulatorControl):
             await self._send_hostile(ws, HostileFrame.OPENING, self._creeping[stream_id])
             return
         while record.is_open:
-            if self._hostile.get(stream_id):
-                for kind, size in self._hostile.pop(stream_id):
-                    await self._send_hostile(ws, kind, size)
+            if self._hostile.get(stream_id):  # armed before this session: it is the next one
+                ws.hostile.extend(self._hostile.pop(stream_id))
+            if ws.hostile:
+                while ws.hostile:
+                    kind, size, n = ws.hostile.popleft()
+                    await self._send_hostile(ws, kind, size, n)
                 continue
             if self._faults.get(stream_id):
                 if await self._apply_fault(ws, self._faults[stream_id].popleft()):

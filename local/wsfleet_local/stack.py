@@ -16,6 +16,7 @@ Pure: a template dict in, dataclasses out. No boto3, no files except through the
 
 Example::
 
+    >>> from wsfleet_local.backend import find_template, load_template
     >>> stack = read_stack(load_template(find_template()))
     >>> stack.function("router").routes[0]
     Route(method='POST', path='/events')

@@ -19,7 +19,11 @@ Invariants (each violation names the stream and the evidence):
     ends with none.
 ``lost`` / ``duplicated``
     Every seq from 1 to the record's checkpoint is stored, with its own content
-    (``"<id>:<seq>"``), under the sort key of its seq (so it cannot be stored twice).
+    (``"<id>:<seq>"``), under the sort key of its seq (so it cannot be stored twice). On an
+    at-least-once sink (a Kinesis stream: ``windows`` given) a seq may be stored more than
+    once, but every copy after the first must lie inside a replay window a connection view
+    reported (``replayed.from_seq..to_seq``, sampled with the table): a duplicate outside
+    every reported window is ``duplicated``.
 ``fenced``
     No message stored under epoch *e* was received after epoch *e' > e* was seen in the table
     (the sample time is after the real acquire, so this never accuses an innocent write); no
@@ -103,6 +107,7 @@ __all__ = [
     "check_history",
     "check_hostile",
     "check_poison",
+    "replay_windows",
 ]
 
 
@@ -116,6 +121,8 @@ class Sample:
     owner: str
     last_seq: int
     desired_state: str
+    #: The last replay window the record reported (at-least-once sinks), if any.
+    replayed: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -244,8 +251,12 @@ def _check_messages(
     checkpoint: int,
     first_seen: Mapping[int, float],
     verdict: Verdict,
+    *,
+    overwrites: bool = True,
 ) -> int:
-    """Loss, content, sort keys and fencing of one stream's stored frames; returns #checked."""
+    """Loss, content, sort keys and fencing of one stream's stored frames; returns #checked.
+    ``overwrites``: a write lands on its seq's key (the table), so an older epoch's frame above
+    a newer epoch's is an old owner overwriting; a stream keeps every copy instead."""
     by_seq: dict[int, Mapping[str, Any]] = {}
     for item in items:
         if item.get("seq") is None:
@@ -276,7 +287,7 @@ def _check_messages(
                 f"seq {seq} stored under epoch {epoch} was received {received - limit:.3f} s "
                 f"after a later epoch was already in the table",
             )
-        if seq <= checkpoint and epoch < newest:
+        if overwrites and seq <= checkpoint and epoch < newest:
             seen = first_seen.get(newest)
             late = f", {received - seen:+.2f} s vs epoch {newest} first seen" if seen else ""
             verdict.add("fenced", stream_id,
@@ -285,6 +296,29 @@ def _check_messages(
                         f"{newest}")  # fmt: skip
         newest = max(newest, epoch)
     return len(by_seq)
+
+
+def _check_duplicates(
+    stream_id: str,
+    items: Sequence[Mapping[str, Any]],
+    windows: set[tuple[int, int]],
+    verdict: Verdict,
+) -> int:
+    """At-least-once sinks: every copy of a seq after the first lies inside a reported replay
+    window. Returns the copies re-sent."""
+    copies: dict[int, int] = defaultdict(int)
+    for item in items:
+        if item.get("seq") is not None:
+            copies[int(item["seq"])] += 1
+    outside = sorted(
+        seq for seq, n in copies.items()
+        if n > 1 and not any(low <= seq <= high for low, high in windows)
+    )  # fmt: skip
+    if outside:
+        verdict.add("duplicated", stream_id,
+                    f"{len(outside)} seq(s) stored twice outside every reported replay window "
+                    f"{sorted(windows)[:5]}: {outside[:10]}")  # fmt: skip
+    return sum(n - 1 for n in copies.values())
 
 
 def _planned(
@@ -405,13 +439,15 @@ def check_history(
     end_time: float,
     handoffs: Sequence[PlannedHandoff] = (),
     handoff_grace_seconds: float = 0.0,
+    windows: Mapping[str, set[tuple[int, int]]] | None = None,
 ) -> Verdict:
     """Check every invariant of the module docstring over one run's history.
 
     ``handoffs``: the planned (make-before-break) hand-offs the workers announced;
     ``handoff_grace_seconds``: how long after the PREPARE of a hand-off whose end was not
     logged (its giver died) its two sessions may still be open together (the taker's wait
-    for COMMIT plus a close)."""
+    for COMMIT plus a close). ``windows``: the replay windows each stream's view reported
+    (an at-least-once sink; None: the table)."""
     verdict = Verdict()
     owners = _owners_by_epoch(samples)
     planned_by_stream: dict[str, list[PlannedHandoff]] = defaultdict(list)
@@ -424,7 +460,7 @@ def check_history(
         by_stream[session.stream_id].append(session)
     first_seen = _first_seen(samples)
     _check_monotonic(samples, verdict)
-    checked = overlaps = excused = 0
+    checked = overlaps = excused = re_sent = 0
     now_ms = int(end_time * 1000)
     for stream_id, desired in sorted(expected_states.items()):
         record = final_records.get(stream_id)
@@ -450,9 +486,13 @@ def check_history(
             verdict.add("converged", stream_id,
                         f"STOPPED but {len(open_sessions)} upstream session(s) "
                         "still open")  # fmt: skip
+        stored = items.get(stream_id, ())
+        if windows is not None:
+            re_sent += _check_duplicates(stream_id, stored, windows.get(stream_id, set()), verdict)
+            stored = _first_copies(stored)
         checked += _check_messages(
-            stream_id, items.get(stream_id, ()), record.last_seq, first_seen.get(stream_id, {}),
-            verdict,
+            stream_id, stored, record.last_seq, first_seen.get(stream_id, {}), verdict,
+            overwrites=windows is None,
         )  # fmt: skip
         w, e, p = _check_overlaps(
             stream_id, stream_sessions, pauses, resume_grace_seconds=resume_grace_seconds,
@@ -491,7 +531,41 @@ def check_history(
             "table_samples": len(samples),
         }
     )
+    if windows is not None:
+        verdict.figures["re_sent"] = re_sent
+        verdict.figures["replay_windows"] = sum(len(w) for w in windows.values())
     return verdict
+
+
+def _first_copies(items: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One copy per seq (the lowest epoch's, the first sent; frames without a seq all kept):
+    the table's checks then apply to what an at-least-once sink stored."""
+    first: dict[int, Mapping[str, Any]] = {}
+    rest: list[Mapping[str, Any]] = []
+    for item in items:
+        if item.get("seq") is None:
+            rest.append(item)
+            continue
+        seq = int(item["seq"])
+        kept = first.get(seq)
+        if kept is None or int(item.get("lease_epoch") or 0) < int(kept.get("lease_epoch") or 0):
+            first[seq] = item
+    return [*first.values(), *rest]
+
+
+def replay_windows(
+    samples: Iterable[Sample], final_records: Mapping[str, Any]
+) -> dict[str, set[tuple[int, int]]]:
+    """Every replay window each stream's record reported: seen in a sample, or at the end."""
+    windows: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    for sample in samples:
+        if sample.replayed is not None:
+            windows[sample.stream_id].add(sample.replayed)
+    for stream_id, record in final_records.items():
+        low, high = record.replayed_from_seq, record.replayed_to_seq
+        if low is not None and high is not None:
+            windows[stream_id].add((low, high))
+    return dict(windows)
 
 
 #: Signals with which the runner ends a worker on purpose (SIGKILL 9, SIGTERM 15).

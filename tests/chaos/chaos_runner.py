@@ -62,6 +62,7 @@ from chaos_history import (
     check_history,
     check_hostile,
     check_poison,
+    replay_windows,
 )
 from chaos_schedule import FAULT_MENUS, PARTITION_RULES, POISON_BODIES, Action, make_schedule
 
@@ -115,6 +116,11 @@ class ChaosConfig:
     sample_every_seconds: float = 0.2
     flood_rate: float = 50.0  # frames/s on the hostile-flood stream
     breaker_max_failures: int = 5
+    #: Where the workers store frames (MESSAGE_SINK): ``kinesis`` checks the at-least-once
+    #: contract (every duplicate inside a reported replay window) instead of the table's.
+    sink: str = "dynamodb"
+    #: MESSAGE_REPLAY_WINDOW on a stream sink: small, so the windows checked are narrow.
+    replay_window: int = 20
     #: Disrupted planned hand-offs in the schedule (its own track; 0: none).
     handoffs: int = 0
     #: Mean seconds between the primary track's actions.
@@ -131,6 +137,7 @@ class ChaosConfig:
             ("WSFLEET_CHAOS_STREAMS", "streams", int),
             ("WSFLEET_CHAOS_SECONDS", "chaos_seconds", float),
             ("WSFLEET_CHAOS_RATE", "rate", float),
+            ("WSFLEET_CHAOS_SINK", "sink", str),
             ("WSFLEET_CHAOS_HANDOFFS", "handoffs", int),
         ):
             if env.get(name):
@@ -157,7 +164,8 @@ class ChaosReport:
     def summary(self) -> str:
         c = self.config
         lines = [
-            f"chaos run seed={c.seed}: {c.workers} workers, {c.streams} streams at {c.rate:g}/s, "
+            f"chaos run seed={c.seed}: {c.workers} workers, {c.streams} streams at {c.rate:g}/s "
+            f"into {c.sink}, "
             f"{c.chaos_seconds:g} s of chaos, lease {c.lease_seconds:g} s / heartbeat "
             f"{c.heartbeat_seconds:g} s / margin {c.safety_margin_seconds:g} s "
             f"({self.wall_seconds:.0f} s wall)",
@@ -204,6 +212,7 @@ class _Sampler(threading.Thread):
                 continue
             t = time.time()
             for item in connections:
+                low, high = item.get("replayed_from_seq"), item.get("replayed_to_seq")
                 self.samples.append(
                     Sample(
                         t=t,
@@ -212,6 +221,7 @@ class _Sampler(threading.Thread):
                         owner=str(item.get("lease_owner", "")),
                         last_seq=int(item.get("last_seq", 0)),
                         desired_state=str(item.get("desired_state", "")),
+                        replayed=None if low is None or high is None else (int(low), int(high)),
                     )
                 )
             self._halt.wait(self._every)
@@ -332,7 +342,14 @@ class _Chaos:
                 self.log(f"SIGKILL {slot.worker_id} mid-drain")
             case "partition":
                 from bench.faults import FaultRule
+                from wsfleet_local.fleet import FleetError
 
+                # of a running fleet: a worker still starting would fail its start (exit 1),
+                # which the partition is not about (revives wait for its end, see above)
+                for index, starting in enumerate(fleet.workers):
+                    if starting.alive() and index not in self.paused:
+                        with contextlib.suppress(FleetError):
+                            fleet._wait_worker_ready(starting)
                 self.faulty.faults.set_rules([FaultRule.from_dict(r) for r in PARTITION_RULES])
                 self.fault_window_end = max(self.fault_window_end, action.at + action.duration)
                 self.partition_end = action.at + action.duration
@@ -589,6 +606,43 @@ def _records(client: Any, table: str) -> dict[str, Any]:
     return _table(client, table)[0]
 
 
+def _stream_items(fleet: Any, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every frame of the fleet's Kinesis stream (read once, from the trim horizon, straight
+    from the backend), as the table's items (``sk``, ``message_data``...), duplicates kept."""
+    import base64
+
+    from wsfleet.sinks.kinesis import deaggregate
+
+    kinesis = _direct_client("kinesis", fleet.endpoint_url)
+    stream = fleet.extra_worker_env["MESSAGE_STREAM"]
+    wanted = set(ids)
+    items: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        iterator = kinesis.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while iterator:
+            page = kinesis.get_records(ShardIterator=iterator, Limit=10_000)
+            for record in page["Records"]:
+                key = record["PartitionKey"]
+                if key not in wanted:
+                    continue
+                for _key, data in deaggregate(record["Data"], key):
+                    frame = json.loads(data)
+                    raw = frame.get("data_base64")
+                    items[key].append({
+                        **frame,
+                        "sk": frame.get("key"),
+                        "message_data": base64.b64decode(raw) if raw else frame.get("data"),
+                    })  # fmt: skip
+            records = page["Records"]
+            caught_up = not records or (
+                page.get("MillisBehindLatest") == 0 and len(records) < 10_000
+            )
+            iterator = None if caught_up else page.get("NextShardIterator")
+    return items
+
+
 def _table(client: Any, table: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Connection records by stream id and worker records by worker id."""
     from wsfleet.record import ConnectionRecord, WorkerRecord, connection_id_from_pk
@@ -705,9 +759,12 @@ def _hostile_stored(chaos: _Chaos, client: Any) -> bool:
 
     scratch = Verdict()
     sessions = chaos.fleet.simulator.sessions(HOSTILE_FRAMES)
-    items = MessageStore(client, chaos.fleet.resources.messages_table).read_all(
-        connection_pk(HOSTILE_FRAMES)
-    )
+    if chaos.config.sink == "dynamodb":
+        items = MessageStore(client, chaos.fleet.resources.messages_table).read_all(
+            connection_pk(HOSTILE_FRAMES)
+        )
+    else:
+        items = _stream_items(chaos.fleet, [HOSTILE_FRAMES])[HOSTILE_FRAMES]
     check_hostile(
         scratch, **{**_hostile_evidence(chaos, sessions, {HOSTILE_FRAMES: items}, {}, []),
                     "trap_connections": 0},
@@ -889,7 +946,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         timings=timings,
         rate=config.rate,
         run_dir=run_dir,
+        sink=config.sink,
         extra_worker_env={
+            "MESSAGE_REPLAY_WINDOW": str(config.replay_window),
             "POWERTOOLS_LOG_LEVEL": "INFO",
             "WORKER_METRICS_FLUSH_SECONDS": "5",
             # explicit: the breaker check bounds the sessions by it
@@ -955,8 +1014,13 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         end_time = time.time()
         sessions = fleet.simulator.sessions()
         records, workers = _table(client, fleet.resources.connections_table)
-        messages = MessageStore(client, fleet.resources.messages_table)
-        items = {i: messages.read_all(connection_pk(i)) for i in chaos.desired}
+        windows = None
+        if config.sink == "dynamodb":
+            messages = MessageStore(client, fleet.resources.messages_table)
+            items = {i: messages.read_all(connection_pk(i)) for i in chaos.desired}
+        else:
+            items = _stream_items(fleet, list(chaos.desired))
+            windows = replay_windows(sampler.samples, records)
         report.verdict = check_history(
             expected_states=chaos.desired,
             final_records=records,
@@ -968,6 +1032,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             pauses=chaos.pauses,
             resume_grace_seconds=config.heartbeat_seconds + 2.0,
             end_time=end_time,
+            windows=windows,
             handoffs=_planned_handoffs(chaos.all_slots),
             # a taker waits twice the prepare bound for COMMIT; a close takes up to 2 s more
             handoff_grace_seconds=2 * HANDOFF_PREPARE_SECONDS + 2.0,

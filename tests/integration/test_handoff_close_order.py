@@ -1,5 +1,9 @@
 """Break-before-make hand-offs close before they release (issue #26, item 3).
 
+These connections ask for ``upstream.handoff: break`` (the mode for an upstream that allows
+one session per account); make-before-break, the default, overlaps the two sessions on
+purpose (tests/integration/test_handoff_overlap.py).
+
 An upstream that allows one session per account refuses (or cuts) the taker if the giver's
 session is still open when the taker connects. So on every planned hand-off (a rebalancing
 move, a SIGTERM drain) the giver's closing handshake must be over, or its transport aborted,
@@ -34,6 +38,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from wsfleet.rebalance import FleetView, Move
+from wsfleet.upstream_options import parse_upstream_options
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -49,6 +54,9 @@ TIMING = {
     "LEASE_SAFETY_MARGIN_SECONDS": "2",
     "REBALANCE_SECONDS": "3",
 }
+
+
+BREAK = parse_upstream_options({"handoff": "break"}, secret_prefixes=())
 
 
 class _SlowClosingConnection(ServerConnection):
@@ -141,7 +149,7 @@ def test_rebalancing_and_drain_close_the_givers_session_before_the_taker_opens(
         # GIVEN one worker streaming four connections from an upstream slow to close
         a = spawn(**TIMING)
         for stream_id in ids:
-            fleet.start(stream_id, upstream.url(stream_id))
+            fleet.start(stream_id, upstream.url(stream_id), upstream=BREAK)
         wait_until(
             lambda: len(_owned(fleet, ids, a)) == len(ids)
             and all(fleet.record(i).last_seq >= 5 for i in ids),

@@ -263,3 +263,29 @@ def test_a_muted_stream_sends_nothing_to_sessions_opened_meanwhile_until_unmuted
                 assert await recv_seq(taker) == 5  # from where it would have started
 
     asyncio.run(scenario())
+
+
+def test_a_hostile_frame_goes_to_every_session_open_when_armed_like_stream_content() -> None:
+    async def scenario() -> None:
+        async with (
+            UpstreamSimulator(rate=FAST) as sim,
+            connect(sim.url_for("s") + "?from_seq=1", max_queue=None) as giver,
+            connect(sim.url_for("s") + "?from_seq=1", max_queue=None) as taker,
+        ):
+            await recv_seq(giver)
+            await recv_seq(taker)
+            sim.inject_hostile("s", "digits_seq")
+
+            async def hostile_of(ws: ClientConnection) -> str:
+                async with asyncio.timeout(WAIT):
+                    while True:
+                        frame = json.loads(await ws.recv())
+                        if str(frame["data"]).startswith("hostile:"):
+                            return str(frame["data"])
+
+            # both subscribers get the same frame (same number), as from a real feed
+            assert await hostile_of(giver) == await hostile_of(taker)
+            giver_faults, taker_faults = (r.faults for r in sim.sessions("s"))
+            assert giver_faults == taker_faults and giver_faults[0].startswith("hostile:")
+
+    asyncio.run(scenario())

@@ -26,6 +26,7 @@ from fleet_helpers import StoreDriver, WorkerProcess, check_stream, resume_probl
 
 from wsfleet.hints import Hint
 from wsfleet.record import WorkerRecord, connection_pk
+from wsfleet.upstream_options import parse_upstream_options
 from wsfleet_local.simulator import SimulatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -122,8 +123,10 @@ def test_sigterm_hands_every_connection_to_a_peer_without_waiting_for_expiry(fle
     timing = {"LEASE_SECONDS": "6", "HEARTBEAT_EVERY": "1", "LEASE_SAFETY_MARGIN_SECONDS": "1"}
     ids = [f"term{i}" for i in range(5)]
     a = spawn(**timing)
+    # break mode: one upstream session at a time (overlap drains: test_handoff_overlap.py)
+    brk = parse_upstream_options({"handoff": "break"}, secret_prefixes=())
     for stream_id in ids:
-        fleet.start(stream_id, sim.url_for(stream_id))
+        fleet.start(stream_id, sim.url_for(stream_id), upstream=brk)
     before = owned_by(fleet, ids, a, min_seq=5)
     b = spawn(**timing)
     registered(fleet, b)

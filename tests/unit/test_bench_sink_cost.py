@@ -67,3 +67,35 @@ def test_the_request_counter_counts_what_the_service_took_and_the_frames_in_it()
     assert taken == [(len(packed) + len("conn-a"), 3)] and refused == 1
     # and a request refused as a whole (throttled) took nothing
     assert count_request("kinesis", body, 400, b"{}") == ([], 0)
+
+
+def test_the_sinks_step_is_registered_and_its_rows_reach_results_md(monkeypatch):
+    # GIVEN the step's result as bench/sink_bench.py writes it: two rows, one below target
+    from bench import __main__ as bench_main
+    from bench.report import render
+
+    monkeypatch.setattr("bench.dynalite.available", lambda: True)
+    assert "sinks" in bench_main.GROUPS
+    assert [s.name for s in bench_main._steps(quick=True) if s.group == "sinks"] == ["sinks"]
+
+    def row(load: str, per_cpu: float, met: bool) -> dict:
+        return {"sink": "kinesis-aggregated", "load": load, "connections": 10, "rate": 1000.0,
+                "frame_bytes": 200, "load_average_before": [1.0, 1, 1],
+                "load_average_after": [2.5, 1, 1], "frames_per_cpu_second": per_cpu,
+                "cpu_us_per_frame": 1e6 / per_cpu, "frames_stored_per_second": 9000.0,
+                "frames_checked": 1000, "duplicates": 0, "no_loss": True,
+                "cost": kinesis_cost({25_000: 8}, frames=1000),
+                "target": ">= 30,000 frames/s per vCPU", "target_met": met}  # fmt: skip
+
+    document = {"results": {"sinks": {"group": "sinks", "prices": {"region": "us-east-1"},
+                                      "rows": [row("10x1000-200B", 31_000.0, True),
+                                               row("100x20-200B", 9_000.0, False)]}}}
+    text = render(document)
+    # THEN the section has both rows, with the units sent and the load beside each figure
+    section = text.split("## 6f. Frame sinks", 1)[1].split("\n## ", 1)[0]
+    assert "| kinesis-aggregated | 10 x 1000, 200 B | 31,000 |" in section
+    assert "8 PUT units (8 records)" in section and "1.0 / 2.5" in section
+    # and the target table says which load met the 30,000 target and which did not
+    targets = text.split("## Targets", 1)[1].split("\n## ", 1)[0]
+    assert "sinks 10x1000-200B | 31,000 frames/s per vCPU at load 2.5" in targets
+    assert targets.count("Kinesis aggregated >= 30,000") == 2 and "**NO**" in targets

@@ -181,6 +181,7 @@ def test_control_queue_policy_denies_all_other_senders():
 # ----------------------------------------------------------------- make-before-break (issue #26)
 HANDOFF_MESSAGES = [
     PrepareCommand("CONN#a", 3, "task-1.ip-10-0-0-1-7-ab12"),
+    PrepareCommand("CONN#a", 3, "g", durable=2**53 - 1, reply_to="s-ctl-g_1"),
     ReadyReply("CONN#a", 3, "task-2.host-9-cd34", 41),
     DeclineReply("CONN#a", 3, "task-2.host-9-cd34", "budget"),
     CommitNotice("CONN#a", 4),
@@ -201,6 +202,13 @@ def test_handoff_messages_round_trip(message):
         '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "' + "g" * 257 + '"}',
         '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": 7}',
         '{"type": "PREPARE", "pk": "CONN#a", "giver": "g"}',  # no epoch
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "g", "durable": -1}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "g", "durable": "7"}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "g", "reply_to": "a/b"}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "g", "reply_to": "'
+        + "q" * 81 + '"}',
+        '{"type": "PREPARE", "pk": "CONN#a", "epoch": 3, "giver": "g", "reply_to": '
+        '"https://evil.example/q"}',
         '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t"}',  # no first_seq
         '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": 0}',
         '{"type": "READY", "pk": "CONN#a", "epoch": 3, "taker": "t", "first_seq": true}',

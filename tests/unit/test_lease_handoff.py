@@ -50,13 +50,17 @@ def test_giver_waits_for_ready_then_transfers_once_its_stored_frames_reach_the_t
     assert giver(first_seq=12).step is HandoffStep.WAIT  # 11 not stored yet: catch up
     assert giver(first_seq=12, durable=11).step is HandoffStep.TRANSFER
     assert giver(first_seq=3).step is HandoffStep.TRANSFER  # a replaying taker starts lower
+    # the giver's session was cut when the taker's opened (cut_first), but the taker holds
+    # everything above what the giver stored: still a transfer, nothing lost
+    assert giver(first_seq=11, session_live=False).step is HandoffStep.TRANSFER
 
 
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
         ({"declined": True, "first_seq": 5}, "declined"),
-        ({"session_live": False, "first_seq": 5}, "giver_session_ended"),
+        ({"session_live": False}, "giver_session_ended"),
+        ({"session_live": False, "first_seq": 12}, "giver_session_ended"),  # cannot catch up
         ({"now_ms": 5_000}, "no_ready"),
         ({"now_ms": 9_000, "first_seq": 50}, "behind"),
     ],
@@ -120,3 +124,27 @@ def test_a_prepare_is_confirmed_only_by_the_record(rec, confirmed):
 )
 def test_a_commit_is_confirmed_only_by_the_record(rec, confirmed):
     assert commit_confirmed(rec, "t", 4) is confirmed
+
+
+def test_the_examples_in_the_hand_off_modules_hold():
+    import doctest
+
+    from wsfleet import control, lease
+    from wsfleet_worker import handover
+
+    for module in (lease, control, handover):
+        assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_a_drain_spreads_over_the_peers_room_and_breaks_what_does_not_fit():
+    from wsfleet_worker.handover import Peer, drain_prepare_seconds, plan_drain
+
+    peers = [Peer("a", "qa", 3), Peer("b", "qb", 1), Peer("c", "qc", 0)]
+    plan = plan_drain([f"p{i}" for i in range(6)], peers)
+    assert sorted(plan) == ["p0", "p1", "p2", "p3"]  # room for four: two break
+    assert [p.worker_id for p in plan.values()].count("a") == 3
+    assert plan_drain(["p0"], []) == {}
+    # the giver's bound in a drain leaves half the drain to the break path
+    assert drain_prepare_seconds(20, 3) == 3
+    assert drain_prepare_seconds(4, 3) == 2
+    assert drain_prepare_seconds(20, 0) == 0

@@ -66,10 +66,12 @@ def test_leftovers_beyond_the_checkpoint_of_a_stopped_stream_are_not_stale():
     assert audit.duplicated == 0 and audit.stored == 6
 
 
-def test_overlapping_sessions_are_duplicates():
+def test_overlapping_sessions_are_reported_but_are_not_duplicates():
+    # make-before-break overlaps two sessions on purpose: what was stored decides
     sessions = [session(1, 0.0, 5.0), session(2, 4.0, None), session(3, 6.0, 7.0)]
     audit = audit_stream("s", final_seq=0, ended=True, checkpointed=0, items=[], sessions=sessions)
     assert audit.overlapping_sessions == 2  # (1,2) and (2,3)
+    assert audit.duplicated == 0
 
 
 def test_fleet_totals_and_latency_summary():

@@ -51,6 +51,7 @@ from wsfleet.control import (
     control_queue_name,
     control_queue_policy,
     parse_control_message,
+    queue_name_of,
 )
 from wsfleet.hints import SQS_BATCH_LIMIT
 from wsfleet.record import connection_id_from_pk
@@ -177,8 +178,8 @@ class ControlChannel:
             )
         except (ClientError, BotoCoreError) as exc:
             self._logger.warning(
-                "hand-off hints not sent to the peer",
-                extra={"count": len(entries), "error": str(exc)},
+                "hand-off messages not sent to the peer",
+                extra={"count": len(entries), "error": str(exc), "queue": queue_name_of(queue_url)},
             )
             return set()
         sent = {handoffs[int(entry["Id"])].pk for entry in response.get("Successful", [])}

@@ -67,6 +67,13 @@ COUNTERS = (
     "RebalanceFailures",  # fleet view reads that failed, hand-off sends that raised
     "HandoffHints",  # hand-offs received on the control queue
     "HandoffMessages",  # make-before-break PREPARE/READY/DECLINE/COMMIT received
+    "HandoffOverlaps",  # giver: moves that ended in a transfer (make-before-break)
+    "HandoffBreaks",  # giver: overlap moves that fell back to break-before-make
+    "HandoffsTransferred",  # giver sessions whose transfer write landed
+    "HandoffsAdopted",  # taker: prepared sessions that came to own their connection
+    "HandoffDeclines",  # taker: PREPAREs declined (full, draining, moved, budget, no frame)
+    "HandoffBufferFull",  # taker: prepared sessions over their frame or byte budget
+    "UnconfirmedHandoffs",  # PREPARE/COMMIT not backed by the record (stale or forged)
     "PlacementDeferrals",  # hint-queue receives delayed because this worker is over its share
 )
 #: Last value per interval (unit Count).

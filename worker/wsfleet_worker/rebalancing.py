@@ -43,6 +43,7 @@ from wsfleet.hints import SQS_BATCH_LIMIT, Hint
 from wsfleet.rebalance import FleetView, defer_placement
 
 from .connector import describe_error
+from .handover import HANDOFF_COPY_DELAY_SECONDS, Handover
 from .outbox import HintOutbox
 from .parts import WorkerParts, WorkerRole
 from .session import Session, SessionResult
@@ -50,9 +51,6 @@ from .session_rules import ExitReason
 
 __all__ = ["HANDOFF_COPY_DELAY_SECONDS", "HANDOFF_WAVE", "Rebalancer", "choose_to_give"]
 
-#: The hint-queue copy of a hand-off waits this long: the addressed peer takes it well before
-#: (a control-queue receive and one acquire), and the copy only matters if that peer is gone.
-HANDOFF_COPY_DELAY_SECONDS = 5
 #: Sessions a giver ends at once (see Rebalancer._give), and how long it waits at most for a
 #: wave to release before it starts the next.
 HANDOFF_WAVE = 5
@@ -116,8 +114,10 @@ class Rebalancer(WorkerRole):
         placement_seconds: float,
         send_handoffs: Callable[[str, list[HandoffHint]], Awaitable[set[str]]] | None,
         stopping: Callable[[], bool],
+        handover: Handover | None = None,
     ) -> None:
         super().__init__(parts)
+        self._handover = handover
         self._outbox = outbox
         self._sessions = sessions
         self._session_tasks = session_tasks
@@ -206,7 +206,7 @@ class Rebalancer(WorkerRole):
         return {
             pk: s.record.rebalanced_at_ms
             for pk, s in self._sessions.items()
-            if s.reason is None and pk not in self._destinations
+            if s.reason is None and pk not in self._destinations and not s.handing_over
         }
 
     def movable(self) -> int:
@@ -232,8 +232,14 @@ class Rebalancer(WorkerRole):
                 session = self._sessions.get(pk)
                 if session is None or session.reason is not None:
                     continue
-                self._destinations[pk] = destination
-                session.finish(ExitReason.REBALANCED, via="rebalance")
+                handover = self._handover
+                if handover is not None and handover.overlap_for(session, destination.queue_url):
+                    # make-before-break: the hand-over sends PREPARE ... COMMIT (or breaks)
+                    handover.spawn_give(session, destination.taker, destination.queue_url,
+                                        ExitReason.REBALANCED)
+                else:
+                    self._destinations[pk] = destination
+                    session.finish(ExitReason.REBALANCED, via="rebalance")
                 given += 1
                 task = self._session_tasks.get(pk)
                 if task is not None:

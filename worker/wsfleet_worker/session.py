@@ -21,7 +21,26 @@ rebalancing         :attr:`ExitReason.REBALANCED`              flush, release (m
                                                                worker hints the chosen peer
 bug                 :attr:`ExitReason.CRASHED`                 flush, release, hint a peer
 breaker tripped     :attr:`ExitReason.FAILED`                  flush, mark FAILED (no hint)
+prepared, not owned :attr:`ExitReason.ABANDONED`               close, write nothing
 ==================  =========================================  ================================
+
+Make-before-break (docs/handoff.md, driven by :mod:`~wsfleet_worker.handover`). Two modes
+beside the ordinary one:
+
+* **prepared** (the taker, before it owns): :meth:`Session.prepared_for` builds a session that
+  connects like any other but writes nothing anywhere (``may_write`` and every lease write are
+  off) and buffers what it reads, bounded in frames and bytes (the session budget:
+  ``WORKER_SESSION_QUEUE_FRAMES``/``_BYTES``; over it the session ends ABANDONED, reason
+  ``budget``). It does not reconnect: any end of its socket ends it. :meth:`Session.adopt`,
+  called once a consistent read showed the transfer, makes it an ordinary session of the new
+  epoch and stores the buffered frames above the transferred checkpoint, then live ones.
+* **handing over** (the giver): :meth:`Session.hold` stops reconnecting (a second session
+  could cut the taker's). :meth:`Session.hand_over` ends the session for a move or a drain
+  with a transfer instead of a release: the streaming task is cancelled (nothing read after
+  is stored), queued frames are flushed and no batch of the session is in flight, then the
+  one conditional ``transfer`` write, and only then the socket is closed (1001). If the
+  transfer does not land (STOPPED meanwhile, lost, a store error whose outcome a read does
+  not confirm) the session ends by the break path as today.
 
 Crash-loop breaker: a crash, a close the worker itself sent for what the upstream sent (1002,
 1007, 1008, 1009), an unreadable credential, or a normal upstream close before any frame, is
@@ -84,6 +103,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -101,7 +121,15 @@ from wsfleet.exceptions import (
     UpstreamRefused,
     WsfleetError,
 )
-from wsfleet.lease import BreakerVerdict, Lease, breaker_verdict, checkpoint_due
+from wsfleet.lease import (
+    BreakerVerdict,
+    HandoffStep,
+    Lease,
+    breaker_verdict,
+    checkpoint_due,
+    commit_confirmed,
+    taker_verdict,
+)
 from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.record import ConnectionRecord
 from wsfleet.sinks.select import AT_LEAST_ONCE_SINKS
@@ -113,7 +141,7 @@ from .config import WorkerConfig
 from .connector import Connector, describe_error, is_permanent
 from .credentials import CredentialUnavailable, SecretResolver
 from .flusher import MessageFlusher, QueuedFrame
-from .frames import FrameKind, parse_frame
+from .frames import Frame, FrameKind, parse_frame
 from .handshake import Handshake, plan_handshake
 from .observability import WorkerMetrics
 from .offload import Offloader
@@ -198,12 +226,16 @@ class SessionResult:
     released: bool
     last_seq: int
     hint: bool
+    #: make-before-break: the worker the connection was transferred to ("" otherwise)
+    transferred_to: str = ""
 
 
 class Session:
     """One connection held under one lease epoch. See the module docstring."""
 
-    def __init__(self, record: ConnectionRecord, context: SessionContext) -> None:
+    def __init__(
+        self, record: ConnectionRecord, context: SessionContext, *, prepared: bool = False
+    ) -> None:
         self.record = record
         self.pk = record.pk
         self._ctx = context
@@ -264,6 +296,30 @@ class Session:
         self._gap_lock = asyncio.Lock()  # one note_gap in flight: the newest totals land last
         self._gap_tasks: set[asyncio.Task[bool]] = set()
         self._stored_any = False  # the first acknowledged frame is logged (hand-off timing)
+        # make-before-break (see the module docstring)
+        self.prepared = prepared  # a taker's session that does not own the connection (yet)
+        self._buffering = prepared  # frames go to the buffer, not to the flusher
+        self._buffer: deque[tuple[Frame, int, int]] = deque()  # (frame, received ms, bytes)
+        self._buffer_bytes = 0
+        #: the first numbered frame the prepared session holds (it holds every one after it)
+        self.first_buffered_seq: int | None = None
+        self.buffered_seq = asyncio.Event()  # set once first_buffered_seq is known
+        self.abandon_reason = ""
+        self.connects = 0  # sessions opened to the upstream
+        self.handing_over = False  # a giver's move is under way: do not reconnect
+        self._transfer_to = ""
+
+    @classmethod
+    def prepared_for(
+        cls, record: ConnectionRecord, context: SessionContext, *, durable: int = 0
+    ) -> Session:
+        """A taker's prepared session of ``record`` (read when the PREPARE was confirmed),
+        resuming a replaying upstream from ``durable + 1`` where the giver says it stored that
+        far (see :class:`~wsfleet.control.PrepareCommand`)."""
+        session = cls(record, context, prepared=True)
+        if durable > record.last_seq:
+            session.tracker = CheckpointTracker(durable)
+        return session
 
     # ------------------------------------------------------------------ identity
     @property
@@ -312,6 +368,98 @@ class Session:
         self.finish(ExitReason.STOPPED, via="control")
         return True
 
+    # ------------------------------------------------------------------ make-before-break
+    def hold(self) -> None:
+        """A giver's move began (PREPARE sent): from now on the session does not reconnect,
+        since a second session of ours could cut the taker's. A socket that ends now leaves
+        the session waiting for :meth:`finish` (the move breaks: :attr:`streaming` is false).
+        """
+        self.handing_over = True
+
+    @property
+    def ending(self) -> asyncio.Event:
+        """Set once :meth:`finish` was called."""
+        return self._done
+
+    @property
+    def streaming(self) -> bool:
+        """Reading its upstream session now, and not ending."""
+        return self.reason is None and self.state is SessionState.STREAMING
+
+    def hand_over(self, taker: str, reason: ExitReason) -> None:
+        """End for a move (REBALANCED) or a drain (SHUTDOWN) with a transfer to ``taker``
+        instead of a release (see the module docstring); the break path if it fails."""
+        if self.reason is None:
+            self._transfer_to = taker
+        self.finish(reason, via="handover")
+
+    def abandon(self, why: str) -> None:
+        """End a prepared session that will not own the connection: close, write nothing."""
+        if self.prepared:
+            self.abandon_reason = self.abandon_reason or why
+            self.finish(ExitReason.ABANDONED, via=why)
+
+    async def adopt(self, record: ConnectionRecord, worker_id: str) -> bool:
+        """Step 7: ``record`` (read consistently) shows the transfer to us, so the prepared
+        session becomes an ordinary one of the new epoch. The buffered frames above the
+        transferred checkpoint are stored first (numbered ones at or below it the giver
+        stored; frames without a seq before the first new numbered one may have been stored
+        by the giver, so they are skipped too), then live ones. False if the session ended
+        before (the connection is then one its worker owns without a session: the sweep or
+        the move's hint copy deals with it)."""
+        if not self.prepared or self.reason is not None:
+            return False
+        if not commit_confirmed(record, worker_id, record.lease_epoch):
+            return False
+        lease = Lease.of(record)
+        self.record = record
+        self._lease = lease
+        self.tracker = CheckpointTracker(record.last_seq)
+        self.persisted_seq = record.last_seq
+        self.gap_resumes, self.gap_frames = record.resume_gaps, record.gap_frames
+        self._gaps_stored = (record.resume_gaps, record.gap_frames)
+        self._error_noted = record.last_error
+        self._log = {"connection_id": record.connection_id, "epoch": lease.epoch}
+        self.prepared = False  # writes allowed from here on
+        self._ctx.metrics.count("HandoffsAdopted")
+        self._info("prepared session adopted", last_seq=record.last_seq,
+                   buffered=len(self._buffer), first_seq=self.first_buffered_seq)
+        started = False  # past the first numbered frame above the checkpoint
+        while self._buffer:  # _on_frame keeps appending meanwhile; emptied, it stores directly
+            frame, received_ms, size = self._buffer.popleft()
+            self._buffer_bytes -= size
+            if not started:
+                if frame.seq is None or frame.seq <= record.last_seq:
+                    continue
+                started = True
+                if frame.seq > record.last_seq + 1:  # the giver broke its promise: report it
+                    self._first_frame(record.last_seq, frame.seq)
+            if self.reason is not None:
+                break
+            await self._store_frame(frame, received_ms)
+        self._buffering = False
+        return True
+
+    def _buffer_frame(self, frame: Frame, now: int, size: int) -> None:
+        """A prepared session's frame: kept in memory (bounded), written nowhere."""
+        self._buffer.append((frame, now, size))
+        self._buffer_bytes += size
+        if frame.seq is not None and self.first_buffered_seq is None:
+            self.first_buffered_seq = frame.seq
+            self.buffered_seq.set()
+        config = self._ctx.config
+        verdict = taker_verdict(
+            buffered_frames=len(self._buffer),
+            buffered_bytes=self._buffer_bytes,
+            max_frames=config.session_queue_frames,
+            max_bytes=config.session_queue_bytes,
+            deadline_ms=now + 1,  # the bound in time is the hand-over's (handover.py)
+            now_ms=now,
+        )
+        if verdict.step is HandoffStep.DECLINE and self.prepared:
+            self._ctx.metrics.count("HandoffBufferFull")
+            self.abandon(verdict.reason)
+
     async def run(self) -> SessionResult:
         """Stream until :meth:`finish` is called, then end as the exit plan says."""
         ctx = self._ctx
@@ -357,6 +505,24 @@ class Session:
         """
         reason = self.reason or ExitReason.CRASHED
         plan = exit_plan(reason)
+        if self.prepared:  # it never owned the connection: close, write nothing
+            await self._close_socket()
+            self._info("prepared session closed", reason=reason.value, via=self.via,
+                       why=self.abandon_reason)
+            return SessionResult(self.pk, self.epoch, reason, self.via, False, 0, False)
+        if (
+            self._transfer_to
+            and reason in (ExitReason.REBALANCED, ExitReason.SHUTDOWN)
+            and not self.fenced
+        ):
+            transferred = await self._transfer(self._transfer_to, reason)
+            if transferred is not None:
+                await self._close_socket()  # (1001) only once the taker owns it
+                self._info("session transferred", reason=reason.value, to=self._transfer_to,
+                           last_seq=transferred)
+                return SessionResult(self.pk, self.epoch, reason, self.via, False, transferred,
+                                     False, transferred_to=self._transfer_to)
+            self._ending = False  # the break path below ends it as today
         if plan.flush and not self.fenced:
             await asyncio.gather(self._close_socket(), self._settle_writes())
         else:
@@ -405,6 +571,46 @@ class Session:
         return SessionResult(
             self.pk, self.epoch, reason, self.via, released, last_seq, plan.hint and released
         )
+
+    async def _transfer(self, taker: str, reason: ExitReason) -> int | None:
+        """Steps 4-5 after the giver decided: nothing read from here on is stored (the
+        streaming task is cancelled), the frames received are flushed (bounded), no batch of
+        ours is in flight, then the one conditional write to ``(taker, epoch + 1)`` with the
+        checkpoint. Returns that checkpoint, or None if it did not land (break instead)."""
+        ctx = self._ctx
+        await self._settle_writes()
+        self._ending = True  # no frame of ours may be written from here on
+        if not await self._quiesce():
+            return None
+        if self.gaps_pending and not await self._store_gaps():
+            return None  # (the break path's release tries once more, and logs)
+        last_seq = self.tracker.durable
+        try:
+            await ctx.offloader.io(
+                ctx.leases.transfer, self.lease, taker, last_seq=last_seq,
+                moved=reason is ExitReason.REBALANCED,
+            )
+        except ConnectionStopped:
+            self._info("stopped before the transfer; ending as a STOP")
+            return None
+        except LeaseLost:
+            self.fenced = True
+            return None
+        except WsfleetError as exc:
+            # The write may have landed (a lost answer): the record says.
+            try:
+                current = await ctx.offloader.io(ctx.leases.get, self.pk)
+            except WsfleetError:
+                current = None
+            if not commit_confirmed(current, taker, self.epoch + 1):
+                ctx.logger.warning(
+                    "transfer failed; breaking instead",
+                    extra={**self._log, "error": describe_error(exc)},
+                )
+                return None
+        self.persisted_seq = max(self.persisted_seq, last_seq)
+        ctx.metrics.count("HandoffsTransferred")
+        return last_seq
 
     async def _quiesce(self) -> bool:
         """Wait until no batch holding this session's frames is being written.
@@ -567,7 +773,7 @@ class Session:
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_due(self, now: int) -> bool:
         """Is a checkpoint write due (advanced, and CHECKPOINT_SECONDS since the last)?"""
-        if self.reason is not None or self._checkpointing:
+        if self.reason is not None or self._checkpointing or self.prepared:
             return False
         window = self.window
         if window is not None and (
@@ -677,11 +883,16 @@ class Session:
         """Frames may be written only while the worker lease is surely ours (see
         :meth:`wsfleet.lease.WorkerLeaseTimer.may_write`), and not once the final lease write
         has begun (a peer may acquire right after it)."""
-        return not (self.fenced or self._ending) and self._ctx.liveness.may_write(now)
+        return (
+            not (self.fenced or self._ending or self.prepared)
+            and self._ctx.liveness.may_write(now)
+        )
 
     def _lease_writable(self) -> bool:
         """Connection-item writes (final write, error notes): the lease is surely ours."""
-        return not self.fenced and self._ctx.liveness.may_write(self._ctx.clock())
+        return (
+            not (self.fenced or self.prepared) and self._ctx.liveness.may_write(self._ctx.clock())
+        )
 
     def on_written(self, message: Message) -> None:
         self._bytes_in_flight -= self._frame_bytes.pop(message.key, 0)
@@ -728,9 +939,15 @@ class Session:
         ctx = self._ctx
         settings = ctx.config.settings
         policy = ReconnectPolicy(rng=ctx.rng)
-        if self._live_only and self._stored_high is None:
+        if self._live_only and self._stored_high is None and not self.prepared:
             await self._read_stored_high()
         while not self._done.is_set():
+            if self.connects and (self.prepared or self.handing_over):
+                # a prepared session does not reconnect (it ends: the move breaks), nor does
+                # a giver whose move is under way (a new session could cut the taker's)
+                self.abandon("upstream_ended")
+                await self._done.wait()
+                return
             self.state = SessionState.CONNECTING
             try:
                 handshake = await self._handshake(settings.resume_param)
@@ -751,6 +968,9 @@ class Session:
                 await self._refused(exc)
                 return
             except Exception as exc:
+                if self.prepared:
+                    self.abandon("connect_failed")
+                    return
                 if is_permanent(exc):
                     self.finish(ExitReason.INVALID_URL, via="connect")
                     return
@@ -765,11 +985,15 @@ class Session:
             self._ws = ws
             if self._done.is_set():  # finished while the handshake was in flight
                 return
+            self.connects += 1
             self.state = SessionState.STREAMING
             opened_at = asyncio.get_running_loop().time()
             frames = 0
             # Every seq frame up to here is written or in flight (this session writes those).
-            self._gap_baseline = max(self.tracker.highest_received, self._stored_high or 0)
+            self._gap_baseline = (
+                None if self.prepared  # (adopt measures the gap from the transfer)
+                else max(self.tracker.highest_received, self._stored_high or 0)
+            )
             try:
                 if handshake.subscribe is not None:
                     await ws.send(handshake.subscribe)
@@ -783,6 +1007,10 @@ class Session:
             # Only a connection that stayed open resets the backoff, never frames received
             # (an upstream that sends one frame and then poison or a close on every connect).
             policy.connection_ended(asyncio.get_running_loop().time() - opened_at)
+            if self.prepared or self.handing_over:
+                self._ws = None
+                self.state = SessionState.BACKING_OFF  # (not streaming: the move breaks)
+                continue  # (the loop's top ends it: no reconnect, nothing noted)
             close_frame = ws.protocol.close_rcvd  # None: the link died without a close frame
             received = close_frame.code if close_frame is not None else None
             sent = ws.protocol.close_sent
@@ -1080,6 +1308,15 @@ class Session:
             max_seq_jump=ctx.config.max_seq_jump,
             seq_pointer=self._seq_pointer,
         )
+        if self._buffering:
+            size = len(frame.data) + 64  # about what it costs held in memory
+            self._buffer_frame(frame, now, size)
+            return
+        await self._store_frame(frame, now)
+
+    async def _store_frame(self, frame: Frame, now: int) -> None:
+        """Hand one frame to the flusher (numbered: once; the checkpoint tracks it)."""
+        ctx = self._ctx
         if frame.kind is FrameKind.SEQUENCED:
             assert frame.seq is not None
             if self._gap_baseline is not None:

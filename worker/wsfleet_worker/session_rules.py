@@ -81,6 +81,9 @@ class ExitReason(StrEnum):
     REBALANCED = "rebalanced"  # handed to a less loaded peer (the worker hints it)
     CRASHED = "crashed"  # a bug in the session: hand the connection to a peer
     FAILED = "failed"  # the crash-loop breaker tripped: FAILED until a new START
+    #: a taker's prepared session (make-before-break) that never came to own the connection:
+    #: declined, past its bound, its socket ended, or the giver broke instead
+    ABANDONED = "abandoned"
 
 
 class FinalWrite(Enum):
@@ -130,6 +133,8 @@ _PLANS: dict[ExitReason, ExitPlan] = {
     # The socket is already closed (the worker's own protocol close) or about to be closed with
     # 1011; no hint: nobody should take it.
     ExitReason.FAILED: ExitPlan(FinalWrite.MARK_FAILED, close_code=1011, stop_reason="failed"),
+    # It never owned the connection: close what it opened, write nothing, hint nobody.
+    ExitReason.ABANDONED: ExitPlan(FinalWrite.NONE, flush=False, close_code=1000),
 }
 
 

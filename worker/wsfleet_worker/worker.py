@@ -70,7 +70,15 @@ from typing import Any
 from wsfleet.aws import dynamodb_client, sqs_client
 from wsfleet.backoff import backoff
 from wsfleet.clock import Clock, now_ms
-from wsfleet.control import HandoffHint, StopCommand, stop_confirmed
+from wsfleet.control import (
+    CommitNotice,
+    DeclineReply,
+    HandoffHint,
+    PrepareCommand,
+    ReadyReply,
+    StopCommand,
+    stop_confirmed,
+)
 from wsfleet.exceptions import (
     ConfigurationError,
     WsfleetError,
@@ -92,6 +100,7 @@ from .connector import Connector, describe_error, make_connector
 from .control_channel import ControlChannel, HandoffMessage
 from .credentials import SecretResolver
 from .flusher import MessageFlusher
+from .handover import Handover, drain_prepare_seconds, plan_drain
 from .liveness import FenceCause, WorkerLiveness
 from .observability import WorkerMetrics, make_logger
 from .offload import Offloader
@@ -120,6 +129,8 @@ _LATE_HINTS_TIMEOUT_SECONDS = 2.0
 _CLEANUP_TIMEOUT_SECONDS = 3.0
 #: Hint delay for a connection whose session crashed (see _session_done).
 _CRASH_HINT_DELAY_SECONDS = 2
+#: A drain with no live peer yet reads the worker items again this often (see _drain_overlaps).
+_DRAIN_PEER_POLL_SECONDS = 0.5
 #: The checkpoint loop's tick (a checkpoint is due at most once per CHECKPOINT_SECONDS).
 _CHECKPOINT_TICK_SECONDS = 1.0
 
@@ -165,6 +176,9 @@ class Worker:
         self.control = control
         self.sessions: dict[str, Session] = {}
         self._session_tasks: dict[str, asyncio.Task[SessionResult]] = {}
+        #: make-before-break: the taker's prepared sessions (not owned yet), by pk
+        self.prepared: dict[str, Session] = {}
+        self._prepared_tasks: dict[str, asyncio.Task[SessionResult]] = {}
         self._write_slots = max(1, config.io_threads // 2)
         parts = WorkerParts(
             worker_id=self.worker_id,
@@ -195,6 +209,24 @@ class Worker:
             session_tasks=self._session_tasks,
             start_session=self._start_session,
         )
+        self.handover = Handover(
+            parts,
+            self.liveness,
+            outbox,
+            prepare_seconds=config.handoff_prepare_seconds,
+            queue_prefix=settings.control_queue_prefix,
+            sessions=self.sessions,
+            session_tasks=self._session_tasks,
+            prepared=self.prepared,
+            prepared_tasks=self._prepared_tasks,
+            start_prepared=self._start_prepared,
+            adopt=self._adopt_prepared,
+            acquiring=self.taker.acquiring,
+            acquire=self.taker.acquire,
+            send=self._send_handoffs,
+            own_queue_url=lambda: self.control.queue_url if self.control is not None else "",
+            has_room=lambda: self.taker.free_slots() > 0,
+        )
         self.rebalancer = (
             Rebalancer(
                 parts,
@@ -208,6 +240,7 @@ class Worker:
                 placement_seconds=settings.rebalance_placement_seconds,
                 send_handoffs=self._send_handoffs,
                 stopping=lambda: self._stopping or self.liveness.fenced,
+                handover=self.handover,
             )
             if settings.rebalance
             else None
@@ -465,7 +498,40 @@ class Worker:
         task.add_done_callback(functools.partial(self._session_done, session))
         self.metrics.gauge("ActiveConnections", len(self.sessions))
 
+    def _start_prepared(self, record: ConnectionRecord, durable: int) -> Session:
+        """A taker's prepared session (make-before-break): it owns nothing yet."""
+        session = Session.prepared_for(record, self._context, durable=durable)
+        self.prepared[record.pk] = session
+        task = asyncio.create_task(session.run(), name=f"prepared:{record.pk}")
+        self._prepared_tasks[record.pk] = task
+        task.add_done_callback(functools.partial(self._session_done, session))
+        return session
+
+    def _adopt_prepared(self, session: Session) -> None:
+        """The prepared session owns its connection now: it is one of ours like any other."""
+        pk = session.pk
+        if self.prepared.get(pk) is not session:
+            return
+        del self.prepared[pk]
+        self.sessions[pk] = session
+        self._session_tasks[pk] = self._prepared_tasks.pop(pk)
+        self.taker.acquiring.discard(pk)
+        self.metrics.gauge("ActiveConnections", len(self.sessions))
+
     def _session_done(self, session: Session, task: asyncio.Task[SessionResult]) -> None:
+        if self.prepared.get(session.pk) is session:  # never owned: nothing to hand over
+            del self.prepared[session.pk]
+            self._prepared_tasks.pop(session.pk, None)
+            self.taker.acquiring.discard(session.pk)
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                self.logger.error(
+                    "prepared session ended with an error",
+                    extra={"connection_id": session.connection_id,
+                           "error": describe_error(error)},
+                    exc_info=error,
+                )
+            return
         if self.sessions.get(session.pk) is session:
             del self.sessions[session.pk]
             self._session_tasks.pop(session.pk, None)
@@ -492,14 +558,20 @@ class Worker:
             self.outbox.add(Hint(result.pk, epoch=result.epoch, delay_seconds=delay))
 
     async def _on_handoff(self, handoff: HandoffMessage) -> None:
-        """A peer handed us a connection (rebalancing): take it at once, no placement wait.
-        If we cannot (full, draining), its delayed copy on the hint queue finds another."""
-        if not isinstance(handoff, HandoffHint):
-            self.logger.warning(
-                "make-before-break message not handled by this worker; dropped",
-                extra={"connection_id": connection_id_from_pk(handoff.pk),
-                       "type": type(handoff).__name__},
-            )
+        """A hand-off message from a peer. ``HANDOFF`` (break-before-make): take it at once,
+        no placement wait; if we cannot (full, draining), its delayed copy on the hint queue
+        finds another. The make-before-break ones go to :class:`~.handover.Handover`."""
+        if isinstance(handoff, PrepareCommand):
+            await self.handover.on_prepare(handoff)
+            return
+        if isinstance(handoff, ReadyReply | DeclineReply):
+            self.handover.on_reply(handoff)
+            return
+        if isinstance(handoff, CommitNotice):
+            await self.handover.on_commit(handoff)
+            return
+        if handoff.pk in self.prepared:
+            await self.handover.on_handoff_hint(handoff)
             return
         outcome = await self.taker.acquire(Hint(handoff.pk, epoch=handoff.epoch))
         self.logger.debug(
@@ -507,7 +579,9 @@ class Worker:
             extra={"connection_id": connection_id_from_pk(handoff.pk), "outcome": outcome.value},
         )
 
-    async def _send_handoffs(self, queue_url: str, handoffs: list[HandoffHint]) -> set[str]:
+    async def _send_handoffs(
+        self, queue_url: str, handoffs: list[HandoffHint] | list[HandoffMessage]
+    ) -> set[str]:
         if self.control is None:
             return set()
         return await self.control.send_handoffs(queue_url, handoffs)
@@ -571,7 +645,7 @@ class Worker:
         without retiring its item or releasing anything: peers take over after the expiry.
         """
         sessions = list(self.sessions.values())
-        for session in sessions:
+        for session in [*sessions, *self.prepared.values()]:
             session.fence(cause.value)
         self.poller.stop()
         self.metrics.count("SelfFenced", len(sessions))
@@ -673,6 +747,7 @@ class Worker:
         self._stopping = True
         settings = self.config.settings
         self.taker.stop()
+        self.handover.stop()
         self.poller.stop()
         count = len(self.sessions)
         self.logger.info(
@@ -684,11 +759,11 @@ class Worker:
         try:
             async with self._bounded(settings.drain_timeout_seconds):
                 self.flusher.flush_now()
-                for session in list(self.sessions.values()):
-                    session.finish(ExitReason.SHUTDOWN, via="shutdown")
-                tasks = list(self._session_tasks.values())
+                await self._drain_overlaps()  # (ends every session it does not hand over)
+                tasks = [*self._session_tasks.values(), *self._prepared_tasks.values()]
                 if tasks:
                     await asyncio.wait(tasks)  # (unlike gather, a timeout cancels nothing here)
+                await self.handover.close()  # the COMMITs and HANDOFFs of the moves
                 self._drain_complete = not self.sessions
                 if self.rebalancer is not None:
                     await self.rebalancer.close()
@@ -709,7 +784,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 async with self._bounded(_LATE_HINTS_TIMEOUT_SECONDS):
                     await self.outbox.flush()
-        for task in list(self._session_tasks.values()):
+        for task in [*self._session_tasks.values(), *self._prepared_tasks.values()]:
             task.cancel()
         self.logger.info(
             "drained",
@@ -720,6 +795,62 @@ class Worker:
             },
         )
         await self._cleanup()
+
+    async def _drain_overlaps(self) -> set[str]:
+        """Make-before-break for a drain: name a live peer for each connection that may
+        overlap (the worker items give their control queues and free room) and hand it over
+        (:meth:`~.handover.Handover.give`); returns the pks given that way. Every other
+        session is ended as before at once. With no peer yet (a rolling deploy that stops the
+        old task as it starts the new one), the worker items are read again every half second
+        for a quarter of the drain (the streams keep streaming and storing meanwhile). The
+        prepare bound is what is left of half the drain (at most HANDOFF_PREPARE_SECONDS,
+        :func:`~.handover.drain_prepare_seconds`); what does not fit the peers' room breaks
+        as before."""
+        settings = self.config.settings
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        bound = drain_prepare_seconds(
+            settings.drain_timeout_seconds, self.config.handoff_prepare_seconds
+        )
+        candidates = {
+            pk for pk, session in self.sessions.items()
+            if bound > 0 and not self.liveness.fenced and session.reason is None
+            and self.handover.overlap_for(session, "peer")
+        }
+        for session in list(self.sessions.values()):
+            if session.pk not in candidates:
+                session.finish(ExitReason.SHUTDOWN, via="shutdown")
+        if not candidates:
+            return set()
+        peers: list[Any] = []
+        while True:
+            try:
+                async with asyncio.timeout(bound):
+                    peers = await self.handover.drain_peers()
+            except (WsfleetError, TimeoutError) as exc:
+                self.logger.warning("no peers read for the drain",
+                                    extra={"error": describe_error(exc)})
+            waited = loop.time() - started
+            if peers or waited >= settings.drain_timeout_seconds / 4 or self.force_exit:
+                break
+            await asyncio.sleep(_DRAIN_PEER_POLL_SECONDS)
+        bound = min(bound, settings.drain_timeout_seconds / 2 - (loop.time() - started))
+        live = [pk for pk in sorted(candidates)
+                if pk in self.sessions and self.sessions[pk].reason is None]
+        plan = plan_drain(live, peers) if bound > 0 else {}
+        for pk, peer in plan.items():
+            self.handover.spawn_give(
+                self.sessions[pk], peer.worker_id, peer.queue_url, ExitReason.SHUTDOWN,
+                bound_ms=int(bound * 1000),
+            )
+        for pk in live:
+            if pk not in plan:
+                self.sessions[pk].finish(ExitReason.SHUTDOWN, via="shutdown")
+        self.logger.info("draining with overlaps",
+                         extra={"overlaps": len(plan), "candidates": len(candidates),
+                                "peers": len(peers),
+                                "waited_ms": round((loop.time() - started) * 1000)})
+        return set(plan)
 
     def _retire(self) -> None:
         try:

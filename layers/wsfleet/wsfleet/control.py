@@ -217,10 +217,20 @@ class PrepareCommand:
     pk: str
     epoch: int
     giver: str
+    #: The giver's stored seq when it asked: a replaying upstream is asked to resume the
+    #: taker's session from ``durable + 1`` (not from an older checkpoint, which would fill
+    #: the taker's buffer with frames already stored). A position hint only: the transfer
+    #: carries the real checkpoint.
+    durable: int = 0
+    #: The *name* of the giver's control queue (READY and DECLINE go there): the taker puts
+    #: it beside its own queue (:func:`sibling_queue_url`), so a message can never point it
+    #: at another endpoint or account. Empty: ``control_queue_name`` of the taker's prefix.
+    reply_to: str = ""
 
     def body(self) -> str:
         return _compact({"type": "PREPARE", "pk": self.pk, "epoch": self.epoch,
-                         "giver": self.giver})
+                         "giver": self.giver, "durable": self.durable,
+                         "reply_to": self.reply_to})
 
 
 @dataclass(frozen=True)
@@ -291,6 +301,27 @@ def parse_control_message(body: str) -> ControlMessage:
     return _PARSERS[kind](payload, pk, epoch)
 
 
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def _queue_name(payload: dict[str, object]) -> str:
+    name = payload.get("reply_to", "")
+    if not isinstance(name, str) or (name and not _QUEUE_NAME.fullmatch(name)):
+        raise ValueError("PREPARE has no valid reply_to queue name")
+    return name
+
+
+def _durable(payload: dict[str, object]) -> int:
+    durable = payload.get("durable", 0)
+    if (
+        not isinstance(durable, int)
+        or isinstance(durable, bool)
+        or not 0 <= durable <= _MAX_FIRST_SEQ
+    ):
+        raise ValueError("PREPARE has no valid durable")
+    return durable
+
+
 def _ready(payload: dict[str, object], pk: str, epoch: int) -> ReadyReply:
     first_seq = payload.get("first_seq")
     if (
@@ -318,7 +349,8 @@ def _commit(payload: dict[str, object], pk: str, epoch: int) -> CommitNotice:
 _PARSERS: dict[str, Callable[[dict[str, object], str, int], ControlMessage]] = {
     "HANDOFF": lambda payload, pk, epoch: HandoffHint(pk, epoch),
     "PREPARE": lambda payload, pk, epoch: PrepareCommand(
-        pk, epoch, _worker_field(payload, "giver", "PREPARE")
+        pk, epoch, _worker_field(payload, "giver", "PREPARE"), _durable(payload),
+        _queue_name(payload),
     ),
     "READY": _ready,
     "DECLINE": _decline,

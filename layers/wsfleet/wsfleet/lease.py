@@ -456,10 +456,13 @@ def giver_verdict(
     frame and tick (section 3): ``deadline_ms`` is the prepare bound
     (``HANDOFF_PREPARE_SECONDS`` after PREPARE was sent).
 
-    * DECLINE, or the giver's own session ended (an upstream that cuts the first session
-      when a second opens; the giver does not reconnect, that would cut the taker): break;
+    * DECLINE: break;
     * READY with ``first_seq`` the giver's stored frames reach (:func:`overlap_ready`):
-      transfer;
+      transfer, even if the giver's own session has ended meanwhile (an upstream that cuts
+      the first session when a second opens): the taker holds everything above what the
+      giver stored, so the move still loses nothing;
+    * the giver's session ended without that (it does not reconnect: that would cut the
+      taker, and it cannot catch up any more): break at once;
     * past the bound with no READY (the taker got no numbered frame, could not connect,
       died) or with the giver still below ``first_seq - 1``: break;
     * else wait.
@@ -473,10 +476,10 @@ def giver_verdict(
     """
     if declined:
         return GiverVerdict(HandoffStep.BREAK, "declined")
-    if not session_live:
-        return GiverVerdict(HandoffStep.BREAK, "giver_session_ended")
     if first_seq is not None and overlap_ready(durable, first_seq):
         return GiverVerdict(HandoffStep.TRANSFER)
+    if not session_live:
+        return GiverVerdict(HandoffStep.BREAK, "giver_session_ended")
     if now_ms >= deadline_ms:
         return GiverVerdict(HandoffStep.BREAK, "no_ready" if first_seq is None else "behind")
     return GiverVerdict(HandoffStep.WAIT)

@@ -1,0 +1,99 @@
+"""Make-before-break at the session level, in memory (issue #26; docs/handoff.md steps 2-7):
+a giver's hand-over ends with the one transfer write and then the close, a taker's prepared
+session writes nothing until it adopts the connection, then stores only what the giver did
+not. The rig (lease store, messages, upstream doubles, real flusher) is the memstore session
+tests' own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from test_worker_session_memstore import WORKER, Rig, ended, until
+from worker_doubles import sync
+
+from wsfleet.lease import Lease
+from wsfleet_worker.session import Session
+from wsfleet_worker.session_rules import ExitReason
+
+TAKER = "w2"
+
+
+@sync
+async def test_a_prepared_session_writes_nothing_then_adopts_and_stores_only_above_the_transfer():
+    async with Rig() as rig:
+        # GIVEN a giver that stored 1..5
+        giver = await rig.streaming(1, 2, 3, 4, 5)
+        record = rig.stored(giver.record.pk)
+        # AND a taker's prepared session (of the record it confirmed) that received 4..7
+        taker_ctx = dataclasses.replace(rig.context(), worker_id=TAKER)
+        taker = Session.prepared_for(record, taker_ctx, durable=giver.session.tracker.durable)
+        taker_task = asyncio.create_task(taker.run())
+        socket = await rig.upstream.socket(2)
+        assert socket.from_seq == 6  # resumed after what the giver stored, not the checkpoint
+        socket.feed(4, 5, 6, 7)
+        await until(lambda: taker.first_buffered_seq == 4, "buffered")
+        await asyncio.sleep(0.1)  # (several flush intervals: nothing may be written)
+        # THEN nothing of the taker's was written anywhere
+        assert {m.worker_id for m in rig.messages.items.values()} == {WORKER}
+        assert rig.stored(record.pk) == record
+
+        # WHEN the giver hands over (its frames stored, then the one transfer write)
+        giver.socket.feed(6)
+        await until(lambda: giver.session.tracker.durable == 6, "giver stored 6")
+        giver.session.hand_over(TAKER, ExitReason.REBALANCED)
+        result = await ended(giver.task)
+        # THEN the item names the taker under the next epoch, with the giver's checkpoint,
+        # and the giver closed its socket (1001) only after that
+        moved = rig.stored(record.pk)
+        assert (moved.lease_owner, moved.lease_epoch, moved.last_seq) == (
+            TAKER, record.lease_epoch + 1, 6)
+        assert (result.transferred_to, result.released, result.last_seq) == (TAKER, False, 6)
+        assert giver.socket.protocol.close_sent.code == 1001
+        # WHEN the taker adopts it (a consistent read showed the transfer)
+        assert await taker.adopt(moved, TAKER)
+        socket.feed(8)
+        await until(lambda: rig.messages.seqs(record.pk) == [1, 2, 3, 4, 5, 6, 7, 8], "stored")
+        # THEN the taker stored only 7 and 8, under its own epoch; 1..6 stay the giver's
+        by_seq = {m.seq: (m.worker_id, m.lease_epoch) for m in rig.messages.items.values()}
+        assert {s for s, who in by_seq.items() if who == (TAKER, moved.lease_epoch)} == {7, 8}
+        assert all(by_seq[s] == (WORKER, record.lease_epoch) for s in range(1, 7))
+        # AND it is an ordinary session of the new epoch now (a STOP ends it, released)
+        assert taker.lease == Lease.of(moved)
+        taker.finish(ExitReason.STOPPED, via="test")
+        ended_taker = await ended(taker_task)
+        assert ended_taker.released and rig.stored(record.pk).last_seq == 8
+
+
+@sync
+async def test_a_prepared_session_over_its_buffer_budget_is_abandoned_and_writes_nothing():
+    async with Rig() as rig:
+        giver = await rig.streaming(1)
+        record = rig.stored(giver.record.pk)
+        small = dataclasses.replace(rig.config, session_queue_frames=3)
+        ctx = dataclasses.replace(rig.context(), worker_id=TAKER, config=small)
+        taker = Session.prepared_for(record, ctx)
+        task = asyncio.create_task(taker.run())
+        socket = await rig.upstream.socket(2)
+        socket.feed(2, 3, 4, 5)
+        result = await ended(task)
+        assert (result.reason, taker.abandon_reason, result.released) == (
+            ExitReason.ABANDONED, "budget", False)
+        assert {m.worker_id for m in rig.messages.items.values()} == {WORKER}
+        assert rig.stored(record.pk) == record  # no lease write of the taker's
+        # AND a transfer to it could not be adopted any more (the worker re-acquires instead)
+        assert not await taker.adopt(record, TAKER)
+        giver.session.finish(ExitReason.STOPPED)
+        await ended(giver.task)
+
+
+@sync
+async def test_a_hand_over_whose_transfer_is_refused_breaks_as_today():
+    async with Rig() as rig:
+        giver = await rig.streaming(1, 2)
+        rig.store.stop(giver.record.pk)  # STOPPED meanwhile: the transfer must not land
+        giver.session.hand_over(TAKER, ExitReason.REBALANCED)
+        result = await ended(giver.task)
+        stored = rig.stored(giver.record.pk)
+        assert result.transferred_to == "" and result.released
+        assert (stored.lease_owner, stored.last_seq) == ("", 2)
