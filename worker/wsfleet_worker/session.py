@@ -304,6 +304,7 @@ class Session:
         #: the first numbered frame the prepared session holds (it holds every one after it)
         self.first_buffered_seq: int | None = None
         self.buffered_seq = asyncio.Event()  # set once first_buffered_seq is known
+        self._replayed = asyncio.Event()  # adopt() has stored the buffer
         self.abandon_reason = ""
         self.connects = 0  # sessions opened to the upstream
         self.handing_over = False  # a giver's move is under way: do not reconnect
@@ -425,19 +426,25 @@ class Session:
         self._info("prepared session adopted", last_seq=record.last_seq,
                    buffered=len(self._buffer), first_seq=self.first_buffered_seq)
         started = False  # past the first numbered frame above the checkpoint
-        while self._buffer:  # _on_frame keeps appending meanwhile; emptied, it stores directly
-            frame, received_ms, size = self._buffer.popleft()
-            self._buffer_bytes -= size
-            if not started:
-                if frame.seq is None or frame.seq <= record.last_seq:
-                    continue
-                started = True
-                if frame.seq > record.last_seq + 1:  # the giver broke its promise: report it
-                    self._first_frame(record.last_seq, frame.seq)
-            if self.reason is not None:
-                break
-            await self._store_frame(frame, received_ms)
-        self._buffering = False
+        try:
+            # (_on_frame waits meanwhile: live frames follow the buffer, and the socket is not
+            # read while the buffer is being stored, so nothing grows without bound)
+            while self._buffer:
+                frame, received_ms, size = self._buffer.popleft()
+                self._buffer_bytes -= size
+                if not started:
+                    if frame.seq is None or frame.seq <= record.last_seq:
+                        continue
+                    started = True
+                    if frame.seq > record.last_seq + 1:  # the giver broke its promise: report
+                        self._first_frame(record.last_seq, frame.seq)
+                if self.reason is not None:
+                    break
+                await self._store_frame(frame, received_ms)
+        finally:
+            self._buffer.clear()
+            self._buffering = False
+            self._replayed.set()
         return True
 
     def _buffer_frame(self, frame: Frame, now: int, size: int) -> None:
@@ -1309,9 +1316,11 @@ class Session:
             seq_pointer=self._seq_pointer,
         )
         if self._buffering:
-            size = len(frame.data) + 64  # about what it costs held in memory
-            self._buffer_frame(frame, now, size)
-            return
+            if self.prepared:
+                size = len(frame.data) + 64  # about what it costs held in memory
+                self._buffer_frame(frame, now, size)
+                return
+            await self._replayed.wait()  # adopt() is storing the buffer: this one follows it
         await self._store_frame(frame, now)
 
     async def _store_frame(self, frame: Frame, now: int) -> None:
