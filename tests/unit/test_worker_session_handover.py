@@ -70,7 +70,7 @@ async def test_a_prepared_session_over_its_buffer_budget_is_abandoned_and_writes
     async with Rig() as rig:
         giver = await rig.streaming(1)
         record = rig.stored(giver.record.pk)
-        small = dataclasses.replace(rig.config, session_queue_frames=3)
+        small = dataclasses.replace(rig.config, handoff_buffer_frames=3)
         ctx = dataclasses.replace(rig.context(), worker_id=TAKER, config=small)
         taker = Session.prepared_for(record, ctx)
         task = asyncio.create_task(taker.run())
@@ -83,6 +83,28 @@ async def test_a_prepared_session_over_its_buffer_budget_is_abandoned_and_writes
         assert rig.stored(record.pk) == record  # no lease write of the taker's
         # AND a transfer to it could not be adopted any more (the worker re-acquires instead)
         assert not await taker.adopt(record, TAKER)
+        giver.session.finish(ExitReason.STOPPED)
+        await ended(giver.task)
+
+
+@sync
+async def test_a_prepared_buffer_is_not_bounded_by_the_in_flight_frame_budget():
+    # A fast stream overlaps for longer than the in-flight budget lasts (500 frames: half a
+    # second at 1,000 frames/s); the buffer has its own frame bound, within the same bytes.
+    async with Rig() as rig:
+        giver = await rig.streaming(1)
+        record = rig.stored(giver.record.pk)
+        config = dataclasses.replace(rig.config, session_queue_frames=3, handoff_buffer_frames=50)
+        ctx = dataclasses.replace(rig.context(), worker_id=TAKER, config=config)
+        taker = Session.prepared_for(record, ctx)
+        task = asyncio.create_task(taker.run())
+        socket = await rig.upstream.socket(2)
+        socket.feed(*range(2, 22))
+        await until(lambda: taker.first_buffered_seq == 2, "buffered")
+        await asyncio.sleep(0.1)  # (every frame fed has been read)
+        assert not taker.abandon_reason and not task.done()
+        taker.abandon("test")
+        await ended(task)
         giver.session.finish(ExitReason.STOPPED)
         await ended(giver.task)
 

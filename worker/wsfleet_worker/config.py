@@ -53,6 +53,7 @@ class WorkerConfig:
     breaker_window_seconds: float = 600.0
     secret_cache_seconds: float = 60.0
     handoff_prepare_seconds: float = 3.0
+    handoff_buffer_frames: int = 10_000
     #: The ECS task and container this process runs in (read from the task metadata
     #: endpoint at start, :mod:`wsfleet_worker.task_identity`); None outside ECS.
     task: TaskIdentity | None = None
@@ -67,7 +68,7 @@ class WorkerConfig:
                 )
         for name in (
             "io_threads", "write_threads", "queue_frames", "session_queue_frames",
-            "max_frame_bytes", "queue_bytes", "session_queue_bytes",
+            "max_frame_bytes", "queue_bytes", "session_queue_bytes", "handoff_buffer_frames",
         ):
             value = getattr(self, name)
             if value < 1:

@@ -29,8 +29,8 @@ beside the ordinary one:
 
 * **prepared** (the taker, before it owns): :meth:`Session.prepared_for` builds a session that
   connects like any other but writes nothing anywhere (``may_write`` and every lease write are
-  off) and buffers what it reads, bounded in frames and bytes (the session budget:
-  ``WORKER_SESSION_QUEUE_FRAMES``/``_BYTES``; over it the session ends ABANDONED, reason
+  off) and buffers what it reads, bounded in frames and bytes (``HANDOFF_BUFFER_FRAMES``,
+  ``WORKER_SESSION_QUEUE_BYTES``; over either the session ends ABANDONED, reason
   ``budget``). It does not reconnect: any end of its socket ends it. :meth:`Session.adopt`,
   called once a consistent read showed the transfer, makes it an ordinary session of the new
   epoch and stores the buffered frames above the transferred checkpoint, then live ones.
@@ -458,7 +458,9 @@ class Session:
         verdict = taker_verdict(
             buffered_frames=len(self._buffer),
             buffered_bytes=self._buffer_bytes,
-            max_frames=config.session_queue_frames,
+            # Not the in-flight budget (500 frames: half a second at 1,000 frames/s, less
+            # than an overlap lasts); memory stays bounded by the same bytes.
+            max_frames=config.handoff_buffer_frames,
             max_bytes=config.session_queue_bytes,
             deadline_ms=now + 1,  # the bound in time is the hand-over's (handover.py)
             now_ms=now,

@@ -242,6 +242,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "or lags) breaks instead (close, release, HANDOFF), and the taker waits twice this "
            "for COMMIT before it closes what it opened. 0 turns overlap hand-offs off.",
            "worker", scope="worker"),
+    EnvVar("HANDOFF_BUFFER_FRAMES", "handoff_buffer_frames", "10000",
+           "Frames a taker's prepared session may buffer before it owns the connection (10 s "
+           "at 1,000 frames/s: the overlap lasts the prepare bound at most, and twice that "
+           "until COMMIT); its bytes stay within WORKER_SESSION_QUEUE_BYTES. Over either, the "
+           "taker declines and the move breaks.",
+           "worker", scope="worker"),
 )
 
 
