@@ -195,3 +195,34 @@ def test_messages_that_complete_are_never_timed_out_however_slow_the_stream():
     assert received == ["part-0", "part-1", "part-2"]
     assert ws.protocol.close_rcvd.code == 1000
     assert ws.protocol.close_sent.code == 1000
+
+
+def test_the_workers_close_completes_its_handshake_when_it_stopped_reading_a_busy_stream():
+    # GIVEN an upstream (a websockets server, which answers a close at once) that sends far
+    # more messages than websockets queues unread (16), then waits for the worker's close
+    from websockets.asyncio.server import serve
+
+    async def busy(server_ws):
+        for n in range(2000):
+            await server_ws.send(f'{{"seq": {n + 1}, "pad": "{"x" * 200}"}}')
+        await server_ws.wait_closed()
+
+    async def scenario():
+        async with serve(busy, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            ws = await connector(close_timeout=GUARD_SECONDS / 3)(f"ws://127.0.0.1:{port}/s1")
+            first = await ws.recv()
+            # WHEN the worker stops reading (the session's reader is cancelled once the
+            # queue of unread messages made websockets pause the socket) and closes
+            while not ws.recv_messages.paused:  # noqa: ASYNC110 (websockets has no event for it)
+                await asyncio.sleep(0.01)
+            await ws.close(1001)
+            return ws, first
+
+    ws, first = run(scenario())
+    # THEN the upstream's close frame was read: the handshake completed, not the timeout's
+    # abort (before, the paused socket never delivered it and close() ran to close_timeout)
+    assert first.startswith('{"seq": 1,')
+    assert ws.protocol.close_sent.code == 1001
+    assert ws.protocol.close_rcvd is not None
+    assert ws.protocol.close_rcvd.code == 1001

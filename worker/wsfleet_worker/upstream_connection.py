@@ -19,6 +19,14 @@ instead, which nothing bounds (issue #23):
   (``last_error`` ``closed_by_worker (code 1008: message timeout)``, counted).
 
 Both are one timer per connection at most, and only while something is pending.
+
+And one stall of its flow control: websockets stops reading the socket once 16 messages wait
+unread (``max_queue``), and resumes only as they are read. The worker stops reading messages
+when it ends a session (nothing read after ``finish`` is stored) and then closes; with the
+queue full, the upstream's close frame sat unread in the socket and every such close ran to
+the 2 s timeout and an abort (a SIGTERM hand-off of a 20 frames/s stream on a loaded machine:
+each giver socket closed 2.1 s after the signal, the release waiting for it). :meth:`close`
+therefore drops what is queued and what still arrives, and reads on to the close frame.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
-from websockets.frames import DATA_OPCODES, Frame
+from websockets.frames import DATA_OPCODES, CloseCode, Frame
 from websockets.protocol import OPEN
 
 from .session_rules import MESSAGE_TIMEOUT_CODE, MESSAGE_TIMEOUT_REASON, IncompleteMessage
@@ -45,6 +53,7 @@ class UpstreamConnection(ClientConnection):
         self._incomplete = IncompleteMessage(self.message_timeout)
         self._message_timer: Any = None
         self._close_timer: Any = None
+        self._discarding = False  # the worker closes: messages are no longer read
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def data_received(self, data: bytes) -> None:
@@ -57,9 +66,27 @@ class UpstreamConnection(ClientConnection):
         self._arm_close_timer()
 
     def process_event(self, event: Any) -> None:
-        super().process_event(event)
         if isinstance(event, Frame) and event.opcode in DATA_OPCODES:
             self._fragmented = not event.fin
+            if self._discarding:
+                return  # nobody reads it: queueing it would pause reading again
+        super().process_event(event)
+
+    # ---------------------------------------------------------------- closing
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        """websockets' closing handshake, reading on to the upstream's close frame."""
+        self._discard_messages()
+        await super().close(code, reason)
+
+    def _discard_messages(self) -> None:
+        self._discarding = True
+        assembler = getattr(self, "recv_messages", None)  # set in connection_made
+        if assembler is None:
+            return
+        assembler.frames.queue.clear()  # websockets internals, pinned in requirements
+        if assembler.paused:
+            assembler.paused = False
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._message_timer, self._close_timer):
