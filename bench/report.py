@@ -471,8 +471,10 @@ def _sink_replay_section(document: dict[str, Any]) -> str:
              "duplicates); *window*: the widest `replayed.from_seq..to_seq` reported; "
              "*outside*: re-sent copies outside every reported window. Lost: a seq up to the "
              "final checkpoint missing from the sink (whole run). Target: lost 0, re-sent <= "
-             "reported, outside 0, 0 re-sent after a SIGTERM. Load: 1-minute load average "
-             "before / after the run.", "",
+             "reported, outside 0, 0 re-sent after a SIGTERM. A make-before-break hand-off's "
+             "transfer write does not carry the send limit yet, so its taker reports the "
+             "giver's last window though it re-sends nothing (reported > 0 on graceful rows). "
+             "Load: 1-minute load average before / after the run.", "",
              _table(["sink", "hand-off", "hand-offs", "re-sent", "reported", "window",
                      "outside", "lost", "load", "target met"], rows), ""]  # fmt: skip
     parts += _error_rows(items)
