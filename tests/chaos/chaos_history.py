@@ -36,7 +36,13 @@ Invariants (each violation names the stream and the evidence):
     #26): the giver announced it (PREPARE) before the newer session opened, and the two were
     open together no later than the hand-off's end (the transfer and the giver's close, or
     the fallback) plus a close grace. Each planned hand-off excuses one pair of sessions, so
-    a third session in its window is still a split brain. There is no fencing-window
+    a third session in its window is still a split brain, with one exception: the taker's
+    prepared session of a hand-off that did not decide a transfer (the giver fell back, or
+    died or self-fenced before deciding) can never own the stream (adopting needs the
+    record to show the transfer to it), writes nothing, and closes at the latest twice the
+    prepare bound after it opened, plus its close (``handoff_grace_seconds``); the next
+    owner's session (the giver's lease expired or was released meanwhile) may overlap it
+    until then. There is no fencing-window
     allowance: a worker fences every session at its deadline, before the lease can expire,
     and a break-mode hand-off closes the socket before it releases, so any other overlap,
     however short, is a violation.
@@ -85,6 +91,7 @@ Hostile-upstream track (:func:`check_hostile`):
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,12 +146,14 @@ class PlannedHandoff:
     """A make-before-break hand-off of ``stream_id`` from its owner under ``epoch``, announced
     (PREPARE sent) at ``prepared_at`` and over at ``ended_at`` (wall clock): the transfer
     landed and the giver closed, or it fell back to break. ``ended_at`` None: unknown (the
-    giver died mid-hand-off), bounded by the prepare bound."""
+    giver died mid-hand-off), bounded by the prepare bound. ``decision``: what the giver
+    logged it decided (``transfer``, or the fallback's reason); None: nothing logged."""
 
     stream_id: str
     epoch: int
     prepared_at: float
     ended_at: float | None = None
+    decision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -358,6 +367,8 @@ def _check_overlaps(
     not excused is a violation."""
     found = excused = planned = 0
     used: set[PlannedHandoff] = set()
+    #: the newer session of each pair a planned hand-off excused (its taker's, prepared)
+    taker_of: dict[Any, PlannedHandoff] = {}
     ordered = sorted(sessions, key=lambda s: (s.opened_at, s.session_id))
     active: list[Any] = []
     for session in ordered:
@@ -379,16 +390,70 @@ def _check_overlaps(
                               handoff_grace_seconds)  # fmt: skip
             if window is not None:
                 used.add(window)
+                taker_of[session.session_id] = window
                 planned += 1
+                continue
+            handoff = taker_of.get(older.session_id)
+            if (
+                handoff is not None
+                and (handoff.ended_at is None  # the giver ended before it decided
+                     or handoff.decision not in (None, "transfer"))
+                and min(older_end, newer_end) <= older.opened_at + handoff_grace_seconds
+            ):
+                planned += 1  # an abandoned prepared session and the next owner's
                 continue
             verdict.add(
                 "overlap",
                 stream_id,
                 f"sessions {older.session_id} and {session.session_id} streamed together for "
-                f"{length:.3f} s (no paused owner or planned hand-off explains it)",
+                f"{length:.3f} s (no paused owner or planned hand-off explains it); "
+                + _overlap_context(older, session, handoffs, used, pauses),
             )
         active.append(session)
     return found, excused, planned
+
+
+def _clock_text(at: float | None) -> str:
+    """Wall-clock seconds as the workers' log timestamps show them (UTC, milliseconds)."""
+    if at is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}"
+
+
+def _overlap_context(
+    older: Any,
+    newer: Any,
+    handoffs: Sequence[PlannedHandoff],
+    used: set[PlannedHandoff],
+    pauses: Sequence[Pause],
+) -> str:
+    """What an unexplained overlap needs to be read against the workers' logs once the run's
+    directory is gone: both sessions' times (UTC, as in the logs) and close codes, every
+    planned hand-off of the stream near them (epoch, PREPARE, logged end, already used), and
+    the pauses that began before the newer session opened."""
+
+    def describe(s: Any) -> str:
+        times = f"{_clock_text(s.opened_at)}-{_clock_text(s.closed_at)}"
+        return (f"#{s.session_id} {times} close={getattr(s, 'close_code', None)} "
+                f"peer={getattr(s, 'peer', '?')}")  # fmt: skip
+
+    near = [
+        h for h in handoffs
+        if h.prepared_at <= (newer.closed_at or h.prepared_at) + HANDOFF_CLOSE_SECONDS
+        and (h.ended_at or h.prepared_at) >= older.opened_at - HANDOFF_CLOSE_SECONDS
+    ]  # fmt: skip
+    planned = ", ".join(
+        f"e{h.epoch} PREPARE {_clock_text(h.prepared_at)} end {_clock_text(h.ended_at)}"
+        + (" (used)" if h in used else "")
+        for h in near
+    ) or "none"
+    paused = ", ".join(
+        f"{p.worker_id} {_clock_text(p.stopped_at)}-{_clock_text(p.resumed_at)}"
+        for p in pauses
+        if p.stopped_at <= newer.opened_at and p.resumed_at >= older.opened_at
+    ) or "none"
+    return (f"sessions {describe(older)} / {describe(newer)}; planned hand-offs near: "
+            f"{planned}; pauses: {paused}")  # fmt: skip
 
 
 def _owners_by_epoch(samples: Iterable[Sample]) -> dict[tuple[str, int], set[str]]:

@@ -874,6 +874,7 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
     """Every make-before-break hand-off a giver announced, with when it ended (if logged)."""
     prepared: dict[tuple[str, int], float] = {}
     ended: dict[tuple[str, int], float] = {}
+    decisions: dict[tuple[str, int], str] = {}
     for slot in slots:
         path = slot.process.log_path
         if path is None or not Path(path).exists():
@@ -894,6 +895,7 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
                 key = (stream, epoch)
                 if message.startswith(HANDOFF_DECIDED_LOG):
                     ended[key] = max(at, ended.get(key, at))
+                    decisions[key] = str(entry.get("decision", ""))
                     waited = entry.get("waited_ms")
                     if isinstance(waited, int | float) and waited >= 0:
                         at -= waited / 1000
@@ -903,8 +905,8 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
                     continue
                 prepared[key] = min(at, prepared.get(key, at))
     return [
-        PlannedHandoff(stream, epoch, at, ended.get((stream, epoch)))
-        for (stream, epoch), at in sorted(prepared.items())
+        PlannedHandoff(*key, prepared_at=at, ended_at=ended.get(key), decision=decisions.get(key))
+        for key, at in sorted(prepared.items())
     ]
 
 

@@ -396,3 +396,45 @@ def test_the_looping_streams_must_end_failed_within_the_same_bound():
     # a loop the breaker never stopped: still STARTED, or FAILED after too many sessions
     assert invariants(hostile(looping={**ok, "creep": (Rec(), 40)})) == {"breaker"}
     assert invariants(hostile(looping={**ok, "trickle": (failed, 8)})) == {"breaker"}
+
+
+def test_an_unexplained_overlap_names_what_the_logs_need_to_be_read_against():
+    # GIVEN a giver's session lingering 5 s after its hand-off's logged end (not explained)
+    lingering = [Sess("s", 1, 100.0, 205.0), Sess("s", 2, 200.0)]
+    announced = PlannedHandoff("s", epoch=1, prepared_at=199.8, ended_at=200.2)
+    # WHEN it is reported
+    verdict = check(sessions=lingering, handoffs=[announced], handoff_grace_seconds=0.5)
+    (violation,) = (v.detail for v in verdict.violations)
+    # THEN the report carries both sessions' times as the worker logs show them (UTC) and
+    # the stream's hand-off windows, so the run can be read after its directory is gone
+    assert "#1 00:01:40.000-00:03:25.000" in violation
+    assert "#2 00:03:20.000--" in violation
+    assert "e1 PREPARE 00:03:19.800 end 00:03:20.200" in violation
+    assert "pauses: none" in violation
+
+
+def test_an_abandoned_prepared_session_may_overlap_the_next_owner_within_the_takers_bound():
+    # GIVEN a giver's session (1) that self-fenced mid-hand-off, the taker's prepared session
+    # (2) opened after the PREPARE, and the next owner's session (3) once the giver's lease
+    # was over, while the taker still waited for a COMMIT that could not come
+    sessions = [Sess("s", 1, 100.0, 200.6), Sess("s", 2, 200.2, 206.5), Sess("s", 3, 203.0)]
+    fell_back = PlannedHandoff("s", epoch=1, prepared_at=200.0, ended_at=200.6,
+                               decision="ended_fenced")  # fmt: skip
+    # WHEN the taker's session closed within its bound (twice the prepare bound, plus a close)
+    verdict = check(sessions=sessions, handoffs=[fell_back], handoff_grace_seconds=8.0)
+    # THEN both overlaps are the planned hand-off's, not a split brain
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["overlaps_of_planned_handoffs"] == 2
+    # a taker whose hand-off decided a transfer may own the stream: a third session is not
+    # excused
+    transferred = replace(fell_back, decision="transfer")
+    assert invariants(check(sessions=sessions, handoffs=[transferred],
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    # nor is a taker's session open past its bound
+    late = [*sessions[:1], Sess("s", 2, 200.2, 209.0), sessions[2]]
+    assert invariants(check(sessions=late, handoffs=[fell_back],
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    # nor a third session when the second was no hand-off's taker
+    assert invariants(check(sessions=sessions, handoffs=[], handoff_grace_seconds=8.0)) == {
+        "overlap"
+    }
