@@ -199,7 +199,7 @@ def test_messages_that_complete_are_never_timed_out_however_slow_the_stream():
 
 def test_the_workers_close_completes_its_handshake_when_it_stopped_reading_a_busy_stream():
     # GIVEN an upstream (a websockets server, which answers a close at once) that sends far
-    # more messages than websockets queues unread (16), then waits for the worker's close
+    # more messages than websockets queues unread (max_queue), then waits for the worker's close
     from websockets.asyncio.server import serve
 
     async def busy(server_ws):
