@@ -818,6 +818,22 @@ def test_transfer_never_moves_the_checkpoint_back_and_a_drain_leaves_no_dwell_ma
     assert (moved.lease_owner, moved.last_seq, moved.rebalanced_at_ms) == ("w2", 20, None)
 
 
+def test_transfer_carries_the_send_window_as_a_release_does(store, clock):
+    # At-least-once sinks (issue #27): a make-before-break taker inherits the giver's final
+    # window from the transfer itself; with nothing in flight it has nothing to re-send.
+    pk = started(store)
+    register(store, clock, "w1")
+    giver = Lease.of(store.acquire(pk, "w1"))
+    store.checkpoint(giver, 31, window={"sent_limit": 91})
+    window = {"sent_limit": 40, "replayed_takeovers": 1, "replayed_frames": 9,
+              "replayed_from_seq": 5, "replayed_to_seq": 14}
+    moved = store.transfer(giver, "w2", last_seq=40, window=window)
+    assert (moved.lease_owner, moved.last_seq, moved.sent_limit) == ("w2", 40, 40)
+    assert (moved.replayed_takeovers, moved.replayed_frames) == (1, 9)
+    assert (moved.replayed_from_seq, moved.replayed_to_seq) == (5, 14)
+    assert store.get(pk) == moved
+
+
 def test_transfer_refusals(store, clock):
     register(store, clock, "w1")
     register(store, clock, "w2")

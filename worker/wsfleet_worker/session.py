@@ -250,19 +250,10 @@ class Session:
         self.checkpointed_at_ms = self.started_at_ms - int(context.rng.uniform(0, interval))
         self._checkpointing = False
         self._checkpoint_ended = asyncio.Event()
-        settings = context.config.settings
         #: At-least-once sinks only: the send limit that bounds what a failover re-sends.
         self.window: SendWindow | None = None
-        if settings.message_sink in AT_LEAST_ONCE_SINKS:
-            self.window = SendWindow(
-                last_seq=record.last_seq,
-                sent_limit=record.sent_limit,
-                frames=settings.message_replay_window,
-                takeovers=record.replayed_takeovers,
-                replayed_frames=record.replayed_frames,
-            )
-        #: A takeover's window is stored with the first checkpoint write, due at once.
-        self._replay_unstored = self.window is not None and self.window.replay is not None
+        self._replay_unstored = False
+        self._inherit_window(record)
         self._send_wait = 0  # the seq of a frame waiting for the send limit (0: none)
         self.state = SessionState.CONNECTING
         self.reason: ExitReason | None = None
@@ -309,6 +300,21 @@ class Session:
         self.connects = 0  # sessions opened to the upstream
         self.handing_over = False  # a giver's move is under way: do not reconnect
         self._transfer_to = ""
+
+    def _inherit_window(self, record: ConnectionRecord) -> None:
+        """The send window (at-least-once sinks only) of a session resuming ``record``."""
+        settings = self._ctx.config.settings
+        if settings.message_sink not in AT_LEAST_ONCE_SINKS:
+            return
+        self.window = SendWindow(
+            last_seq=record.last_seq,
+            sent_limit=record.sent_limit,
+            frames=settings.message_replay_window,
+            takeovers=record.replayed_takeovers,
+            replayed_frames=record.replayed_frames,
+        )
+        #: A takeover's window is stored with the first checkpoint write, due at once.
+        self._replay_unstored = self.window.replay is not None
 
     @classmethod
     def prepared_for(
@@ -417,6 +423,8 @@ class Session:
         self._lease = lease
         self.tracker = CheckpointTracker(record.last_seq)
         self.persisted_seq = record.last_seq
+        # the transferred window (none in flight: nothing to re-send), not the PREPARE's read
+        self._inherit_window(record)
         self.gap_resumes, self.gap_frames = record.resume_gaps, record.gap_frames
         self._gaps_stored = (record.resume_gaps, record.gap_frames)
         self._error_noted = record.last_error
@@ -597,7 +605,7 @@ class Session:
         try:
             await ctx.offloader.io(
                 ctx.leases.transfer, self.lease, taker, last_seq=last_seq,
-                moved=reason is ExitReason.REBALANCED,
+                moved=reason is ExitReason.REBALANCED, **self._final_window(),
             )
         except ConnectionStopped:
             self._info("stopped before the transfer; ending as a STOP")

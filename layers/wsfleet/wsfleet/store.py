@@ -532,7 +532,13 @@ class LeaseStore(ABC):
             raise LeaseLost(str(exc), exc.current) from exc
 
     def transfer(
-        self, lease: Lease, to_owner: str, *, last_seq: int, moved: bool = True
+        self,
+        lease: Lease,
+        to_owner: str,
+        *,
+        last_seq: int,
+        moved: bool = True,
+        window: Mapping[str, int] | None = None,
     ) -> ConnectionRecord:
         """Make-before-break's one ownership write (docs/handoff.md, step 5): the connection
         moves from ``lease`` (G, e) to ``(to_owner, e + 1)`` with the final checkpoint
@@ -540,8 +546,9 @@ class LeaseStore(ABC):
         both owners; a takeover racing it makes exactly one of the two land.
 
         ``moved``: a rebalancing move, stamped ``rebalanced_at_ms`` (the dwell time), as a
-        move's release is. Raises ConnectionStopped (STOPPED meanwhile: nothing moved; the
-        giver ends it as a STOP) or LeaseLost (not ours any more).
+        move's release is. ``window``: as for :meth:`release` (with nothing in flight the
+        taker inherits no replay window). Raises ConnectionStopped (STOPPED meanwhile: nothing
+        moved; the giver ends it as a STOP) or LeaseLost (not ours any more).
 
         >>> from wsfleet.memstore import InMemoryLeaseStore
         >>> store = InMemoryLeaseStore()
@@ -558,6 +565,7 @@ class LeaseStore(ABC):
             "lease_owner": to_owner,
             "lease_epoch": lease.epoch + 1,
             "updated_at_ms": now,
+            **(window or {}),
         }
         if moved:
             values["rebalanced_at_ms"] = now
