@@ -35,14 +35,16 @@ Invariants (each violation names the stream and the evidence):
     resumed, or within a *planned* hand-off (:class:`PlannedHandoff`: make-before-break, issue
     #26): the giver announced it (PREPARE) before the newer session opened, and the two were
     open together no later than the hand-off's end (the transfer and the giver's close, or
-    the fallback) plus a close grace. Each planned hand-off excuses one pair of sessions, so
-    a third session in its window is still a split brain, with one exception: the taker's
-    prepared session of a hand-off that did not decide a transfer (the giver fell back, or
-    died or self-fenced before deciding) can never own the stream (adopting needs the
-    record to show the transfer to it), writes nothing, and closes at the latest twice the
-    prepare bound after it opened, plus its close (``handoff_grace_seconds``); the next
-    owner's session (the giver's lease expired or was released meanwhile) may overlap it
-    until then. There is no fencing-window
+    the fallback) plus a close grace; after a decided transfer, whose write throttling can
+    stretch, until the taker's own bound (``handoff_grace_seconds`` after its session
+    opened: it closes by then unless the COMMIT came, sent only once the giver closed).
+    Each planned hand-off excuses one pair of sessions, so a third session in its window is
+    still a split brain, with one exception: the taker's prepared session of a hand-off that
+    did not decide a transfer (the giver fell back, or died or self-fenced before deciding)
+    can never own the stream (adopting needs the record to show the transfer to it), writes
+    nothing, and closes at the latest twice the prepare bound after it opened, plus its close
+    (``handoff_grace_seconds``); the next owner's session (the giver's lease expired or was
+    released meanwhile) may overlap it until then. There is no fencing-window
     allowance: a worker fences every session at its deadline, before the lease can expire,
     and a break-mode hand-off closes the socket before it releases, so any other overlap,
     however short, is a violation.
@@ -339,12 +341,18 @@ def _planned(
 ) -> PlannedHandoff | None:
     """The unused planned hand-off whose window holds this overlap, if any: announced before
     the newer session opened, and the two stopped being open together within a close of its
-    logged end (end unknown: within ``bound_seconds`` of the PREPARE)."""
+    logged end (end unknown: within ``bound_seconds`` of the PREPARE). A giver that decided
+    a transfer keeps its session open through the transfer write (throttling retries can
+    stretch it past the taker's wait): the taker closes its prepared session by its own bound
+    unless a COMMIT came (sent only after the giver closed), so that pair may stay open
+    together until ``bound_seconds`` after the taker's session opened."""
     for handoff in handoffs:
         if handoff in used or handoff.prepared_at - _LOG_CLOCK_SLACK > newer_opened:
             continue
         if handoff.ended_at is not None:
             limit = handoff.ended_at + HANDOFF_CLOSE_SECONDS
+            if handoff.decision == "transfer":
+                limit = max(limit, newer_opened + bound_seconds)
         else:
             limit = handoff.prepared_at + bound_seconds
         if together_until <= limit:

@@ -438,3 +438,25 @@ def test_an_abandoned_prepared_session_may_overlap_the_next_owner_within_the_tak
     assert invariants(check(sessions=sessions, handoffs=[], handoff_grace_seconds=8.0)) == {
         "overlap"
     }
+
+
+def test_a_transfer_slowed_by_throttling_overlaps_until_the_takers_bound():
+    # GIVEN (seed 20240601, chaos-002) a giver that decided a transfer at 38.227 whose
+    # throttled transfer write kept its session (1) open until 45.032, and the taker's
+    # prepared session (2), abandoned for want of a COMMIT at 41.226
+    # (and the taker's own session (3) once it acquired the stream later)
+    sessions = [Sess("s", 1, 37.342, 45.032), Sess("s", 2, 37.879, 41.226), Sess("s", 3, 45.738)]
+    transfer = PlannedHandoff("s", epoch=4, prepared_at=37.762, ended_at=38.227,
+                              decision="transfer")  # fmt: skip
+    # WHEN checked: THEN the pair is the planned hand-off's (the taker's bound holds it)
+    verdict = check(sessions=sessions, handoffs=[transfer], handoff_grace_seconds=8.0)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["overlaps_of_planned_handoffs"] == 1
+    # a fallback closes the giver's session at once: the same overlap is a violation there
+    fallback = replace(transfer, decision="no_ready")
+    assert invariants(check(sessions=sessions, handoffs=[fallback],
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    # and a taker's session open together with the giver past its bound is one too
+    late = [Sess("s", 1, 37.342, 47.0), Sess("s", 2, 37.879, 46.5), Sess("s", 3, 47.5)]
+    assert invariants(check(sessions=late, handoffs=[transfer],
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
