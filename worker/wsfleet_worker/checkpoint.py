@@ -121,8 +121,9 @@ class SendWindow:
       (:meth:`running_low`), i.e. about every ``0.75 x frames`` frames, besides the time cadence
       (CHECKPOINT_SECONDS); a frame that finds the limit reached waits for that write
       (backpressure, as a full write queue);
-    * a clean ending (release, STOP, FAILED) with nothing in flight stores ``sent_limit`` equal
-      to the final checkpoint: the next owner re-sends nothing (:meth:`final_limit`).
+    * a clean ending (release, STOP, FAILED, or a make-before-break transfer) with nothing in
+      flight stores ``sent_limit`` equal to the final checkpoint: the next owner re-sends
+      nothing (:meth:`final_limit`).
 
     A session that inherits a window (``sent_limit > last_seq``) counts the frames it writes
     inside it (:meth:`written`): the ``replayed`` totals of the connection view, stored with

@@ -21,12 +21,13 @@ instead, which nothing bounds (issue #23):
 Both are one timer per connection at most, and only while something is pending.
 
 And one stall of its flow control: websockets stops reading the socket once ``max_queue``
-messages wait unread (4 from the connector), and resumes only as they are read. The worker stops reading messages
-when it ends a session (nothing read after ``finish`` is stored) and then closes; with the
-queue full, the upstream's close frame sat unread in the socket and every such close ran to
-the 2 s timeout and an abort (a SIGTERM hand-off of a 20 frames/s stream on a loaded machine:
-each giver socket closed 2.1 s after the signal, the release waiting for it). :meth:`close`
-therefore drops what is queued and what still arrives, and reads on to the close frame.
+messages wait unread (4 from the connector), and resumes only as they are read. The worker stops
+reading messages when it ends a session (nothing read after ``finish`` is stored) and then
+closes; with the queue full, the upstream's close frame sat unread in the socket and every such
+close ran to the 2 s timeout and an abort (a SIGTERM hand-off of a 20 frames/s stream on a
+loaded machine: each giver socket closed 2.1 s after the signal, the release waiting for it).
+:meth:`close` therefore drops what is queued and what still arrives, and reads on to the close
+frame.
 """
 
 from __future__ import annotations
