@@ -149,13 +149,15 @@ class PlannedHandoff:
     (PREPARE sent) at ``prepared_at`` and over at ``ended_at`` (wall clock): the transfer
     landed and the giver closed, or it fell back to break. ``ended_at`` None: unknown (the
     giver died mid-hand-off), bounded by the prepare bound. ``decision``: what the giver
-    logged it decided (``transfer``, or the fallback's reason); None: nothing logged."""
+    logged it decided (``transfer``, or the fallback's reason); None: nothing logged.
+    ``taker``: the worker the PREPARE named (None: not logged)."""
 
     stream_id: str
     epoch: int
     prepared_at: float
     ended_at: float | None = None
     decision: str | None = None
+    taker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,24 @@ def _planned(
     return None
 
 
+def _abandoned_until(
+    handoff: PlannedHandoff,
+    prepared: Any,
+    pauses: Sequence[Pause],
+    bound_seconds: float,
+    resume_grace_seconds: float,
+) -> float:
+    """How long a taker's prepared session that can no longer be adopted may stay open: its
+    own bound (``bound_seconds`` after it opened: no COMMIT came), or, if its worker was
+    SIGSTOPped within that bound, until that worker resumed and self-fenced (a paused taker
+    runs no timer; it writes nothing and owns nothing either way)."""
+    until = prepared.opened_at + bound_seconds
+    for pause in pauses:
+        if pause.worker_id == handoff.taker and pause.stopped_at <= until:
+            until = max(until, pause.resumed_at + resume_grace_seconds)
+    return until
+
+
 def _check_overlaps(
     stream_id: str,
     sessions: Sequence[Any],
@@ -406,7 +426,8 @@ def _check_overlaps(
                 handoff is not None
                 and (handoff.ended_at is None  # the giver ended before it decided
                      or handoff.decision not in (None, "transfer"))
-                and min(older_end, newer_end) <= older.opened_at + handoff_grace_seconds
+                and _abandoned_until(handoff, older, pauses, handoff_grace_seconds,
+                                     resume_grace_seconds) >= min(older_end, newer_end)
             ):
                 planned += 1  # an abandoned prepared session and the next owner's
                 continue

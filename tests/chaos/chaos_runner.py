@@ -875,6 +875,7 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
     prepared: dict[tuple[str, int], float] = {}
     ended: dict[tuple[str, int], float] = {}
     decisions: dict[tuple[str, int], str] = {}
+    takers: dict[tuple[str, int], str] = {}
     for slot in slots:
         path = slot.process.log_path
         if path is None or not Path(path).exists():
@@ -903,9 +904,12 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
                         continue
                 elif not message.startswith(HANDOFF_PREPARED_LOG):
                     continue
+                elif isinstance(entry.get("taker"), str):
+                    takers[key] = entry["taker"]
                 prepared[key] = min(at, prepared.get(key, at))
     return [
-        PlannedHandoff(*key, prepared_at=at, ended_at=ended.get(key), decision=decisions.get(key))
+        PlannedHandoff(*key, prepared_at=at, ended_at=ended.get(key), decision=decisions.get(key),
+                       taker=takers.get(key))
         for key, at in sorted(prepared.items())
     ]
 

@@ -440,6 +440,31 @@ def test_an_abandoned_prepared_session_may_overlap_the_next_owner_within_the_tak
     }
 
 
+def test_a_prepared_session_of_a_taker_paused_mid_hand_off_may_overlap_until_it_self_fences():
+    # GIVEN (chaos-010) a giver SIGKILLed right after its PREPARE (1), the taker's prepared
+    # session (2), the next owner's session (3), and the taker SIGSTOPped for 8.9 s from 3.5 s
+    # after its session opened: its wait for a COMMIT runs no timer while it is stopped
+    sessions = [Sess("s", 1, 100.0, 203.0), Sess("s", 2, 202.84, 213.08), Sess("s", 3, 203.2)]
+    killed = PlannedHandoff("s", epoch=2, prepared_at=202.75, taker="w1")
+    paused_taker = [Pause("w1", 206.3, 215.2)]
+    # WHEN checked with the taker's pause: THEN both overlaps are the hand-off's
+    verdict = check(sessions=sessions, handoffs=[killed], pauses=paused_taker,
+                    handoff_grace_seconds=8.0)  # fmt: skip
+    assert verdict.ok, verdict.violations
+    # another worker's pause explains nothing
+    assert invariants(check(sessions=sessions, handoffs=[killed],
+                            pauses=[Pause("w2", 206.3, 215.2)],
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    # nor does a pause that began after the taker's own bound had passed
+    assert invariants(check(sessions=sessions, handoffs=[killed],
+                            pauses=[Pause("w1", 211.5, 215.2)],
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    # nor a session that stayed open past the resume and the self-fence
+    late = [*sessions[:1], Sess("s", 2, 202.84, 219.0), sessions[2]]
+    assert invariants(check(sessions=late, handoffs=[killed], pauses=paused_taker,
+                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+
+
 def test_a_transfer_slowed_by_throttling_overlaps_until_the_takers_bound():
     # GIVEN (seed 20240601, chaos-002) a giver that decided a transfer at 38.227 whose
     # throttled transfer write kept its session (1) open until 45.032, and the taker's
