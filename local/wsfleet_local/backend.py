@@ -547,11 +547,11 @@ class Resources:
 
     Example::
 
-        >>> resources = backend.create_resources("t1")  # backend: a running EmbeddedBackend
+        >>> resources = backend.create_resources("docs1")  # backend: a running EmbeddedBackend
         >>> resources.connections_table
-        't1-ConnectionsTable'
+        'docs1-ConnectionsTable'
         >>> resources.env()["CONNECTIONS_TABLE"]  # with AWS_ENDPOINT_URL, HINT_QUEUE_URL, ...
-        't1-ConnectionsTable'
+        'docs1-ConnectionsTable'
     """
 
     endpoint_url: str
@@ -594,10 +594,10 @@ def local_client(service: str, endpoint_url: str, region: str = DEFAULT_REGION) 
 
     Example::
 
-        >>> resources = backend.create_resources("t2")
+        >>> resources = backend.create_resources("docs2")
         >>> names = local_client("dynamodb", resources.endpoint_url).list_tables()["TableNames"]
-        >>> [name for name in names if name.startswith("t2-")]
-        ['t2-ConnectionsTable', 't2-MessagesTable']
+        >>> sorted(name for name in names if name.startswith("docs2-"))
+        ['docs2-ConnectionsTable', 'docs2-MessagesTable']
     """
     import boto3
 
@@ -626,9 +626,9 @@ def provision_resources(
 
     Example::
 
-        >>> url = provision_resources(backend.endpoint_url, "demo").hint_queue_url
+        >>> url = provision_resources(backend.endpoint_url, "docs3").hint_queue_url
         >>> url.removeprefix(backend.endpoint_url)
-        '/123456789012/demo-HintQueue'
+        '/123456789012/docs3-HintQueue'
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
