@@ -29,6 +29,7 @@ from wsfleet.settings import ENVIRONMENT
 from wsfleet.upstream_options import parse_upstream_options
 from wsfleet_local.backend import find_template, load_template
 from wsfleet_local.fleet import FleetTimings, LocalFleet
+from wsfleet_local.stack import container_environment
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -113,7 +114,7 @@ def container_env(fleet: LocalFleet, worker_id: str) -> dict[str, str]:
         for name, value in fleet._worker_env(worker_id).items()
         if name in known or name.startswith(("AWS_", "POWERTOOLS_", "WORKER_", "LEASE_"))
     }
-    health = {e["Name"]: e["Value"] for e in task_container()["Environment"]}["HEALTH_FILE"]
+    health = container_environment(task_container()["Environment"])["HEALTH_FILE"]
     return {**env, "WORKER_ID": worker_id, "HEALTH_FILE": health, "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing"}  # fmt: skip
 
