@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -847,27 +848,34 @@ def _dead_lettered_poison(chaos: _Chaos) -> int:
 def _stop_outcomes(slots: list[Any]) -> dict[str, list[StopOutcome]]:
     """Per stream, every "STOP command received" the workers logged: epoch, applied, when."""
     outcomes: dict[str, list[StopOutcome]] = {}
+    for entry in _log_entries(slots, "STOP command received"):
+        stream = entry.get("connection_id")
+        if isinstance(stream, str) and "applied" in entry:
+            epoch = entry.get("epoch")
+            outcomes.setdefault(stream, []).append(StopOutcome(
+                epoch if isinstance(epoch, int) else None,
+                bool(entry["applied"]),
+                _log_time(entry.get("timestamp")),
+            ))  # fmt: skip
+    return outcomes
+
+
+def _log_entries(slots: list[Any], marker: str) -> Iterator[dict[str, Any]]:
+    """The JSON entries of every worker's log whose line holds ``marker``."""
     for slot in slots:
         path = slot.process.log_path
         if path is None or not Path(path).exists():
             continue
         with open(path, encoding="utf-8", errors="replace") as log:
             for line in log:
-                if "STOP command received" not in line or "{" not in line:
+                if marker not in line or "{" not in line:
                     continue
                 try:
                     entry = json.loads(line[line.index("{") :])
                 except ValueError:
                     continue
-                stream = entry.get("connection_id")
-                if isinstance(stream, str) and "applied" in entry:
-                    epoch = entry.get("epoch")
-                    outcomes.setdefault(stream, []).append(StopOutcome(
-                        epoch if isinstance(epoch, int) else None,
-                        bool(entry["applied"]),
-                        _log_time(entry.get("timestamp")),
-                    ))  # fmt: skip
-    return outcomes
+                if isinstance(entry, dict):
+                    yield entry
 
 
 def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
@@ -876,37 +884,26 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
     ended: dict[tuple[str, int], float] = {}
     decisions: dict[tuple[str, int], str] = {}
     takers: dict[tuple[str, int], str] = {}
-    for slot in slots:
-        path = slot.process.log_path
-        if path is None or not Path(path).exists():
+    for entry in _log_entries(slots, "hand-off"):
+        stream, epoch = entry.get("connection_id"), entry.get("epoch")
+        at = _log_time(entry.get("timestamp"))
+        if not isinstance(stream, str) or not isinstance(epoch, int) or at is None:
             continue
-        with open(path, encoding="utf-8", errors="replace") as log:
-            for line in log:
-                if "hand-off" not in line or "{" not in line:
-                    continue
-                try:
-                    entry = json.loads(line[line.index("{") :])
-                except ValueError:
-                    continue
-                stream, epoch = entry.get("connection_id"), entry.get("epoch")
-                at = _log_time(entry.get("timestamp"))
-                if not isinstance(stream, str) or not isinstance(epoch, int) or at is None:
-                    continue
-                message = str(entry.get("message", ""))
-                key = (stream, epoch)
-                if message.startswith(HANDOFF_DECIDED_LOG):
-                    ended[key] = max(at, ended.get(key, at))
-                    decisions[key] = str(entry.get("decision", ""))
-                    waited = entry.get("waited_ms")
-                    if isinstance(waited, int | float) and waited >= 0:
-                        at -= waited / 1000
-                    else:
-                        continue
-                elif not message.startswith(HANDOFF_PREPARED_LOG):
-                    continue
-                elif isinstance(entry.get("taker"), str):
-                    takers[key] = entry["taker"]
-                prepared[key] = min(at, prepared.get(key, at))
+        message = str(entry.get("message", ""))
+        key = (stream, epoch)
+        if message.startswith(HANDOFF_DECIDED_LOG):
+            ended[key] = max(at, ended.get(key, at))
+            decisions[key] = str(entry.get("decision", ""))
+            waited = entry.get("waited_ms")
+            if isinstance(waited, int | float) and waited >= 0:
+                at -= waited / 1000
+            else:
+                continue
+        elif not message.startswith(HANDOFF_PREPARED_LOG):
+            continue
+        elif isinstance(entry.get("taker"), str):
+            takers[key] = entry["taker"]
+        prepared[key] = min(at, prepared.get(key, at))
     return [
         PlannedHandoff(*key, prepared_at=at, ended_at=ended.get(key), decision=decisions.get(key),
                        taker=takers.get(key))
