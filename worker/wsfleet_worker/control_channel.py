@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -61,10 +61,30 @@ from .observability import WorkerMetrics
 from .offload import Offloader
 from .sqs_consumer import Message, QueueConsumer
 
-__all__ = ["ControlChannel", "HandoffMessage"]
+__all__ = ["ControlChannel", "HandoffMessage", "by_type"]
 
 #: What the control queue carries besides STOP: hand-off hints and the overlap protocol.
 HandoffMessage = HandoffHint | PrepareCommand | ReadyReply | DeclineReply | CommitNotice
+#: Each hand-off message's ``type`` on the wire (log lines name them so).
+_TYPES: dict[type, str] = {HandoffHint: "HANDOFF", PrepareCommand: "PREPARE",
+                           ReadyReply: "READY", DeclineReply: "DECLINE", CommitNotice: "COMMIT"}
+
+
+def by_type(messages: Iterable[HandoffMessage]) -> dict[str, list[str]]:
+    """The connection ids of ``messages`` by message type: one log line names a batch (the
+    hand-off bench times each step of a move from these, bench/handoff_stages.py).
+
+    >>> by_type([PrepareCommand("CONN#a", 1, "g", 0, "q"), CommitNotice("CONN#b", 2)])
+    {'PREPARE': ['a'], 'COMMIT': ['b']}
+    """
+    named: dict[str, list[str]] = {}
+    for message in messages:
+        named.setdefault(_TYPES[type(message)], []).append(connection_id_from_pk(message.pk))
+    return named
+
+_RETENTION_SECONDS = 300
+
+
 
 _RETENTION_SECONDS = 300
 
@@ -136,9 +156,16 @@ class ControlChannel:
         ``on_handoff`` takes a hand-off message addressed here (None: ignored)."""
 
         async def handle(messages: list[Message]) -> None:
+            handoffs: list[HandoffMessage] = []
             for message in messages:
                 handoff = await self._handle(message, on_stop)
-                if handoff is not None and on_handoff is not None:
+                if handoff is not None:
+                    handoffs.append(handoff)
+            if handoffs:
+                self._logger.debug("control messages received",
+                                   extra={"messages": by_type(handoffs)})
+            for handoff in handoffs:
+                if on_handoff is not None:
                     # At once, and without holding up the next receive: each is a peer's
                     # stream waiting for its taker.
                     task = asyncio.create_task(self._take(on_handoff, handoff))
@@ -182,7 +209,10 @@ class ControlChannel:
                 extra={"count": len(entries), "error": str(exc), "queue": queue_name_of(queue_url)},
             )
             return set()
-        sent = {handoffs[int(entry["Id"])].pk for entry in response.get("Successful", [])}
+        landed = [handoffs[int(entry["Id"])] for entry in response.get("Successful", [])]
+        sent = {handoff.pk for handoff in landed}
+        self._logger.debug("control messages sent",
+                           extra={"messages": by_type(landed), "queue": queue_name_of(queue_url)})
         if len(sent) < len(entries):
             self._logger.warning(
                 "some hand-off hints not sent to the peer",

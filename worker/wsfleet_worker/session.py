@@ -535,8 +535,6 @@ class Session:
             transferred = await self._transfer(self._transfer_to, reason)
             if transferred is not None:
                 await self._close_socket()  # (1001) only once the taker owns it
-                self._info("session transferred", reason=reason.value, to=self._transfer_to,
-                           last_seq=transferred)
                 return SessionResult(self.pk, self.epoch, reason, self.via, False, transferred,
                                      False, transferred_to=self._transfer_to)
             self._ending = False  # the break path below ends it as today
@@ -602,6 +600,7 @@ class Session:
         if self.gaps_pending and not await self._store_gaps():
             return None  # (the break path's release tries once more, and logs)
         last_seq = self.tracker.durable
+        began = ctx.clock()
         try:
             await ctx.offloader.io(
                 ctx.leases.transfer, self.lease, taker, last_seq=last_seq,
@@ -627,6 +626,8 @@ class Session:
                 return None
         self.persisted_seq = max(self.persisted_seq, last_seq)
         ctx.metrics.count("HandoffsTransferred")
+        self._info("session transferred", reason=reason.value, to=taker, last_seq=last_seq,
+                   write_ms=ctx.clock() - began)
         return last_seq
 
     async def _quiesce(self) -> bool:
