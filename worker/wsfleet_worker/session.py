@@ -300,6 +300,9 @@ class Session:
         self.connects = 0  # sessions opened to the upstream
         self.handing_over = False  # a giver's move is under way: do not reconnect
         self._transfer_to = ""
+        #: set once the transfer write landed (the socket is still closing): the taker may
+        #: be told now
+        self.transferred = asyncio.Event()
 
     def _inherit_window(self, record: ConnectionRecord) -> None:
         """The send window (at-least-once sinks only) of a session resuming ``record``."""
@@ -534,6 +537,7 @@ class Session:
         ):
             transferred = await self._transfer(self._transfer_to, reason)
             if transferred is not None:
+                self.transferred.set()
                 await self._close_socket()  # (1001) only once the taker owns it
                 return SessionResult(self.pk, self.epoch, reason, self.via, False, transferred,
                                      False, transferred_to=self._transfer_to)
