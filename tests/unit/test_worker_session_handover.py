@@ -15,6 +15,7 @@ from worker_doubles import sync
 from wsfleet.control import CommitNotice, PrepareCommand, ReadyReply
 from wsfleet.lease import Lease
 from wsfleet_worker.control_channel import HandoffMessage
+from wsfleet_worker.flusher import MessageFlusher
 from wsfleet_worker.handover import Handover
 from wsfleet_worker.parts import WorkerParts
 from wsfleet_worker.session import Session
@@ -123,6 +124,37 @@ async def test_a_hand_over_whose_transfer_is_refused_breaks_as_today():
         stored = rig.stored(giver.record.pk)
         assert result.transferred_to == "" and result.released
         assert (stored.lease_owner, stored.last_seq) == ("", 2)
+
+
+@sync
+async def test_a_giver_leaves_its_unwritten_frames_to_the_taker_instead_of_flushing_them():
+    # The taker holds every frame above what the giver stored (the giver's verdict saw
+    # first_seq <= durable + 1), so the transfer does not wait for the giver's write backlog.
+    rig = Rig()
+    # (a flush interval longer than the test: a frame is written only when flushed)
+    rig.flusher = MessageFlusher(rig.messages, rig.offloader, rig.metrics, flush_ms=600_000,
+                                 logger=rig.logger)  # fmt: skip
+    async with rig:
+        # GIVEN a giver that stored 1..3 and has received 4 and 5, not yet written
+        record = rig.acquire()
+        session, task = rig.run(record)
+        socket = await rig.upstream.socket()
+        socket.feed(1, 2, 3)
+        rig.flusher.flush_now()
+        await until(lambda: session.tracker.durable == 3, "1..3 stored")
+        socket.feed(4, 5)
+        await until(lambda: session.tracker.highest_received == 5, "4 and 5 received")
+        # WHEN it hands over
+        session.hand_over(TAKER, ExitReason.REBALANCED)
+        result = await ended(task)
+        # THEN the transfer carries what it stored, and 4 and 5 were not written by it (the
+        # taker stores them, above the checkpoint)
+        moved = rig.stored(record.pk)
+        assert (result.transferred_to, result.last_seq) == (TAKER, 3)
+        assert (moved.lease_owner, moved.last_seq) == (TAKER, 3)
+        rig.flusher.flush_now()
+        await asyncio.sleep(0.05)  # (a flush now would have written them by now)
+        assert rig.messages.seqs(record.pk) == [1, 2, 3]
 
 
 class _Outbox:

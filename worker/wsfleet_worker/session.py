@@ -593,11 +593,18 @@ class Session:
 
     async def _transfer(self, taker: str, reason: ExitReason) -> int | None:
         """Steps 4-5 after the giver decided: nothing read from here on is stored (the
-        streaming task is cancelled), the frames received are flushed (bounded), no batch of
-        ours is in flight, then the one conditional write to ``(taker, epoch + 1)`` with the
-        checkpoint. Returns that checkpoint, or None if it did not land (break instead)."""
+        streaming task is cancelled), no batch of ours is in flight, then the one conditional
+        write to ``(taker, epoch + 1)`` with the checkpoint. Returns that checkpoint, or None
+        if it did not land (break instead).
+
+        Frames received but not yet written are dropped, not flushed first: the taker holds
+        every frame above the checkpoint already (the verdict saw ``first_seq <= durable +
+        1``) and stores them, so flushing them here would only put the giver's write backlog
+        on the hand-off's path. (An at-least-once sink with a send window still flushes: its
+        ``sent_limit`` is what keeps the taker from sending a frame twice.)"""
         ctx = self._ctx
-        await self._settle_writes()
+        if self.window is not None:
+            await self._settle_writes()
         self._ending = True  # no frame of ours may be written from here on
         if not await self._quiesce():
             return None
