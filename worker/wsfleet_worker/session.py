@@ -128,6 +128,7 @@ from wsfleet.lease import (
     breaker_verdict,
     checkpoint_due,
     commit_confirmed,
+    prepared_resume_seq,
     taker_verdict,
 )
 from wsfleet.messages import Message, local_sk, seq_sk
@@ -324,11 +325,13 @@ class Session:
         cls, record: ConnectionRecord, context: SessionContext, *, durable: int = 0
     ) -> Session:
         """A taker's prepared session of ``record`` (read when the PREPARE was confirmed),
-        resuming a replaying upstream from ``durable + 1`` where the giver says it stored that
-        far (see :class:`~wsfleet.control.PrepareCommand`)."""
+        resuming a replaying upstream from the giver's last stored frame where the giver says
+        it stored that far (:func:`~wsfleet.lease.prepared_resume_seq`,
+        :class:`~wsfleet.control.PrepareCommand`)."""
         session = cls(record, context, prepared=True)
-        if durable > record.last_seq:
-            session.tracker = CheckpointTracker(durable)
+        resume_after = prepared_resume_seq(durable, record.last_seq) - 1
+        if resume_after > record.last_seq:
+            session.tracker = CheckpointTracker(resume_after)
         return session
 
     # ------------------------------------------------------------------ identity
