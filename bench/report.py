@@ -370,8 +370,6 @@ def _handoff_modes_section(document: dict[str, Any]) -> str:
               "409s", "load avg (1, 5, 15 min) before -> after"]
     notes = []
     for name, r in items:
-        if r.get("overlap_unavailable"):
-            notes.append(f"- `{name}`: overlap mode not run: {r['overlap_unavailable']}")
         if r.get("not_even"):
             notes.append(f"- `{name}`: the spread did not even out: {r['not_even']}")
         for target, met in (r.get("targets") or {}).items():
@@ -726,7 +724,7 @@ def _targets(document: dict[str, Any]) -> str:
             continue
         rows.append(["live-only: 0 frames lost per planned move with overlap (#26)", name,
                      (f"overlap {live['frames_lost']} lost in {live['moves']} moves"
-                      if live else f"overlap not run ({r.get('overlap_unavailable')})")
+                      if live else "overlap: no figures")
                      + f"; break {broken.get('lost_per_move')} per move at {rate:g} frames/s "
                      f"(load {r.get('load_average_after')})",
                      _met(r.get("target_met"))])  # fmt: skip

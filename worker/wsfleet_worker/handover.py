@@ -247,6 +247,10 @@ class Handover(WorkerRole):
         ``bound_ms``: the prepare bound (default ``HANDOFF_PREPARE_SECONDS``; a drain's is
         shorter, :func:`drain_prepare_seconds`)."""
         pk = session.pk
+        if session.handing_over or pk in self._pending:
+            # A move of it is under way (a rebalancing move the drain found): that move ends
+            # the session. A second PREPARE would open a third upstream session.
+            return
         task = self._session_tasks.get(pk)  # (taken now: it leaves the map when it ends)
         if not self.overlap_for(session, queue_url):
             session.finish(reason, via="handover")

@@ -993,6 +993,7 @@ class Session:
                     headers=handshake.headers,
                     subprotocols=handshake.subprotocols,
                     origin_locked=handshake.origin_locked,
+                    on_socket=self._socket_opened,
                 )
             except asyncio.CancelledError:
                 raise
@@ -1392,6 +1393,13 @@ class Session:
                 "frame without a usable sequence number; stored under a local key",
                 extra={**self._log, "kind": kind.value},
             )
+
+    def _socket_opened(self, local: str, peer: str) -> None:
+        """One line per upstream socket, before its handshake is sent: ``local`` is the
+        client address the upstream's access log shows, so an operator (or the chaos
+        checker) can tell which worker, connection and epoch each upstream session was, and
+        whether it was a taker's prepared one."""
+        self._info("upstream socket opened", local=local, peer=peer, prepared=self.prepared)
 
     def _info(self, message: str, **fields: Any) -> None:
         self._ctx.logger.info(message, extra={**self._log, **fields})
