@@ -38,10 +38,6 @@ Targets (issue #26): ``live`` with ``overlap``: 0 lost per move, beside what ``b
 ``live-one-session`` and ``live-cut-first``: gap reported == frames lost in both modes (overlap
 falls back to break);
 ``replay``: 0 lost, 0 gap in both modes; ``break``: no overlap at the upstream.
-
-Until the checkout does make-before-break (the shared package accepts ``upstream.handoff``
-and the worker has its hand-over module), only the ``break`` cohorts run and the result says
-why the overlap mode is unavailable.
 """
 
 from __future__ import annotations
@@ -68,7 +64,6 @@ __all__ = [
     "Cohort",
     "cohort_figures",
     "loses_nothing",
-    "overlap_mode_available",
     "run_handoff_modes",
 ]
 
@@ -104,17 +99,9 @@ class Cohort:
         return f"{self.behaviour}/{self.mode}"
 
 
-def overlap_mode_available() -> str | None:
-    """None if this checkout does make-before-break hand-offs, else why not."""
-    from wsfleet_local.demo import overlap_handoffs_unavailable
-
-    return overlap_handoffs_unavailable()
-
-
 def _start(
-    fleet: Any, behaviours: Sequence[str], modes: Sequence[str], per_cohort: int, run_id: str,
-    *, with_option: bool,
-) -> list[Cohort]:  # fmt: skip
+    fleet: Any, behaviours: Sequence[str], modes: Sequence[str], per_cohort: int, run_id: str
+) -> list[Cohort]:
     """Shape the simulator's streams, then START each through the API with its options."""
     from wsfleet_local.client import ApiClient
 
@@ -125,7 +112,7 @@ def _start(
         spec = BEHAVIOURS[behaviour]
         for mode in modes:
             ids = tuple(f"{behaviour}-{mode}-{run_id}-{i}" for i in range(per_cohort))
-            options = dict(spec.options) | ({"handoff": mode} if with_option else {})
+            options = dict(spec.options) | {"handoff": mode}
             for stream_id in ids:
                 simulator.set_shape(stream_id, spec.shape)
                 simulator.limit_sessions(stream_id, spec.limit)
@@ -261,8 +248,7 @@ def run_handoff_modes(
 
     from .harness import aws_client
 
-    unavailable = overlap_mode_available()
-    modes = MODES if unavailable is None else ("break",)
+    modes = MODES
     rebalancing = disruption == "rebalance"
     workers = 3 if rebalancing else 1
     total = len(behaviours) * len(modes) * per_cohort
@@ -281,15 +267,13 @@ def run_handoff_modes(
             "dynamodb": dynamodb,
         },
         "modes": list(modes),
-        "overlap_unavailable": unavailable,
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
     run_id = uuid.uuid4().hex[:4]
     with fleet_for_bench(workers=workers, timings=timings, rate=rate, run_dir=run_dir,
                          worker_env={}, dynamodb=dynamodb) as context:  # fmt: skip
         fleet = context.fleet
-        cohorts = _start(fleet, behaviours, modes, per_cohort, run_id,
-                         with_option=unavailable is None)  # fmt: skip
+        cohorts = _start(fleet, behaviours, modes, per_cohort, run_id)
         ids = [i for c in cohorts for i in c.ids]
         try:
             wait_until(lambda: _all_streaming(fleet, ids), timeout=60 + total, interval=0.5,
@@ -334,6 +318,6 @@ def run_handoff_modes(
     result["cohorts"] = figures
     met = _targets(figures)
     result["targets"] = met
-    result["target_met"] = all(met.values()) and unavailable is None
+    result["target_met"] = all(met.values())
     print(json.dumps(figures, indent=1))
     return result

@@ -70,7 +70,6 @@ __all__ = [
     "LiveHandoff",
     "PhaseTiming",
     "crash_path",
-    "overlap_handoffs_unavailable",
     "render_summary",
     "run_demo",
 ]
@@ -135,8 +134,6 @@ class LiveHandoff:
 
     stream_id: str
     mode: str
-    #: Why the mode could not be asked for (the checkout has no ``upstream.handoff``), or "".
-    unavailable: str = ""
     moves: int = 0
     stored: int = 0
     #: Seqs between the first and the last stored that are not stored.
@@ -688,38 +685,13 @@ def _scenario(
     )
 
 
-def overlap_handoffs_unavailable() -> str | None:
-    """None if this checkout does make-before-break hand-offs (the ``upstream.handoff`` option
-    is accepted and the worker has its hand-over module), else why not (issue #26 landed the
-    option before the worker used it: until then every move breaks, whatever it says)."""
-    import importlib.util
-
-    from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
-
-    try:
-        parse_upstream_options({"handoff": "overlap"}, secret_prefixes=())
-    except InvalidUpstreamOptions as exc:
-        return f"upstream.handoff is not accepted by this checkout ({exc})"
-    if importlib.util.find_spec("wsfleet_worker.handover") is None:
-        return "the worker has no make-before-break hand-over (wsfleet_worker.handover)"
-    return None
-
-
 def _start_live(monitor: _Monitor, api: ApiClient, rate: float) -> list[LiveHandoff]:
     """START the live-only pair (one stream per hand-off mode) and wait until both flow."""
-    from wsfleet.upstream_options import InvalidUpstreamOptions, parse_upstream_options
-
     sim = monitor.fleet.simulator
-    unavailable = overlap_handoffs_unavailable() or ""
     live = []
     for mode in LIVE_MODES:
         handoff = LiveHandoff(stream_id=f"live-{mode}", mode=mode)
-        handoff.unavailable = unavailable if mode == "overlap" else ""
         options: dict[str, Any] = {"resume": "none", "normal_close": "final", "handoff": mode}
-        try:
-            parse_upstream_options(options, secret_prefixes=())
-        except InvalidUpstreamOptions:  # no hand-off modes yet: both break (the default)
-            del options["handoff"]
         sim.open_stream(handoff.stream_id, rate=rate)
         sim.set_shape(handoff.stream_id, "live_only")
         api.start(handoff.stream_id, sim.url_for(handoff.stream_id), upstream=options)
@@ -799,9 +771,8 @@ def _end_live(monitor: _Monitor, live: Sequence[LiveHandoff], report: DemoReport
 
 
 def _live_row(handoff: LiveHandoff) -> tuple[str, str, str, str]:
-    mode = handoff.mode + (" (n/a: ran as break)" if handoff.unavailable else "")
     what = (
-        f"handoff {mode}: {handoff.moves} move(s), {handoff.stored} stored, gap reported "
+        f"handoff {handoff.mode}: {handoff.moves} move(s), {handoff.stored} stored, gap reported "
         f"{handoff.gap_frames}, upstream overlap {handoff.overlap_seconds:.2f} s"
     )
     return (f"live-only {handoff.mode}", str(handoff.lost), "", what)

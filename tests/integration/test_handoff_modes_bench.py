@@ -33,6 +33,5 @@ def test_break_mode_fails_the_zero_loss_row_that_overlap_mode_must_pass(tmp_path
     # AND it reports exactly what it lost, and the upstream never saw two of its sessions
     assert broken["gap_frames_reported"] == broken["frames_lost"], broken
     assert broken["upstream_overlaps"] == 0, broken
-    # AND where make-before-break exists, the same drains lose nothing with it on
-    if result["overlap_unavailable"] is None:
-        assert loses_nothing(cohorts["live/overlap"]), cohorts["live/overlap"]
+    # AND the same drains with make-before-break on lose nothing
+    assert loses_nothing(cohorts["live/overlap"]), cohorts["live/overlap"]

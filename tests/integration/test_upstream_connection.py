@@ -49,10 +49,13 @@ class RawUpstream:
     ) -> None:
         self.script = script
         self.client_frames: list[bytes] = []  # raw bytes the client sent after the handshake
+        self.clients: list[str] = []  # "ip:port" of each client, as its request arrived
         self.port = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = await reader.readuntil(b"\r\n\r\n")
+        host, port = writer.get_extra_info("peername")[:2]
+        self.clients.append(f"{host}:{port}")
         key = next(
             line.split(b":", 1)[1].strip()
             for line in request.split(b"\r\n")
@@ -226,3 +229,32 @@ def test_the_workers_close_completes_its_handshake_when_it_stopped_reading_a_bus
     assert ws.protocol.close_sent.code == 1001
     assert ws.protocol.close_rcvd is not None
     assert ws.protocol.close_rcvd.code == 1001
+
+
+def test_the_socket_is_reported_before_the_handshake_with_the_address_the_upstream_sees():
+    # GIVEN an upstream that notes each client's address when its handshake request arrives
+    # (as an access log does)
+    async def quiet(reader, writer):
+        pass
+
+    reported: list[tuple[str, str, int]] = []
+
+    async def scenario():
+        async with RawUpstream(quiet) as upstream:
+            # WHEN the worker connects with a socket observer
+            ws = await connector()(
+                upstream.url,
+                on_socket=lambda local, peer: reported.append(
+                    (local, peer, len(upstream.clients))
+                ),
+            )
+            await ws.close()
+            return upstream
+
+    upstream = run(scenario())
+    # THEN it was told once, before the upstream had the request, the address the upstream
+    # logs as the client's, and the upstream's own
+    ((local, peer, requests_before),) = reported
+    assert requests_before == 0
+    assert upstream.clients == [local]
+    assert peer == f"127.0.0.1:{upstream.port}"

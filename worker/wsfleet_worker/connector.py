@@ -33,6 +33,12 @@ origin (scheme, host or port): websockets sends the same headers to the redirect
 following it would hand the secret to whoever the upstream points at. The guard's own checks
 apply to every connect and every hop whatever the options.
 
+Attribution: ``on_socket(local, peer)``, if given, is called with the socket's two addresses
+(``ip:port``, :func:`socket_address`) as soon as the TCP connection is open, before the
+opening handshake is sent, so a worker can log its end of the socket before the upstream sees
+the session: the client address in an upstream's access log then names the worker (and the
+connection) that opened it, with no header telling the upstream anything about the fleet.
+
 A refusal raises :class:`wsfleet.exceptions.UpstreamRefused`.
 
 Errors: :func:`is_permanent` separates URLs that can never work from transient failures.
@@ -72,11 +78,14 @@ __all__ = [
     "is_permanent",
     "make_connector",
     "shared_lookups",
+    "socket_address",
     "system_resolver",
 ]
 
-#: ``connect(url, *, headers=(), subprotocols=(), origin_locked=False)``.
+#: ``connect(url, *, headers=(), subprotocols=(), origin_locked=False, on_socket=None)``.
 Connector = Callable[..., Awaitable[ClientConnection]]
+#: ``on_socket(local, peer)``: a TCP connection to the upstream is open (see the module doc).
+SocketOpened = Callable[[str, str], None]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: ``resolve(host, port) -> addresses``; injectable so tests never touch real DNS.
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
@@ -135,6 +144,7 @@ class _GuardedConnect(connect):
         allowed_hosts: tuple[str, ...],
         allow_insecure: bool,
         origin_locked: bool = False,
+        on_socket: SocketOpened | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(url, proxy=None, **kwargs)
@@ -142,6 +152,7 @@ class _GuardedConnect(connect):
         self._allowed_hosts = allowed_hosts
         self._allow_insecure = allow_insecure
         self._origin = url if origin_locked else None
+        self._on_socket = on_socket
         self._hops = 0
 
     def process_redirect(self, exc: Exception) -> Exception | str:
@@ -205,6 +216,10 @@ class _GuardedConnect(connect):
             except OSError as exc:
                 last = exc
                 continue
+            if self._on_socket is not None:  # (every hop: each is a session the upstream sees)
+                transport = connection.transport
+                self._on_socket(socket_address(transport.get_extra_info("sockname")),
+                                socket_address(transport.get_extra_info("peername")))  # fmt: skip
             return connection
         assert last is not None  # found is never empty: the policy refuses an empty answer
         raise last
@@ -262,6 +277,7 @@ def make_connector(
         headers: Sequence[tuple[str, str]] = (),
         subprotocols: Sequence[str] = (),
         origin_locked: bool = False,
+        on_socket: SocketOpened | None = None,
     ) -> ClientConnection:
         try:
             validate_ws_url(url, allowed_hosts=allowed_hosts, allow_insecure=allow_insecure)
@@ -283,6 +299,7 @@ def make_connector(
             allowed_hosts=allowed_hosts,
             allow_insecure=allow_insecure,
             origin_locked=origin_locked,
+            on_socket=on_socket,
             compression=None,
             max_size=max_frame_bytes,
             max_queue=max_queue,
@@ -297,6 +314,18 @@ def make_connector(
         )
 
     return open_connection
+
+
+def socket_address(address: Any) -> str:
+    """A socket address as an access log shows it: ``ip:port`` (``[ip]:port`` for IPv6).
+
+    >>> socket_address(("127.0.0.1", 50123)), socket_address(("::1", 443, 0, 0))
+    ('127.0.0.1:50123', '[::1]:443')
+    """
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = str(address[0])
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address)
 
 
 def is_permanent(exc: BaseException) -> bool:
