@@ -813,7 +813,8 @@ def render_summary(report: DemoReport) -> Table:
     phases = (
         ("crash failover", report.crash, crash_path(options)),
         ("graceful handoff", report.handoff, "SIGTERM -> first frame elsewhere"),
-        ("rebalance", report.rebalance, joined),
+        ("rebalance", report.rebalance,
+         f"{joined}; old session closed -> new one's first frame (< 0: they overlapped)"),
         ("STOP", report.stop, "API call -> upstream socket closed"),
     )
     for label, timing, what in phases:
