@@ -167,6 +167,7 @@ class MessageFlusher:
         """
         size = self._fit(frame)
         if self._room_waiters or not self._has_room(size):
+            self._not_empty.set()  # the collector moves queued frames into its batch
             await self._wait_for_room(size)
         frame.size = size
         self._held_bytes += size
@@ -329,7 +330,8 @@ class MessageFlusher:
         A frame queued meanwhile waits in the queue: waking the collector for each one (a
         task switch and a timer per frame, at 20 frames/s on each of 100 connections) cost
         more CPU than writing the frame. The collector wakes when the queue holds enough to
-        fill the batch, on :meth:`flush_now`, or on a retry, else at the batch's deadline.
+        fill the batch, when a put waits for room in the queue (the frames it moves into the
+        batch make room), on :meth:`flush_now`, or on a retry, else at the batch's deadline.
         """
         limits = self._limits
         self._wake_frames = max(1, limits.batch_frames - len(batch))
