@@ -426,19 +426,45 @@ def _handoff_pair(
     return max(matching, key=lambda h: h.prepared_at, default=None)
 
 
-def _pair_limit(handoff: PlannedHandoff, newer_opened: float, bound_seconds: float) -> float:
+def _pair_limit(
+    handoff: PlannedHandoff,
+    giver: SocketOpen,
+    taker: SocketOpen,
+    newer_opened: float,
+    pauses: Sequence[Pause],
+    bound_seconds: float,
+    resume_grace_seconds: float,
+) -> float:
     """Until when a hand-off's giver and taker sessions may be open together: a close after
     the giver's decision (end unknown, the giver died: ``bound_seconds`` after the PREPARE).
     A giver that decided a transfer keeps its session through the transfer write (throttling
     retries can stretch it past the taker's wait): the taker closes its prepared session by
     its own bound unless a COMMIT came (sent only once the giver closed), so that pair may
-    stay open together until ``bound_seconds`` after the taker's session opened."""
+    stay open together until ``bound_seconds`` after the taker's session opened. Either side
+    SIGSTOPped before its own bound runs no timer: its bound is then shortly after it resumed
+    (it self-fences on its first tick)."""
     if handoff.ended_at is None:
-        return handoff.prepared_at + bound_seconds
-    limit = handoff.ended_at + HANDOFF_CLOSE_SECONDS
-    if handoff.decision == "transfer":
-        limit = max(limit, newer_opened + bound_seconds)
+        giver_until = handoff.prepared_at + bound_seconds
+    else:
+        giver_until = handoff.ended_at + HANDOFF_CLOSE_SECONDS
+    limit = _paused_past(giver.worker_id, giver_until, pauses, resume_grace_seconds)
+    if handoff.decision in (None, "transfer"):  # (a fallback closes the giver's at once)
+        taker_until = _paused_past(taker.worker_id, newer_opened + bound_seconds, pauses,
+                                   resume_grace_seconds)  # fmt: skip
+        limit = max(limit, taker_until)
     return limit
+
+
+def _paused_past(
+    worker_id: str, until: float, pauses: Sequence[Pause], resume_grace_seconds: float
+) -> float:
+    """``until``, a bound of something ``worker_id`` does by its own timer, or, if that worker
+    was SIGSTOPped before it (it runs no timer meanwhile), shortly after it resumed."""
+    base = worker_base_id(worker_id)
+    for pause in sorted(pauses, key=lambda p: p.stopped_at):
+        if pause.worker_id == base and pause.stopped_at <= until:
+            until = max(until, pause.resumed_at + resume_grace_seconds)
+    return until
 
 
 def _adoption_of(
@@ -487,12 +513,8 @@ def _prepared_until(
         return -math.inf
     if adopted is not None:
         return adopted.at + _LOG_CLOCK_SLACK
-    until = session.opened_at + bound_seconds
-    base = worker_base_id(opened.worker_id)
-    for pause in pauses:
-        if pause.worker_id == base and pause.stopped_at <= until:
-            until = max(until, pause.resumed_at + resume_grace_seconds)
-    return until
+    return _paused_past(opened.worker_id, session.opened_at + bound_seconds, pauses,
+                        resume_grace_seconds)  # fmt: skip
 
 
 def _paused_zombie(
@@ -560,12 +582,14 @@ def _check_overlaps(
                 counts.paused += 1
                 continue
             elif (pair := _handoff_pair(
-                handoffs, _as_of(first, adopted.get(older.session_id), session.opened_at),
+                handoffs, giver := _as_of(first, adopted.get(older.session_id),
+                                          session.opened_at),
                 second, session.opened_at,
             )) is not None:  # fmt: skip
                 # (the pair's own bound only: a giver lingering after its fallback is no
                 # prepared session's excuse)
-                limit = _pair_limit(pair, session.opened_at, handoff_grace_seconds)
+                limit = _pair_limit(pair, giver, second, session.opened_at, pauses,
+                                    handoff_grace_seconds, resume_grace_seconds)  # fmt: skip
                 if together_until <= limit:
                     counts.planned += 1
                     continue

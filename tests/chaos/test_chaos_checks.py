@@ -622,3 +622,31 @@ def test_an_adopted_session_is_its_takers_as_an_owner_and_may_give_the_stream_on
                     handoff_grace_seconds=8.0, final_records={"s": Rec(lease_owner="w4")},
                     worker_records={"w4": LIVE_W1}, live_workers={"w4"})  # fmt: skip
     assert invariants(verdict) == {"overlap"}
+
+
+def test_a_handoffs_pair_stays_open_while_both_sides_are_paused_until_they_self_fence():
+    # GIVEN (seed 20240601, chaos-000) a giver (w2+2) that decided a transfer, and was
+    # SIGSTOPped in its transfer, and a taker (w4-r1) SIGSTOPped while it waited for the COMMIT:
+    # neither runs a timer, and both sessions stay open until each resumed and self-fenced
+    sessions = [Sess("s", 1, 108.784, 124.229, by="w2+2", epoch=4),
+                Sess("s", 2, 110.645, 121.487, by="w4-r1", epoch=4, prepared=True),
+                Sess("s", 3, 130.637, by="w2+3", epoch=5)]  # (the next owner's)  # fmt: skip
+    transfer = PlannedHandoff("s", epoch=4, prepared_at=110.631, ended_at=111.334,
+                              decision="transfer", taker="w4-r1", giver="w2+2")  # fmt: skip
+    both = [Pause("w4-r1", 111.2, 118.6), Pause("w2", 112.7, 121.5)]
+
+    def judged(pauses: list[Pause]) -> set[str]:
+        return invariants(check(sessions=sessions, handoffs=[transfer], pauses=pauses,
+                                handoff_grace_seconds=8.0))  # fmt: skip
+
+    # WHEN checked with the two pauses: THEN the pair is the hand-off's
+    assert judged(both) == set()
+    # the giver's pause alone already explains it (its session closed within its resume);
+    # the taker's alone does too (its prepared session closed within its own)
+    assert judged(both[1:]) == set() and judged(both[:1]) == set()
+    # without them it is a pair that outlasted its hand-off
+    assert judged([]) == {"overlap"}
+    # another worker's pauses explain nothing, nor do pauses that began after each side's
+    # own bound (the giver's close after its decision, the taker's bound)
+    assert judged([Pause("w7", 111.2, 118.6), Pause("w8", 112.7, 121.5)]) == {"overlap"}
+    assert judged([Pause("w4-r1", 118.7, 120.0), Pause("w2", 118.7, 121.5)]) == {"overlap"}
