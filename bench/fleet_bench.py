@@ -448,7 +448,8 @@ def _handoff_stages(
         giver=giver,
     )
     result["stages_seconds"] = timed["stages"]
-    result["steps_seconds"] = timed["steps"]
+    result["stage_moves"] = timed["moves"]
+    result["stage_paths"] = timed["paths"]
     stored = timed["stages"].get("first_stored")
     if stored is None or stored["n"] < len(ids):
         result["first_stored_target_met"] = False

@@ -1,25 +1,53 @@
 """Where a graceful hand-off's time goes, per connection and per stage (issue #26 item 5).
 
 The hand-off bench (:func:`bench.fleet_bench.run_disruption`, ``kind="handoff"``) runs its
-workers at DEBUG, and each stage of every connection's move is stamped where it happens:
+workers at DEBUG, and each stage of every connection's move is stamped where it happens. A
+move takes one of two paths, told apart by the giver's ``hand-off decided`` line
+(``decision``: ``transfer``, or the fallback's reason):
+
+**overlap** (make-before-break, docs/handoff.md section 2; the decision was ``transfer``):
 
 =================  ==========================================================================
 stage              stamped by
 =================  ==========================================================================
+prepare_sent       the giver: ``control messages sent`` (the SendMessageBatch carrying PREPARE
+                   returned)
+prepare_seen       the taker: ``control messages received`` holding the PREPARE
+upstream_opened    the upstream: the taker's session opened (``opened_at``)
+first_frame        the upstream: that session's first frame sent (``first_frame_at``)
+ready_sent         the taker: ``control messages sent`` holding READY
+ready_seen         the giver: ``control messages received`` holding READY
+transferred        the giver: ``session transferred`` (the transfer write landed)
+commit_sent        the giver: ``control messages sent`` holding COMMIT
+commit_seen        the taker: ``control messages received`` holding COMMIT
+adopted            the taker: ``prepared session adopted`` (its consistent read showed it)
+first_stored       the taker: ``first frame stored`` (its first frame acknowledged by the sink)
+=================  ==========================================================================
+
+plus ``giver_closed`` (the upstream: the giver's socket closed), which is off this path: the
+taker's session streams before and after it.
+
+**break** (break-before-make: ``upstream.handoff: break``, a connection that cannot overlap,
+no peer with room, or a fallback after PREPARE):
+
+=================  ==========================================================================
 giver_closed       the upstream: the giver's session socket closed (``closed_at``)
 released           the giver: ``session finished`` (logged once the release write landed)
-hint_sent          the giver: ``hints sent`` (the SendMessageBatch carrying it returned)
-hint_seen          the taker: ``hints received`` (its poller begins to act on the batch)
+hint_sent          the giver: ``hints sent`` or ``control messages sent`` holding a HANDOFF
+hint_seen          the taker: ``hints received`` or ``control messages received`` holding a
+                   HANDOFF (the first after the release: never the transfer's delayed copy)
 acquired           the taker: ``lease acquired`` (the conditional write landed)
 upstream_opened    the upstream: the taker's session opened (``opened_at``)
 first_frame        the upstream: that session's first frame sent (``first_frame_at``)
-first_stored       the taker: ``first frame stored`` (its first frame acknowledged by the sink)
+first_stored       the taker: ``first frame stored``
 =================  ==========================================================================
 
 Every time is seconds after the signal, on one machine's wall clock (the worker logs'
 millisecond timestamps, the simulator's ``time.time()``). :func:`stage_times` gives each
-stage's percentiles and, per connection, the step from one stage to the next (the stage a
-connection spends its time in), so a run says *where* its p99 comes from.
+path's stage percentiles over the connections that took it and, per connection, the step from
+one stage to the next (the stage a connection spends its time in), so a run says *where* its
+p99 comes from; ``stages`` has every stage over all connections (``first_stored`` is issue
+#26's figure).
 """
 
 from __future__ import annotations
@@ -33,13 +61,34 @@ from typing import Any
 
 from .harness import by_stream, percentiles
 
-__all__ = ["STAGES", "STEPS", "log_events", "stage_times"]
+__all__ = [
+    "BREAK_STAGES",
+    "BREAK_STEPS",
+    "OVERLAP_STAGES",
+    "OVERLAP_STEPS",
+    "log_events",
+    "stage_times",
+]
 
-#: The stages in the order a connection passes them.
-STAGES = ("giver_closed", "released", "hint_sent", "hint_seen", "acquired", "upstream_opened",
-          "first_frame", "first_stored")  # fmt: skip
-#: From each stage to the next (a connection's time in between).
-STEPS = tuple(f"{a}->{b}" for a, b in itertools.pairwise(STAGES))
+#: A make-before-break move's stages, in the order a connection passes them.
+OVERLAP_STAGES = ("prepare_sent", "prepare_seen", "upstream_opened", "first_frame", "ready_sent",
+                  "ready_seen", "transferred", "commit_sent", "commit_seen", "adopted",
+                  "first_stored")  # fmt: skip
+#: A break-before-make move's stages, in order.
+BREAK_STAGES = ("giver_closed", "released", "hint_sent", "hint_seen", "acquired",
+                "upstream_opened", "first_frame", "first_stored")  # fmt: skip
+#: From each stage to the next (a connection's time in between), per path.
+OVERLAP_STEPS = tuple(f"{a}->{b}" for a, b in itertools.pairwise(OVERLAP_STAGES))
+BREAK_STEPS = tuple(f"{a}->{b}" for a, b in itertools.pairwise(BREAK_STAGES))
+_PATHS = {"overlap": OVERLAP_STAGES, "break": BREAK_STAGES}
+#: Every stage, each once (``giver_closed`` is timed on both paths).
+ALL_STAGES = tuple(dict.fromkeys((*OVERLAP_STAGES, "giver_closed", *BREAK_STAGES)))
+
+#: Control messages by type, as the ``control messages sent/received`` lines name them.
+_SENT_BY_GIVER = {"PREPARE": "prepare_sent", "COMMIT": "commit_sent", "HANDOFF": "hint_sent"}
+_SEEN_BY_GIVER = {"READY": "ready_seen"}
+_SENT_BY_TAKER = {"READY": "ready_sent"}
+_SEEN_BY_TAKER = {"PREPARE": "prepare_seen", "COMMIT": "commit_seen", "HANDOFF": "hint_seen"}
 
 
 def _wall_seconds(stamp: str) -> float | None:
@@ -78,19 +127,29 @@ def _first(found: dict[str, float], stream_id: str, at: float) -> None:
         found[stream_id] = at
 
 
-def stage_times(
-    events: Sequence[Mapping[str, Any]],
-    sessions: Sequence[Any],
-    ids: Sequence[str],
-    *,
-    signalled_at: float,
-    giver: str,
-) -> dict[str, Any]:
-    """Per stage: percentiles of (stage time - signal); per step between two consecutive
-    stages: percentiles over the connections of (later - earlier). Only what happened after
-    the signal counts; the giver's lines are those of ``giver``, the takers' every other."""
-    wanted = set(ids)
-    stamps: dict[str, dict[str, float]] = {stage: {} for stage in STAGES}
+def _by_type(event: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
+    """(type, connection id) of each message a ``control messages ...`` line names."""
+    messages = event.get("messages")
+    if not isinstance(messages, Mapping):
+        return
+    for kind, stream_ids in messages.items():
+        if isinstance(stream_ids, list):
+            for stream_id in stream_ids:
+                yield str(kind), str(stream_id)
+
+
+def _stamps(
+    events: Sequence[Mapping[str, Any]], sessions: Sequence[Any], wanted: set[str], *,
+    signalled_at: float, giver: str,
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Each stage's time per connection, and each connection's giver decision."""
+    stamps: dict[str, dict[str, float]] = {stage: {} for stage in ALL_STAGES}
+    decisions: dict[str, str] = {}
+
+    def stamp(stage: str, stream_id: Any, at: float) -> None:
+        if stream_id in wanted:
+            _first(stamps[stage], stream_id, at)
+
     for event in events:
         at = float(event["at"])
         if at < signalled_at - 0.001:  # a log line has millisecond resolution
@@ -99,21 +158,35 @@ def stage_times(
         single = event.get("connection_id")
         several = event.get("connection_ids") or []
         if worker == giver:
-            if message == "session finished" and single in wanted:
-                _first(stamps["released"], single, at)
+            if message == "session finished" and event.get("released"):
+                stamp("released", single, at)
+            elif message == "session transferred":
+                stamp("transferred", single, at)
+            elif message == "hand-off decided" and single in wanted:
+                decisions.setdefault(single, str(event.get("decision", "")))
             elif message == "hints sent":
                 for stream_id in several:
-                    if stream_id in wanted:
-                        _first(stamps["hint_sent"], stream_id, at)
+                    stamp("hint_sent", stream_id, at)
+            elif message in ("control messages sent", "control messages received"):
+                table = _SENT_BY_GIVER if message.endswith("sent") else _SEEN_BY_GIVER
+                for kind, stream_id in _by_type(event):
+                    if kind in table:
+                        stamp(table[kind], stream_id, at)
             continue
         if message == "hints received":
             for stream_id in several:
-                if stream_id in wanted:
-                    _first(stamps["hint_seen"], stream_id, at)
-        elif message == "lease acquired" and single in wanted:
-            _first(stamps["acquired"], single, at)
-        elif message == "first frame stored" and single in wanted:
-            _first(stamps["first_stored"], single, at)
+                stamp("hint_seen", stream_id, at)
+        elif message in ("control messages sent", "control messages received"):
+            table = _SENT_BY_TAKER if message.endswith("sent") else _SEEN_BY_TAKER
+            for kind, stream_id in _by_type(event):
+                if kind in table:
+                    stamp(table[kind], stream_id, at)
+        elif message == "lease acquired":
+            stamp("acquired", single, at)
+        elif message == "prepared session adopted":
+            stamp("adopted", single, at)
+        elif message == "first frame stored":
+            stamp("first_stored", single, at)
     for stream_id, records in by_stream(sessions).items():
         if stream_id not in wanted:
             continue
@@ -125,19 +198,60 @@ def stage_times(
                 _first(stamps["upstream_opened"], stream_id, record.opened_at)
                 if record.first_frame_at is not None:
                     _first(stamps["first_frame"], stream_id, record.first_frame_at)
-    stages = {}
-    for stage in STAGES:
-        stats = percentiles(at - signalled_at for at in stamps[stage].values())
-        if stats is not None:
-            stages[stage] = stats.to_dict()
-    steps = {}
-    for step, (earlier, later) in zip(STEPS, itertools.pairwise(STAGES), strict=True):
-        deltas = [
-            stamps[later][i] - stamps[earlier][i]
-            for i in ids
-            if i in stamps[later] and i in stamps[earlier]
-        ]
-        stats = percentiles(deltas)
-        if stats is not None:
-            steps[step] = stats.to_dict()
-    return {"stages": stages, "steps": steps}
+    return stamps, decisions
+
+
+def _stats(values: Iterable[float]) -> dict[str, float | int] | None:
+    stats = percentiles(values)
+    return None if stats is None else stats.to_dict()
+
+
+def stage_times(
+    events: Sequence[Mapping[str, Any]],
+    sessions: Sequence[Any],
+    ids: Sequence[str],
+    *,
+    signalled_at: float,
+    giver: str,
+) -> dict[str, Any]:
+    """Per stage: percentiles of (stage time - signal); per step between two consecutive
+    stages of a path: percentiles over the connections that took it of (later - earlier).
+    Only what happened after the signal counts; the giver's lines are those of ``giver``, the
+    takers' every other.
+
+    Returns ``stages`` (every stage over the connections whose path has it), ``moves``
+    (connections per path, and per giver decision) and ``paths``: for ``overlap`` and
+    ``break``, the ``stages`` and ``steps`` of the connections that took that path (a path
+    nobody took is left out)."""
+    stamps, decisions = _stamps(events, sessions, set(ids), signalled_at=signalled_at,
+                                giver=giver)  # fmt: skip
+    path_of = {i: "overlap" if decisions.get(i) == "transfer" else "break" for i in ids}
+    result: dict[str, Any] = {"stages": {}, "moves": {}, "paths": {}}
+    for stage in ALL_STAGES:  # (a stage counts for the connections whose path has it)
+        found = [at - signalled_at for i, at in stamps[stage].items()
+                 if stage == "giver_closed" or stage in _PATHS[path_of[i]]]
+        if (stats := _stats(found)) is not None:
+            result["stages"][stage] = stats
+    for path, stages in _PATHS.items():
+        members = [i for i in ids if path_of[i] == path]
+        if not members:
+            continue
+        result["moves"][path] = len(members)
+        timed: dict[str, Any] = {"stages": {}, "steps": {}}
+        for stage in (*stages, "giver_closed"):
+            found = [stamps[stage][i] - signalled_at for i in members if i in stamps[stage]]
+            if (stats := _stats(found)) is not None:
+                timed["stages"][stage] = stats
+        for earlier, later in itertools.pairwise(stages):
+            deltas = [stamps[later][i] - stamps[earlier][i]
+                      for i in members if i in stamps[later] and i in stamps[earlier]]
+            if (stats := _stats(deltas)) is not None:
+                timed["steps"][f"{earlier}->{later}"] = stats
+        result["paths"][path] = timed
+    fallbacks: dict[str, int] = {}
+    for decision in decisions.values():
+        if decision != "transfer":
+            fallbacks[decision] = fallbacks.get(decision, 0) + 1
+    if fallbacks:
+        result["moves"]["fallbacks"] = dict(sorted(fallbacks.items()))
+    return result

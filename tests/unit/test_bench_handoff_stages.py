@@ -8,7 +8,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.handoff_stages import STAGES, STEPS, log_events, stage_times
+from bench.handoff_stages import (
+    BREAK_STAGES,
+    BREAK_STEPS,
+    OVERLAP_STAGES,
+    OVERLAP_STEPS,
+    log_events,
+    stage_times,
+)
 
 SIGNAL = 1_800_000_000.0
 
@@ -37,9 +44,9 @@ def test_each_stage_is_read_per_connection_from_the_giver_the_takers_and_the_ups
 ):
     # GIVEN the giver's and a taker's log lines for two connections, and the upstream's sessions
     (tmp_path / "worker-w0.log").write_text("\n".join([
-        line("w0", "session finished", -5.0, connection_id="a"),  # before the signal: ignored
-        line("w0", "session finished", 0.100, connection_id="a"),
-        line("w0", "session finished", 0.200, connection_id="b"),
+        line("w0", "session finished", -5.0, connection_id="a", released=True),  # before
+        line("w0", "session finished", 0.100, connection_id="a", released=True),
+        line("w0", "session finished", 0.200, connection_id="b", released=True),
         line("w0", "hints sent", 0.120, connection_ids=["a"]),
         line("w0", "hints sent", 0.250, connection_ids=["b", "other"]),
         "not json",
@@ -61,18 +68,24 @@ def test_each_stage_is_read_per_connection_from_the_giver_the_takers_and_the_ups
     # WHEN the stages are timed
     timed = stage_times(events, sessions, ["a", "b"], signalled_at=SIGNAL, giver="w0")
 
-    # THEN every stage has both connections, at the later one's time as its p99
-    stages = timed["stages"]
-    assert list(stages) == list(STAGES)
-    assert {stage: stages[stage]["n"] for stage in STAGES} == dict.fromkeys(STAGES, 2)
+    # THEN both took the break path (no giver decided a transfer for them)
+    assert timed["moves"] == {"break": 2}
+    assert set(timed["paths"]) == {"break"}
+    # AND every stage of it has both connections, at the later one's time as its p99
+    stages = timed["paths"]["break"]["stages"]
+    assert list(stages) == list(BREAK_STAGES)
+    assert {stage: stages[stage]["n"] for stage in BREAK_STAGES} == dict.fromkeys(BREAK_STAGES, 2)
     expected_p99 = {"giver_closed": 0.02, "released": 0.2, "hint_sent": 0.25, "hint_seen": 0.3,
                     "acquired": 0.4, "upstream_opened": 0.45, "first_frame": 0.5,
                     "first_stored": 0.6}  # fmt: skip
-    assert {stage: stages[stage]["p99"] for stage in STAGES} == expected_p99
+    assert {stage: stages[stage]["p99"] for stage in BREAK_STAGES} == expected_p99
     # and each step is measured per connection: b waited 0.1 s from its hint seen to its acquire
-    assert list(timed["steps"]) == list(STEPS)
-    assert timed["steps"]["hint_seen->acquired"]["max"] == 0.1
-    assert timed["steps"]["first_frame->first_stored"]["min"] == 0.1  # b: 0.5 -> 0.6
+    steps = timed["paths"]["break"]["steps"]
+    assert list(steps) == list(BREAK_STEPS)
+    assert steps["hint_seen->acquired"]["max"] == 0.1
+    assert steps["first_frame->first_stored"]["min"] == 0.1  # b: 0.5 -> 0.6
+    # AND the target's stage counts every connection
+    assert timed["stages"]["first_stored"]["n"] == 2
 
 
 def test_a_stage_nobody_logged_is_left_out_rather_than_counted_as_zero():
@@ -84,4 +97,67 @@ def test_a_stage_nobody_logged_is_left_out_rather_than_counted_as_zero():
 
     # THEN only what the upstream saw is there
     assert set(timed["stages"]) == {"giver_closed", "upstream_opened", "first_frame"}
-    assert set(timed["steps"]) == {"upstream_opened->first_frame"}
+    assert set(timed["paths"]["break"]["steps"]) == {"upstream_opened->first_frame"}
+
+
+def test_an_overlap_move_is_timed_on_its_own_path_from_the_control_messages(tmp_path: Path):
+    # GIVEN a giver that transferred "a" through PREPARE, READY and COMMIT, and broke "b"
+    # (its taker declined), each stage logged where it happened
+    def sent(worker: str, after: float, **messages: list[str]) -> str:
+        return line(worker, "control messages sent", after, messages=messages)
+
+    def received(worker: str, after: float, **messages: list[str]) -> str:
+        return line(worker, "control messages received", after, messages=messages)
+
+    (tmp_path / "worker-w0.log").write_text("\n".join([
+        sent("w0", 0.010, PREPARE=["a", "b"]),
+        received("w0", 0.100, READY=["a"]),
+        line("w0", "hand-off decided", 0.101, connection_id="a", decision="transfer"),
+        line("w0", "hand-off decided", 0.150, connection_id="b", decision="declined"),
+        line("w0", "session transferred", 0.130, connection_id="a"),
+        sent("w0", 0.140, COMMIT=["a"]),
+        line("w0", "session finished", 0.200, connection_id="b", released=True),
+        sent("w0", 0.210, HANDOFF=["b"]),
+        line("w0", "hints sent", 5.130, connection_ids=["a"]),  # the transfer's delayed copy
+    ]) + "\n")  # fmt: skip
+    (tmp_path / "worker-w1.log").write_text("\n".join([
+        received("w1", 0.020, PREPARE=["a", "b"]),
+        sent("w1", 0.090, READY=["a"]),
+        received("w1", 0.150, COMMIT=["a"]),
+        line("w1", "prepared session adopted", 0.160, connection_id="a"),
+        line("w1", "first frame stored", 0.250, connection_id="a"),
+        received("w1", 0.220, HANDOFF=["b"]),
+        line("w1", "lease acquired", 0.240, connection_id="b"),
+        line("w1", "first frame stored", 0.400, connection_id="b"),
+        line("w1", "hints received", 5.200, connection_ids=["a"]),  # the copy: not a stage
+    ]) + "\n")  # fmt: skip
+    sessions = [
+        session("a", -10.0, 0.135, -9.0), session("a", 0.030, None, 0.080),
+        session("b", -10.0, 0.190, -9.0), session("b", 0.030, 0.180, 0.080),
+        session("b", 0.300, None, 0.350),
+    ]  # fmt: skip
+
+    # WHEN the stages are timed
+    timed = stage_times(log_events(sorted(tmp_path.glob("worker-*.log"))), sessions,
+                        ["a", "b"], signalled_at=SIGNAL, giver="w0")  # fmt: skip
+
+    # THEN "a" is the one overlap move, with every stage of the path, "b" a fallback
+    assert timed["moves"] == {"overlap": 1, "break": 1, "fallbacks": {"declined": 1}}
+    overlap = timed["paths"]["overlap"]
+    assert list(overlap["stages"]) == [*OVERLAP_STAGES, "giver_closed"]
+    assert {stage: overlap["stages"][stage]["p50"] for stage in OVERLAP_STAGES} == {
+        "prepare_sent": 0.01, "prepare_seen": 0.02, "upstream_opened": 0.03,
+        "first_frame": 0.08, "ready_sent": 0.09, "ready_seen": 0.1, "transferred": 0.13,
+        "commit_sent": 0.14, "commit_seen": 0.15, "adopted": 0.16, "first_stored": 0.25,
+    }  # fmt: skip
+    assert list(overlap["steps"]) == list(OVERLAP_STEPS)
+    assert overlap["steps"]["adopted->first_stored"]["max"] == 0.09
+    # AND the delayed copy of the transfer's hint is no stage of anybody's
+    assert "hint_seen" not in overlap["stages"]
+    broke = timed["paths"]["break"]["stages"]
+    assert broke["hint_seen"]["max"] == 0.22  # b's HANDOFF, on the control queue
+    assert broke["hint_sent"]["max"] == 0.21
+    # AND first stored over every connection is the later of the two, and the copy is not
+    # counted as a hint seen there either
+    assert timed["stages"]["first_stored"]["max"] == 0.4
+    assert timed["stages"]["hint_seen"]["n"] == 1

@@ -14,6 +14,7 @@ from wsfleet.lease import (
     handoff_mode,
     overlap_ready,
     prepare_confirmed,
+    prepared_resume_seq,
     taker_verdict,
 )
 from wsfleet.record import ConnectionRecord, DesiredState
@@ -36,6 +37,19 @@ def test_overlap_only_with_a_usable_seq_and_unless_the_connection_says_break():
 )
 def test_overlap_ready_is_first_seq_at_most_durable_plus_one(durable, first_seq, ready):
     assert overlap_ready(durable, first_seq) is ready
+
+
+@pytest.mark.parametrize(
+    ("durable", "checkpoint", "resume"),
+    [(40, 12, 40), (13, 12, 13), (12, 12, 13), (0, 12, 13), (0, 0, 1), (1, 0, 1)],
+)
+def test_a_prepared_session_resumes_at_the_givers_last_stored_frame(durable, checkpoint, resume):
+    # A replaying upstream sends that frame at once: the taker's first numbered frame (its
+    # READY) comes with the connect, not at the stream's next frame; never below the record's
+    # own resume point
+    assert prepared_resume_seq(durable, checkpoint) == resume
+    if durable >= checkpoint:  # (a giver has stored at least its record's checkpoint)
+        assert overlap_ready(durable, resume)  # that first frame overlaps what was stored
 
 
 def giver(**changes):

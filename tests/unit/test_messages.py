@@ -289,7 +289,12 @@ def test_the_prebuilt_body_goes_only_with_the_request_it_was_built_for(client):
     serializer = client._serializer
     operation = client.meta.service_model.operation_model("BatchWriteItem")
     request = [{"PutRequest": {"Item": MIXED[0].to_wire(None)}}]
-    serializer.prepare(TABLE, request, b"{}")
+    serializer.prepare(
+        "BatchWriteItem",
+        lambda p: p["RequestItems"][TABLE] is request,
+        {"RequestItems": {TABLE: request}},
+        b"{}",
+    )
     try:
         same = serializer.serialize_to_request({"RequestItems": {TABLE: request}}, operation)
         copy = [dict(r) for r in request]

@@ -9,12 +9,17 @@ import hashlib
 import json
 from typing import Any
 
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
 from hypothesis import given, settings, strategies as st
 
+from wsfleet.aws import client_config
 from wsfleet.messages import Message, local_sk, seq_sk
+from wsfleet.sinks.base import PrebuiltBody
 from wsfleet.sinks.firehose import FirehoseSink
 from wsfleet.sinks.kinesis import KinesisSink
-from wsfleet.sinks.records import frame_json, frame_json_bytes
+from wsfleet.sinks.records import OutRecord, frame_json, frame_json_bytes, records_body
 
 
 def reference(message: Message) -> bytes:
@@ -112,3 +117,89 @@ def test_the_guard_is_asked_once_per_lease_and_fences_that_lease_only():
     assert sorted(asked) == [("CONN#a", 1), ("CONN#a", 2), ("CONN#b", 1)]
     assert [m.seq for m in result.fenced] == [1, 2, 3]
     assert result.written == 3 and not result.unwritten
+
+
+# ------------------------------------------------------------------ the prebuilt request body
+def _botocore_body(client: Any, operation: str, parameters: dict[str, Any]) -> bytes:
+    """The body botocore's own serializer (validation included) builds for ``parameters``."""
+    serializer = client._serializer
+    inner = serializer.inner if isinstance(serializer, PrebuiltBody) else serializer
+    model = client.meta.service_model.operation_model(operation)
+    body: bytes = inner.serialize_to_request(parameters, model)["body"]
+    return body
+
+
+RECORDS = [
+    OutRecord([], b"\xf3\x89\x9a\xc2 binary \x00\xff", "conn-1"),
+    OutRecord([], '{"data":"h\u00e9 \\"x\\""}'.encode(), "k\u00e9y/\u00fc"),
+    OutRecord([], b"", "c"),
+]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [{"StreamName": "frames"},
+     {"StreamARN": "arn:aws:kinesis:us-east-1:123456789012:stream/fr\u00e4mes"}],
+)  # fmt: skip
+def test_the_prebuilt_put_records_body_is_what_botocore_would_send(target):
+    client = boto3.client("kinesis", region_name="us-east-1", config=client_config())
+    entries = [{"Data": r.data, "PartitionKey": r.partition_key} for r in RECORDS]
+    expected = _botocore_body(client, "PutRecords", {"Records": entries, **target})
+    assert records_body(RECORDS, target, records_first=True, keyed=True) == expected
+
+
+def test_the_prebuilt_put_record_batch_body_is_what_botocore_would_send():
+    client = boto3.client("firehose", region_name="us-east-1", config=client_config())
+    target = {"DeliveryStreamName": "fr\u00e4mes"}
+    entries = [{"Data": r.data} for r in RECORDS]
+    expected = _botocore_body(client, "PutRecordBatch", {**target, "Records": entries})
+    assert records_body(RECORDS, target, records_first=False, keyed=False) == expected
+
+
+def test_a_put_records_request_leaves_with_the_prebuilt_body_and_botocores_headers():
+    # GIVEN a sink whose client answers every request itself, recording what would be sent
+    client = boto3.client("kinesis", region_name="us-east-1", config=client_config(),
+                          aws_access_key_id="x", aws_secret_access_key="x")  # fmt: skip
+    sink = KinesisSink(client, "frames")
+    sent: list[Any] = []
+
+    def answer(request: Any, **_kwargs: Any) -> AWSResponse:
+        sent.append(request)
+        count = len(json.loads(request.body)["Records"])
+        body = json.dumps({"FailedRecordCount": 0, "Records": [
+            {"SequenceNumber": "1", "ShardId": "shardId-000000000000"}] * count}).encode()
+        return AWSResponse(request.url, 200, {}, _Raw(body))  # fmt: skip
+
+    client.meta.events.register_first("before-send.kinesis.PutRecords", answer)
+    serialised: list[int] = []  # records botocore validated and serialised, per request
+    inner = client._serializer.inner
+    serialize = inner.serialize_to_request
+
+    def counting(parameters: Any, model: Any) -> Any:
+        serialised.append(len(parameters["Records"]))
+        return serialize(parameters, model)
+
+    inner.serialize_to_request = counting
+    frames = [Message(f"CONN#c{i % 3}", seq_sk(i), f"d{i}", i, "w1", 1, seq=i) for i in range(1, 7)]
+    # WHEN a batch is put
+    result = sink.put_batch(frames)
+    # THEN one request carried every record, its body the prebuilt one (botocore serialised a
+    # one-record skeleton only), signed as usual
+    (request,) = sent
+    assert serialised == [1]
+    records = sink._pack(frames, frame_json)
+    assert request.body == records_body(records, {"StreamName": "frames"},
+                                        records_first=True, keyed=True)  # fmt: skip
+    assert request.headers["X-Amz-Target"] == b"Kinesis_20131202.PutRecords"
+    assert b"Signature=" in request.headers["Authorization"]
+    assert (result.written, result.requests) == (6, 1)
+
+
+class _Raw:
+    """A raw HTTP response body as botocore reads it."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_kwargs: Any) -> Any:
+        yield self._body

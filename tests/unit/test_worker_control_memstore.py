@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from worker_doubles import Logger
 
 from bench.waiting import wait_until_async
 from wsfleet.clock import now_ms
-from wsfleet.control import WORKER_ID_TAG, StopCommand
+from wsfleet.control import WORKER_ID_TAG, HandoffHint, StopCommand
 from wsfleet.memstore import InMemoryLeaseStore
 from wsfleet.record import WorkerRecord, connection_pk
 from wsfleet.settings import Settings
@@ -125,6 +126,55 @@ def test_each_stop_reaches_on_stop_and_the_round_is_deleted_in_one_batch():
     assert metrics.totals["InvalidControlMessages"] == 1
     # AND the three messages went in one DeleteMessageBatch
     assert sqs.deleted_batches() == [3]
+
+
+class _SlowDeletes(MemorySqs):
+    """Every DeleteMessageBatch waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deletes_go = threading.Event()
+
+    def delete_message_batch(self, **kwargs: Any) -> Any:
+        self.deletes_go.wait(3 * WAIT)
+        return super().delete_message_batch(**kwargs)
+
+
+def test_a_delete_still_out_does_not_hold_up_the_next_receive():
+    # A hand-off message is a peer's stream waiting: the next one must not wait for the
+    # previous round's DeleteMessageBatch (a late delete only brings a message back later).
+    sqs = _SlowDeletes()
+    channel = channel_on(sqs, Logger(), WorkerMetrics("test", emit=lambda document: None))
+    handed: list[str] = []
+
+    async def on_stop(command: StopCommand) -> bool:
+        return False
+
+    async def on_handoff(message: object) -> None:
+        handed.append(message.pk)  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        await channel.open()
+        task = asyncio.create_task(channel.run(on_stop, on_handoff))
+        try:
+            # GIVEN a hand-off received, its delete still out
+            url = channel.queue_url
+            sqs.send_message(QueueUrl=url, MessageBody=HandoffHint("CONN#a", 1).body())
+            await until(lambda: handed == ["CONN#a"], "the first hand-off")
+            # WHEN the next one arrives
+            sqs.send_message(QueueUrl=url, MessageBody=HandoffHint("CONN#b", 1).body())
+            # THEN it is received and handed on while that delete is still out
+            await until(lambda: handed == ["CONN#a", "CONN#b"], "the second hand-off")
+            assert sqs.deleted_batches() == []
+            # AND once the deletes go through, both messages are gone
+            sqs.deletes_go.set()
+            await until(lambda: sqs.depth(channel.queue_url) == (0, 0), "both deleted")
+        finally:
+            sqs.deletes_go.set()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
 
 
 def test_a_failing_on_stop_costs_its_message_only():

@@ -136,6 +136,37 @@ def test_frames_of_many_connections_share_batches_of_25():
     run_with_flusher(scenario, flush_ms=200)
 
 
+def test_frames_trickling_in_wake_the_collector_once_per_batch_not_once_per_frame():
+    async def scenario(flusher, store, metrics):
+        takes = 0
+        take = flusher._take
+
+        def counting_take(*args):
+            nonlocal takes
+            takes += 1
+            return take(*args)
+
+        flusher._take = counting_take
+        owner = Owner("a")
+        # GIVEN a batch being formed (its first frame queued, a minute before its deadline)
+        await flusher.put(frame(owner, 1))
+        await until(lambda: takes >= 1)
+        # WHEN 59 more frames arrive one at a time, the loop running between them
+        for seq in range(2, 61):
+            await flusher.put(frame(owner, seq))
+            await asyncio.sleep(0)
+        # THEN two full batches of 25 left at once, without waiting for the deadline...
+        await until(lambda: len(owner.written) == 50)
+        assert [len(b) for b in store.batches] == [25, 25]
+        # ...the collector having woken about once per batch, not once per frame
+        assert takes <= 6
+        # and the 10 left over go with flush_now
+        flusher.flush_now()
+        await until(lambda: owner.written == list(range(1, 61)))
+
+    run_with_flusher(scenario, flush_ms=60_000)
+
+
 def test_a_lone_frame_is_flushed_after_flush_ms():
     async def scenario(flusher, store, metrics):
         owner = Owner("a")

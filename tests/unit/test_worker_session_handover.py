@@ -12,7 +12,12 @@ import dataclasses
 from test_worker_session_memstore import WORKER, Rig, ended, until
 from worker_doubles import sync
 
+from wsfleet.control import CommitNotice, PrepareCommand, ReadyReply
 from wsfleet.lease import Lease
+from wsfleet_worker.control_channel import HandoffMessage
+from wsfleet_worker.flusher import MessageFlusher
+from wsfleet_worker.handover import Handover
+from wsfleet_worker.parts import WorkerParts
 from wsfleet_worker.session import Session
 from wsfleet_worker.session_rules import ExitReason
 
@@ -30,7 +35,9 @@ async def test_a_prepared_session_writes_nothing_then_adopts_and_stores_only_abo
         taker = Session.prepared_for(record, taker_ctx, durable=giver.session.tracker.durable)
         taker_task = asyncio.create_task(taker.run())
         socket = await rig.upstream.socket(2)
-        assert socket.from_seq == 6  # resumed after what the giver stored, not the checkpoint
+        # resumed at the giver's last stored frame (a replaying upstream sends it at once: the
+        # READY need not wait for the stream's next frame), not at the record's checkpoint
+        assert socket.from_seq == 5
         socket.feed(4, 5, 6, 7)
         await until(lambda: taker.first_buffered_seq == 4, "buffered")
         await asyncio.sleep(0.1)  # (several flush intervals: nothing may be written)
@@ -119,3 +126,94 @@ async def test_a_hand_over_whose_transfer_is_refused_breaks_as_today():
         stored = rig.stored(giver.record.pk)
         assert result.transferred_to == "" and result.released
         assert (stored.lease_owner, stored.last_seq) == ("", 2)
+
+
+@sync
+async def test_a_giver_leaves_its_unwritten_frames_to_the_taker_instead_of_flushing_them():
+    # The taker holds every frame above what the giver stored (the giver's verdict saw
+    # first_seq <= durable + 1), so the transfer does not wait for the giver's write backlog.
+    rig = Rig()
+    # (a flush interval longer than the test: a frame is written only when flushed)
+    rig.flusher = MessageFlusher(rig.messages, rig.offloader, rig.metrics, flush_ms=600_000,
+                                 logger=rig.logger)  # fmt: skip
+    async with rig:
+        # GIVEN a giver that stored 1..3 and has received 4 and 5, not yet written
+        record = rig.acquire()
+        session, task = rig.run(record)
+        socket = await rig.upstream.socket()
+        socket.feed(1, 2, 3)
+        rig.flusher.flush_now()
+        await until(lambda: session.tracker.durable == 3, "1..3 stored")
+        socket.feed(4, 5)
+        await until(lambda: session.tracker.highest_received == 5, "4 and 5 received")
+        # WHEN it hands over
+        session.hand_over(TAKER, ExitReason.REBALANCED)
+        result = await ended(task)
+        # THEN the transfer carries what it stored, and 4 and 5 were not written by it (the
+        # taker stores them, above the checkpoint)
+        moved = rig.stored(record.pk)
+        assert (result.transferred_to, result.last_seq) == (TAKER, 3)
+        assert (moved.lease_owner, moved.last_seq) == (TAKER, 3)
+        rig.flusher.flush_now()
+        await asyncio.sleep(0.05)  # (a flush now would have written them by now)
+        assert rig.messages.seqs(record.pk) == [1, 2, 3]
+
+
+class _Outbox:
+    def __init__(self) -> None:
+        self.hints: list[object] = []
+
+    def add(self, hint: object) -> None:
+        self.hints.append(hint)
+
+
+@sync
+async def test_the_commit_goes_to_the_taker_once_the_transfer_landed_not_after_the_close():
+    # The giver's close is a round trip to the upstream (up to its close timeout): the taker,
+    # which streams already, need not wait for it.
+    async with Rig() as rig:
+        # GIVEN a giver streaming 1..3 whose socket close does not finish yet
+        giver = await rig.streaming(1, 2, 3)
+        closing = asyncio.Event()
+        closed = giver.socket.close
+
+        async def slow_close(code: int = 1000, reason: str = "") -> None:
+            await closing.wait()
+            await closed(code, reason)
+
+        giver.socket.close = slow_close  # type: ignore[method-assign]
+        sent: list[HandoffMessage] = []
+
+        async def send(queue_url: str, messages: list[HandoffMessage]) -> set[str]:
+            sent.extend(messages)
+            return {message.pk for message in messages}
+
+        outbox = _Outbox()
+        parts = WorkerParts(worker_id=WORKER, leases=rig.store, offloader=rig.offloader,
+                            metrics=rig.metrics, logger=rig.logger)  # fmt: skip
+        handover = Handover(
+            parts, None, outbox, prepare_seconds=5, queue_prefix="q-",  # type: ignore[arg-type]
+            sessions={giver.record.pk: giver.session},
+            session_tasks={giver.record.pk: giver.task}, prepared={}, prepared_tasks={},
+            start_prepared=None, adopt=None, acquiring=set(), acquire=None,  # type: ignore[arg-type]
+            send=send, own_queue_url=lambda: "https://sqs.invalid/1/q-w1",
+            has_room=lambda: True,
+        )  # fmt: skip
+        # WHEN it gives the connection to a taker, which answers READY from seq 3
+        give = asyncio.create_task(handover.give(
+            giver.session, TAKER, "https://sqs.invalid/1/q-w2", ExitReason.REBALANCED))
+        await until(lambda: any(isinstance(m, PrepareCommand) for m in sent), "PREPARE")
+        handover.on_reply(ReadyReply(giver.record.pk, giver.session.epoch, TAKER, 3))
+        # THEN COMMIT goes out while the giver's socket is still closing
+        await until(lambda: any(isinstance(m, CommitNotice) for m in sent), "COMMIT")
+        assert giver.socket.protocol.close_sent is None and not giver.task.done()
+        moved = rig.stored(giver.record.pk)
+        commit = next(m for m in sent if isinstance(m, CommitNotice))
+        assert (moved.lease_owner, commit.epoch) == (TAKER, moved.lease_epoch)
+        # AND the move ends with the session, its delayed copy queued for anyone
+        closing.set()
+        await asyncio.wait_for(give, 10)
+        assert giver.socket.protocol.close_sent.code == 1001
+        assert handover.outcomes == {"transferred": 1}
+        assert [(h.pk, h.epoch, h.delay_seconds) for h in outbox.hints] == [  # type: ignore[attr-defined]
+            (giver.record.pk, moved.lease_epoch, 5)]

@@ -13,7 +13,9 @@ Planned hand-offs use the same queue: a peer handing a connection over sends a
 :class:`~wsfleet.control.HandoffHint` here (break-before-make), which the worker acquires at
 once (:mod:`~wsfleet_worker.rebalancing`), and the make-before-break messages (``PREPARE``,
 ``READY``, ``DECLINE``, ``COMMIT``, docs/handoff.md) travel between giver and taker here too.
-Every message other than a STOP goes to the worker's hand-off callback.
+Every message other than a STOP goes to the worker's hand-off callback, at once: a round's
+DeleteMessageBatch does not hold up the next receive. Hand-off messages to peers go through
+:class:`ControlBatcher` (ten per SendMessageBatch, per queue).
 
 Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
 role and the worker role, for hand-offs), the queue is created with a policy denying
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -61,12 +63,105 @@ from .observability import WorkerMetrics
 from .offload import Offloader
 from .sqs_consumer import Message, QueueConsumer
 
-__all__ = ["ControlChannel", "HandoffMessage"]
+__all__ = ["ControlBatcher", "ControlChannel", "HandoffMessage", "by_type"]
 
 #: What the control queue carries besides STOP: hand-off hints and the overlap protocol.
 HandoffMessage = HandoffHint | PrepareCommand | ReadyReply | DeclineReply | CommitNotice
+#: Each hand-off message's ``type`` on the wire (log lines name them so).
+_TYPES: dict[type, str] = {HandoffHint: "HANDOFF", PrepareCommand: "PREPARE",
+                           ReadyReply: "READY", DeclineReply: "DECLINE", CommitNotice: "COMMIT"}
+
+
+def by_type(messages: Iterable[HandoffMessage]) -> dict[str, list[str]]:
+    """The connection ids of ``messages`` by message type: one log line names a batch (the
+    hand-off bench times each step of a move from these, bench/handoff_stages.py).
+
+    >>> by_type([PrepareCommand("CONN#a", 1, "g", 0, "q"), CommitNotice("CONN#b", 2)])
+    {'PREPARE': ['a'], 'COMMIT': ['b']}
+    """
+    named: dict[str, list[str]] = {}
+    for message in messages:
+        named.setdefault(_TYPES[type(message)], []).append(connection_id_from_pk(message.pk))
+    return named
 
 _RETENTION_SECONDS = 300
+
+
+class ControlBatcher:
+    """Hand-off messages to peers' control queues, batched per queue: ten make a
+    SendMessageBatch, which goes out at once; fewer go out at the end of the event loop's
+    turn if no send to that queue is out, else when one returns, with whatever was queued
+    meanwhile. So a drain's hundred PREPAREs to two peers are ten requests at once, not a
+    hundred one after another on the four SQS threads, and a taker's READYs, which come one
+    at a time as its sessions get their first frames, share requests instead of each paying
+    for one. Each caller learns whether its own message went out.
+
+    :param send: sends up to ten messages to one queue; returns the pks that went out (or
+        raises: every caller of that batch gets the error).
+    """
+
+    def __init__(self, send: Callable[[str, list[HandoffMessage]], Awaitable[set[str]]]) -> None:
+        self._send = send
+        self._queued: dict[str, list[tuple[HandoffMessage, asyncio.Future[bool]]]] = {}
+        self._out: dict[str, int] = {}  # sends in flight per queue
+        self._sending: set[asyncio.Task[None]] = set()
+        #: requests made (tests, logs)
+        self.requests = 0
+
+    async def send(self, queue_url: str, message: HandoffMessage) -> bool:
+        """Queue ``message`` for ``queue_url``; True once it went out."""
+        loop = asyncio.get_running_loop()
+        sent: asyncio.Future[bool] = loop.create_future()
+        queued = self._queued.setdefault(queue_url, [])
+        queued.append((message, sent))
+        if len(queued) >= SQS_BATCH_LIMIT:
+            self._start(queue_url)
+        elif len(queued) == 1:
+            # after every caller already runnable in this turn (a drain's PREPAREs)
+            loop.call_soon(self._start_partial, queue_url)
+        return await sent
+
+    def _start_partial(self, queue_url: str) -> None:
+        if not self._out.get(queue_url):
+            self._start(queue_url)
+
+    def _start(self, queue_url: str) -> None:
+        queued = self._queued.get(queue_url, [])
+        batch, rest = queued[:SQS_BATCH_LIMIT], queued[SQS_BATCH_LIMIT:]
+        if not batch:
+            return
+        if rest:
+            self._queued[queue_url] = rest
+        else:
+            del self._queued[queue_url]
+        self._out[queue_url] = self._out.get(queue_url, 0) + 1
+        self.requests += 1
+        task = asyncio.create_task(self._send_batch(queue_url, batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_batch(
+        self, queue_url: str, batch: list[tuple[HandoffMessage, asyncio.Future[bool]]]
+    ) -> None:
+        try:
+            sent = await self._send(queue_url, [message for message, _ in batch])
+        except Exception as exc:  # each caller decides what a lost message costs
+            for _, waiter in batch:
+                if not waiter.done():  # (a caller cancelled meanwhile: nobody to tell)
+                    waiter.set_exception(exc)
+            return
+        else:
+            for message, waiter in batch:
+                if not waiter.done():
+                    waiter.set_result(message.pk in sent)
+        finally:
+            self._out[queue_url] -= 1
+            if not self._out[queue_url]:
+                del self._out[queue_url]
+            while len(self._queued.get(queue_url, ())) >= SQS_BATCH_LIMIT:
+                self._start(queue_url)
+            if not self._out.get(queue_url):
+                self._start(queue_url)  # what was queued meanwhile
 
 
 class ControlChannel:
@@ -136,19 +231,31 @@ class ControlChannel:
         ``on_handoff`` takes a hand-off message addressed here (None: ignored)."""
 
         async def handle(messages: list[Message]) -> None:
+            handoffs: list[HandoffMessage] = []
             for message in messages:
                 handoff = await self._handle(message, on_stop)
-                if handoff is not None and on_handoff is not None:
-                    # At once, and without holding up the next receive: each is a peer's
-                    # stream waiting for its taker.
-                    task = asyncio.create_task(self._take(on_handoff, handoff))
-                    self._takes.add(task)
-                    task.add_done_callback(self._takes.discard)
+                if handoff is not None:
+                    handoffs.append(handoff)
+            if handoffs:
+                self._logger.debug("control messages received",
+                                   extra={"messages": by_type(handoffs)})
+            for handoff in handoffs:
+                # At once, and without holding up the next receive: each is a peer's
+                # stream waiting for its taker.
+                if on_handoff is not None:
+                    self._spawn(self._take(on_handoff, handoff))
             # Every message is deleted, applied or not: a STOP is idempotent and an unusable
-            # body would only come back.
-            await self._queue.delete([m["ReceiptHandle"] for m in messages])
+            # body would only come back. The delete does not hold up the next receive either
+            # (a message whose delete is late only comes back after the visibility timeout,
+            # which every message tolerates).
+            self._spawn(self._queue.delete([m["ReceiptHandle"] for m in messages]))
 
         await self._queue.run(handle)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._takes.add(task)
+        task.add_done_callback(self._takes.discard)
 
     async def _take(
         self, on_handoff: Callable[[HandoffMessage], Awaitable[None]], handoff: HandoffMessage
@@ -182,7 +289,10 @@ class ControlChannel:
                 extra={"count": len(entries), "error": str(exc), "queue": queue_name_of(queue_url)},
             )
             return set()
-        sent = {handoffs[int(entry["Id"])].pk for entry in response.get("Successful", [])}
+        landed = [handoffs[int(entry["Id"])] for entry in response.get("Successful", [])]
+        sent = {handoff.pk for handoff in landed}
+        self._logger.debug("control messages sent",
+                           extra={"messages": by_type(landed), "queue": queue_name_of(queue_url)})
         if len(sent) < len(entries):
             self._logger.warning(
                 "some hand-off hints not sent to the peer",

@@ -67,6 +67,7 @@ from wsfleet.record import ConnectionRecord, WorkerRecord, connection_id_from_pk
 from wsfleet.upstream_options import HandoffMode
 
 from .connector import describe_error
+from .control_channel import ControlBatcher
 from .liveness import WorkerLiveness
 from .outbox import HintOutbox
 from .parts import WorkerParts, WorkerRole
@@ -200,6 +201,7 @@ class Handover(WorkerRole):
         self._acquiring = acquiring
         self._acquire = acquire
         self._send = send
+        self._batcher = ControlBatcher(send) if send is not None else None
         self._own_queue_url = own_queue_url
         self._has_room = has_room
         self._pending: dict[str, _Pending] = {}
@@ -252,7 +254,7 @@ class Handover(WorkerRole):
         task = self._session_tasks.get(pk)  # (taken now: it leaves the map when it ends)
         if not self.overlap_for(session, queue_url):
             session.finish(reason, via="handover")
-            await self._outcome("break_mode", task, taker, queue_url)
+            await self._outcome("break_mode", session, task, taker, queue_url)
             return
         pending = _Pending(session.epoch, taker)
         self._pending[pk] = pending
@@ -305,38 +307,53 @@ class Handover(WorkerRole):
                    "first_seq": pending.first_seq,
                    "waited_ms": self._clock() - prepared_at},
         )
-        await self._outcome(why, task, taker, queue_url)
+        await self._outcome(why, session, task, taker, queue_url)
 
     async def _outcome(
-        self, why: str, task: asyncio.Task[SessionResult] | None, taker: str, queue_url: str
+        self, why: str, session: Session, task: asyncio.Task[SessionResult] | None, taker: str,
+        queue_url: str,
     ) -> None:
-        """After the session ended: COMMIT (transferred) or HANDOFF (released), and the
-        delayed copy for anyone."""
-        result: SessionResult | None = None
-        if task is not None:
-            await asyncio.wait({task})
-            if not task.cancelled() and task.exception() is None:
-                result = task.result()
-        if result is None:
+        """Once the transfer landed: COMMIT (the giver's socket may still be closing: the
+        taker need not wait for that round trip to the upstream); else once the session
+        ended: HANDOFF (released). Either way the delayed copy for anyone."""
+        if task is None:
             return
-        if result.transferred_to:
+        transferred = asyncio.ensure_future(session.transferred.wait())
+        try:
+            await asyncio.wait({task, transferred}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            transferred.cancel()
+        if session.transferred.is_set():
             self._count("transferred", "HandoffOverlaps")
-            message: CommitNotice | HandoffHint = CommitNotice(result.pk, result.epoch + 1)
-            copy_epoch = result.epoch + 1
-        elif result.released and result.reason in (ExitReason.REBALANCED, ExitReason.SHUTDOWN):
+            await self._tell(queue_url, CommitNotice(session.pk, session.epoch + 1),
+                             copy_epoch=session.epoch + 1, delayed=True)
+            await asyncio.wait({task})  # (the move ends with the session: its close)
+            return
+        await asyncio.wait({task})
+        if task.cancelled() or task.exception() is not None:
+            return
+        result = task.result()
+        if result.released and result.reason in (ExitReason.REBALANCED, ExitReason.SHUTDOWN):
             # a fallback (why: declined, no_ready, behind, giver_session_ended, ...), a
             # transfer that did not land, or break mode
             self._count(f"broke:{why or 'transfer_failed'}", "HandoffBreaks")
-            message = HandoffHint(result.pk, result.epoch)
-            copy_epoch = result.epoch
+            # (a drain's release already hinted the hint queue at once, as today)
+            await self._tell(queue_url, HandoffHint(result.pk, result.epoch),
+                             copy_epoch=result.epoch,
+                             delayed=result.reason is ExitReason.REBALANCED)
         else:
             self._count(f"ended:{result.reason.value}", "")
-            return
+
+    async def _tell(
+        self, queue_url: str, message: CommitNotice | HandoffHint, *, copy_epoch: int,
+        delayed: bool,
+    ) -> None:
+        """``message`` to the taker and, with ``delayed``, its copy on the hint queue for
+        anyone (at once if the taker could not be told)."""
         sent = await self._send_one(queue_url, message) if queue_url else False
-        if result.reason is ExitReason.REBALANCED or result.transferred_to:
-            # (a drain's release already hinted the hint queue at once, as today)
+        if delayed:
             delay = HANDOFF_COPY_DELAY_SECONDS if sent else 0
-            self._outbox.add(Hint(result.pk, epoch=copy_epoch, delay_seconds=delay))
+            self._outbox.add(Hint(message.pk, epoch=copy_epoch, delay_seconds=delay))
 
     def _count(self, outcome: str, metric: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -484,10 +501,10 @@ class Handover(WorkerRole):
         self, queue_url: str,
         message: HandoffHint | PrepareCommand | ReadyReply | DeclineReply | CommitNotice,
     ) -> bool:
-        if self._send is None or not queue_url:
+        if self._batcher is None or not queue_url:
             return False
         try:
-            return message.pk in await self._send(queue_url, [message])
+            return await self._batcher.send(queue_url, message)
         except Exception as exc:  # a send must cost this move its overlap, never the worker
             self._logger.warning("hand-off message not sent",
                                  extra={"connection_id": connection_id_from_pk(message.pk),

@@ -128,6 +128,7 @@ from wsfleet.lease import (
     breaker_verdict,
     checkpoint_due,
     commit_confirmed,
+    prepared_resume_seq,
     taker_verdict,
 )
 from wsfleet.messages import Message, local_sk, seq_sk
@@ -300,6 +301,9 @@ class Session:
         self.connects = 0  # sessions opened to the upstream
         self.handing_over = False  # a giver's move is under way: do not reconnect
         self._transfer_to = ""
+        #: set once the transfer write landed (the socket is still closing): the taker may
+        #: be told now
+        self.transferred = asyncio.Event()
 
     def _inherit_window(self, record: ConnectionRecord) -> None:
         """The send window (at-least-once sinks only) of a session resuming ``record``."""
@@ -321,11 +325,13 @@ class Session:
         cls, record: ConnectionRecord, context: SessionContext, *, durable: int = 0
     ) -> Session:
         """A taker's prepared session of ``record`` (read when the PREPARE was confirmed),
-        resuming a replaying upstream from ``durable + 1`` where the giver says it stored that
-        far (see :class:`~wsfleet.control.PrepareCommand`)."""
+        resuming a replaying upstream from the giver's last stored frame where the giver says
+        it stored that far (:func:`~wsfleet.lease.prepared_resume_seq`,
+        :class:`~wsfleet.control.PrepareCommand`)."""
         session = cls(record, context, prepared=True)
-        if durable > record.last_seq:
-            session.tracker = CheckpointTracker(durable)
+        resume_after = prepared_resume_seq(durable, record.last_seq) - 1
+        if resume_after > record.last_seq:
+            session.tracker = CheckpointTracker(resume_after)
         return session
 
     # ------------------------------------------------------------------ identity
@@ -534,9 +540,8 @@ class Session:
         ):
             transferred = await self._transfer(self._transfer_to, reason)
             if transferred is not None:
+                self.transferred.set()
                 await self._close_socket()  # (1001) only once the taker owns it
-                self._info("session transferred", reason=reason.value, to=self._transfer_to,
-                           last_seq=transferred)
                 return SessionResult(self.pk, self.epoch, reason, self.via, False, transferred,
                                      False, transferred_to=self._transfer_to)
             self._ending = False  # the break path below ends it as today
@@ -591,17 +596,25 @@ class Session:
 
     async def _transfer(self, taker: str, reason: ExitReason) -> int | None:
         """Steps 4-5 after the giver decided: nothing read from here on is stored (the
-        streaming task is cancelled), the frames received are flushed (bounded), no batch of
-        ours is in flight, then the one conditional write to ``(taker, epoch + 1)`` with the
-        checkpoint. Returns that checkpoint, or None if it did not land (break instead)."""
+        streaming task is cancelled), no batch of ours is in flight, then the one conditional
+        write to ``(taker, epoch + 1)`` with the checkpoint. Returns that checkpoint, or None
+        if it did not land (break instead).
+
+        Frames received but not yet written are dropped, not flushed first: the taker holds
+        every frame above the checkpoint already (the verdict saw ``first_seq <= durable +
+        1``) and stores them, so flushing them here would only put the giver's write backlog
+        on the hand-off's path. (An at-least-once sink with a send window still flushes: its
+        ``sent_limit`` is what keeps the taker from sending a frame twice.)"""
         ctx = self._ctx
-        await self._settle_writes()
+        if self.window is not None:
+            await self._settle_writes()
         self._ending = True  # no frame of ours may be written from here on
         if not await self._quiesce():
             return None
         if self.gaps_pending and not await self._store_gaps():
             return None  # (the break path's release tries once more, and logs)
         last_seq = self.tracker.durable
+        began = ctx.clock()
         try:
             await ctx.offloader.io(
                 ctx.leases.transfer, self.lease, taker, last_seq=last_seq,
@@ -627,6 +640,8 @@ class Session:
                 return None
         self.persisted_seq = max(self.persisted_seq, last_seq)
         ctx.metrics.count("HandoffsTransferred")
+        self._info("session transferred", reason=reason.value, to=taker, last_seq=last_seq,
+                   write_ms=ctx.clock() - began)
         return last_seq
 
     async def _quiesce(self) -> bool:

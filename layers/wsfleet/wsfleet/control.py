@@ -218,9 +218,9 @@ class PrepareCommand:
     epoch: int
     giver: str
     #: The giver's stored seq when it asked: a replaying upstream is asked to resume the
-    #: taker's session from ``durable + 1`` (not from an older checkpoint, which would fill
-    #: the taker's buffer with frames already stored). A position hint only: the transfer
-    #: carries the real checkpoint.
+    #: taker's session from ``durable`` (:func:`wsfleet.lease.prepared_resume_seq`; not from
+    #: an older checkpoint, which would fill the taker's buffer with frames already stored).
+    #: A position hint only: the transfer carries the real checkpoint.
     durable: int = 0
     #: The *name* of the giver's control queue (READY and DECLINE go there): the taker puts
     #: it beside its own queue (:func:`sibling_queue_url`), so a message can never point it

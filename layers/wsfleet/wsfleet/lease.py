@@ -67,6 +67,7 @@ __all__ = [
     "lease_state",
     "overlap_ready",
     "prepare_confirmed",
+    "prepared_resume_seq",
     "refusal_reason",
     "takeover_verdict",
     "taker_verdict",
@@ -425,6 +426,25 @@ def overlap_ready(durable: int, first_seq: int) -> bool:
     (True, True, False)
     """
     return first_seq <= durable + 1
+
+
+def prepared_resume_seq(durable: int, checkpoint: int) -> int:
+    """Step 2: the seq a taker's prepared session asks a replaying upstream to start from
+    (``from_seq``), given the giver's stored seq in the PREPARE (``durable``) and the
+    record's ``checkpoint``.
+
+    The giver's last stored frame itself (``durable``), not the one after it: a replaying
+    upstream sends it at once, so the taker's first numbered frame, and so its READY, comes
+    with its connect rather than at the stream's next frame (up to a whole frame interval:
+    a second at 1 frame/s). That frame overlaps by construction (``first_seq = durable <=
+    durable + 1``) and is skipped at adoption (at or below the transferred checkpoint); it
+    costs one frame over the wire per move. Never below ``checkpoint + 1`` (nothing stored
+    by the giver: the record's resume point, as any session's).
+
+    >>> prepared_resume_seq(40, 12), prepared_resume_seq(0, 12), prepared_resume_seq(13, 12)
+    (40, 13, 13)
+    """
+    return max(checkpoint + 1, durable)
 
 
 class HandoffStep(StrEnum):

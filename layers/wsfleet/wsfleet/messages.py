@@ -53,9 +53,8 @@ import base64
 import hashlib
 import json
 import random
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,7 +64,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .aws import is_ambiguous, is_throttling
 from .backoff import backoff
 from .exceptions import StoreError
-from .sinks.base import FrameSink, Guard, GuardTripped, PutResult, SendGuard, SinkLimits
+from .sinks.base import (
+    FrameSink,
+    Guard,
+    GuardTripped,
+    PrebuiltBody,
+    PutResult,
+    SendGuard,
+    SinkLimits,
+)
 
 __all__ = [
     "BATCH_WRITE_LIMIT",
@@ -220,59 +227,6 @@ def _number_bytes(number: int) -> int:
     return (len(str(number).lstrip("-")) + 1) // 2 + 1
 
 
-class _PrebuiltBatchSerializer:
-    """Wraps a botocore client's request serializer: a BatchWriteItem whose JSON body
-    :meth:`MessageStore.put_batch` has already built is not validated and serialised again.
-
-    botocore validates every parameter against the service model and serialises the request
-    by walking the model, value by value: for 25 frames of 8 attributes that was about a
-    quarter of the worker's CPU per frame. The body built here is byte for byte what botocore
-    would send (``json.dumps`` of the same dicts in the same order, blobs in base64; a unit
-    test compares the two), and the rest of the request (URL, method, headers) still comes
-    from botocore, from a one-item request. Everything else (signing, retries, the guard's
-    ``before-send`` hook, Stubber in tests) is unchanged: the parameters still pass through
-    the client, only their serialisation is skipped. It applies only to the very request list
-    the body was built from, on the thread that built it.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._pending = threading.local()
-
-    def serialize_to_request(self, parameters: Any, operation_model: Any) -> Any:
-        pending: tuple[str, list[dict[str, Any]], bytes] | None = getattr(
-            self._pending, "request", None
-        )
-        if pending is not None and operation_model.name == "BatchWriteItem":
-            table, request, body = pending
-            items = parameters.get("RequestItems") or {}
-            if len(items) == 1 and items.get(table) is request:
-                skeleton = {"RequestItems": {table: request[:1]}}
-                serialized = self.inner.serialize_to_request(skeleton, operation_model)
-                serialized["body"] = body
-                return serialized
-        return self.inner.serialize_to_request(parameters, operation_model)
-
-    def prepare(self, table: str, request: list[dict[str, Any]], body: bytes) -> None:
-        """The next BatchWriteItem of ``request`` on this thread goes with ``body``."""
-        self._pending.request = (table, request, body)
-
-    def clear(self) -> None:
-        self._pending.request = None
-
-    @classmethod
-    def install(cls, client: Any) -> _PrebuiltBatchSerializer | None:
-        """Wrap ``client``'s serializer once (clients may be shared); None if it has none."""
-        current = getattr(client, "_serializer", None)
-        if isinstance(current, cls):
-            return current
-        if current is None or not callable(getattr(current, "serialize_to_request", None)):
-            return None
-        wrapper = cls(current)
-        client._serializer = wrapper
-        return wrapper
-
-
 def batch_write_body(table: str, items: Sequence[tuple[Message, int | None]]) -> bytes:
     """The JSON body botocore sends for a BatchWriteItem putting ``items`` (message, TTL).
 
@@ -334,7 +288,7 @@ class MessageStore(FrameSink):
         self._backoff_cap = backoff_cap
         self._sleep = sleep
         self._rng = rng
-        self._prebuilt = _PrebuiltBatchSerializer.install(client)
+        self._prebuilt = PrebuiltBody.install(client)
         self._send_guard = SendGuard(client, "BatchWriteItem")
 
     @classmethod
@@ -434,17 +388,24 @@ class MessageStore(FrameSink):
     ) -> dict[str, Any]:
         check = (lambda: all(guard(m) for m, _ in items)) if guard is not None else None
         prebuilt = self._prebuilt
-        if prebuilt is not None:
-            prebuilt.prepare(self.table_name, request, batch_write_body(self.table_name, items))
-        try:
+        table = self.table_name
+        if prebuilt is None:
             with self._send_guard.armed(check):
                 response: dict[str, Any] = self._client.batch_write_item(
-                    RequestItems={self.table_name: request}
+                    RequestItems={table: request}
                 )
             return response
-        finally:
-            if prebuilt is not None:
-                prebuilt.clear()
+
+        def matches(parameters: Mapping[str, Any]) -> bool:
+            items = parameters.get("RequestItems") or {}
+            return len(items) == 1 and items.get(table) is request
+
+        skeleton = {"RequestItems": {table: request[:1]}}
+        with prebuilt.prepared(
+            "BatchWriteItem", matches, skeleton, batch_write_body(table, items)
+        ), self._send_guard.armed(check):
+            response = self._client.batch_write_item(RequestItems={table: request})
+        return response
 
     def _isolate_invalid(
         self, messages: list[Message], result: PutResult, guard: Guard | None

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -41,7 +41,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:  # pragma: no cover
     from ..messages import Message
 
-__all__ = ["FrameSink", "Guard", "GuardTripped", "PutResult", "SendGuard", "SinkLimits"]
+__all__ = [
+    "FrameSink",
+    "Guard",
+    "GuardTripped",
+    "PrebuiltBody",
+    "PutResult",
+    "SendGuard",
+    "SinkLimits",
+]
 
 Guard = Callable[["Message"], bool]
 
@@ -165,3 +173,85 @@ class SendGuard:
         check = getattr(self._pending, "check", None)
         if check is not None and not check():
             raise GuardTripped()
+
+
+class PrebuiltBody:
+    """Wraps a botocore client's request serializer: a write request whose JSON body the sink
+    has already built is not validated and serialised again.
+
+    botocore validates every parameter against the service model and serialises the request
+    by walking the model, value by value: for a BatchWriteItem of 25 frames, or a PutRecords
+    of 100 records, that was a large share of the worker's CPU per frame. A sink builds the
+    body itself, byte for byte what botocore would send (``json.dumps`` of the same values in
+    the same order, blobs in base64; unit tests compare the two), and the rest of the request
+    (URL, method, headers) still comes from botocore, from a request with one record
+    (``skeleton``). Everything else (signing, retries, the guard's ``before-send`` hook,
+    Stubber in tests) is unchanged: the parameters still pass through the client, only their
+    serialisation is skipped. It applies only to the request ``matches`` recognises (the very
+    list the body was built from), on the thread that prepared it.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._pending = threading.local()
+
+    def serialize_to_request(self, parameters: Any, operation_model: Any) -> Any:
+        pending: _Prepared | None = getattr(self._pending, "request", None)
+        if (
+            pending is not None
+            and operation_model.name == pending.operation
+            and pending.matches(parameters)
+        ):
+            serialized = self.inner.serialize_to_request(pending.skeleton, operation_model)
+            serialized["body"] = pending.body
+            return serialized
+        return self.inner.serialize_to_request(parameters, operation_model)
+
+    def prepare(
+        self,
+        operation: str,
+        matches: Callable[[Mapping[str, Any]], bool],
+        skeleton: Mapping[str, Any],
+        body: bytes,
+    ) -> None:
+        """The next ``operation`` request on this thread whose parameters ``matches`` accepts
+        goes with ``body``; its URL and headers come from ``skeleton``."""
+        self._pending.request = _Prepared(operation, matches, skeleton, body)
+
+    def clear(self) -> None:
+        self._pending.request = None
+
+    @contextmanager
+    def prepared(
+        self,
+        operation: str,
+        matches: Callable[[Mapping[str, Any]], bool],
+        skeleton: Mapping[str, Any],
+        body: bytes,
+    ) -> Iterator[None]:
+        """:meth:`prepare` for the requests sent inside the block."""
+        self.prepare(operation, matches, skeleton, body)
+        try:
+            yield
+        finally:
+            self.clear()
+
+    @classmethod
+    def install(cls, client: Any) -> PrebuiltBody | None:
+        """Wrap ``client``'s serializer once (clients may be shared); None if it has none."""
+        current = getattr(client, "_serializer", None)
+        if isinstance(current, cls):
+            return current
+        if current is None or not callable(getattr(current, "serialize_to_request", None)):
+            return None
+        wrapper = cls(current)
+        client._serializer = wrapper
+        return wrapper
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    operation: str
+    matches: Callable[[Mapping[str, Any]], bool]
+    skeleton: Mapping[str, Any]
+    body: bytes

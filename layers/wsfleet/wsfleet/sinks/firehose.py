@@ -49,6 +49,9 @@ class FirehoseSink(RecordStreamSink):
 
     kind = "firehose"
     operation = "PutRecordBatch"
+    method = "put_record_batch"
+    records_first = False
+    keyed = False
     request_records = PUT_RECORD_BATCH_LIMIT
     request_bytes = PUT_RECORD_BATCH_BYTES
 
@@ -137,8 +140,5 @@ class FirehoseSink(RecordStreamSink):
         return frames
 
     def _send(self, records: Sequence[OutRecord]) -> list[str | None]:
-        response = self._client.put_record_batch(
-            DeliveryStreamName=self.delivery_stream,
-            Records=[{"Data": r.data} for r in records],
-        )
+        response = self._request({"DeliveryStreamName": self.delivery_stream}, records)
         return [entry.get("ErrorCode") for entry in response.get("RequestResponses", [])]

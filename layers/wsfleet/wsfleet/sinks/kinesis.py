@@ -39,6 +39,7 @@ is at-least-once (an ambiguous failure, a failover replay).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -47,7 +48,12 @@ from typing import Any
 from ..messages import Message
 from ..record import connection_id_from_pk
 from .base import SinkLimits
-from .records import OutRecord, RecordStreamSink, connection_id_of, frame_json_bytes
+from .records import (
+    OutRecord,
+    RecordStreamSink,
+    connection_id_of,
+    frame_json_bytes,
+)
 
 __all__ = [
     "KPL_MAGIC",
@@ -92,10 +98,18 @@ def _varint_len(value: int) -> int:
     return length
 
 
+@functools.lru_cache(maxsize=4096)
+def _user_record_prefix(data_len: int) -> bytes:
+    """What precedes a user record's data in ``records``: the entry's tag and length, then
+    partition_key_index = 0 and the data's tag and length (the same for every record of a
+    length, so built once per length)."""
+    size = _varint(data_len)
+    return b"\x1a" + _varint(3 + len(size) + data_len) + b"\x08\x00\x1a" + size
+
+
 def _user_record_len(data_len: int) -> int:
     """Bytes of one ``records`` entry: tag, length, then partition_key_index = 0 and data."""
-    inner = 2 + 1 + _varint_len(data_len) + data_len
-    return 1 + _varint_len(inner) + inner
+    return len(_user_record_prefix(data_len)) + data_len
 
 
 def aggregated_size(partition_key: str, data_lengths: Sequence[int]) -> int:
@@ -117,10 +131,9 @@ def aggregate(partition_key: str, user_records: Sequence[bytes]) -> bytes:
     """
     key = partition_key.encode("utf-8")
     parts = [b"\x0a", _varint(len(key)), key]  # partition_key_table[0]
+    prefix = _user_record_prefix
     for data in user_records:
-        size = _varint(len(data))
-        # records: tag, length of (index 0, data), then index 0 and the data's tag and length
-        parts += [b"\x1a", _varint(3 + len(size) + len(data)), b"\x08\x00\x1a", size, data]
+        parts += (prefix(len(data)), data)
     message = b"".join(parts)
     return KPL_MAGIC + message + hashlib.md5(message, usedforsecurity=False).digest()
 
@@ -209,6 +222,9 @@ class KinesisSink(RecordStreamSink):
 
     kind = "kinesis"
     operation = "PutRecords"
+    method = "put_records"
+    records_first = True
+    keyed = True
     request_records = PUT_RECORDS_LIMIT
     request_bytes = PUT_RECORDS_BYTES
 
@@ -253,24 +269,24 @@ class KinesisSink(RecordStreamSink):
         if not self.aggregate:
             return [OutRecord([m], encoded(m), connection_id_of(m)) for m in messages]
         # Per connection, in order: consecutive frames into records up to the size limit.
-        open_records: dict[str, tuple[list[Message], list[bytes], int, int]] = {}
-        packed: list[tuple[str, list[Message], list[bytes]]] = []
+        # An open record is [frames, user records, its size, its size limit], by pk.
+        open_records: dict[str, list[Any]] = {}
+        packed: list[tuple[str, list[Any]]] = []
         for message in messages:
-            key = connection_id_of(message)
             data = encoded(message)
             grow = _user_record_len(len(data))
-            current = open_records.get(key)
+            current = open_records.get(message.pk)
             if current is not None and current[2] + grow <= current[3]:
-                frames, datas, size, limit = current
-                frames.append(message)
-                datas.append(data)
-                open_records[key] = (frames, datas, size + grow, limit)
+                current[0].append(message)
+                current[1].append(data)
+                current[2] += grow
                 continue
+            key = connection_id_of(message)
             limit = self._max_record_bytes - len(key.encode("utf-8"))
-            frames, datas = [message], [data]
-            open_records[key] = (frames, datas, aggregated_size(key, [len(data)]), limit)
-            packed.append((key, frames, datas))
-        return [OutRecord(frames, aggregate(key, datas), key) for key, frames, datas in packed]
+            current = [[message], [data], aggregated_size(key, [len(data)]), limit]
+            open_records[message.pk] = current
+            packed.append((key, current))
+        return [OutRecord(fs, aggregate(key, datas), key) for key, (fs, datas, *_) in packed]
 
     def read_frames(self, pk: str) -> list[dict[str, Any]]:
         """Every frame of one connection in the stream, oldest first (GetRecords on every shard
@@ -299,8 +315,5 @@ class KinesisSink(RecordStreamSink):
         return frames
 
     def _send(self, records: Sequence[OutRecord]) -> list[str | None]:
-        response = self._client.put_records(
-            Records=[{"Data": r.data, "PartitionKey": r.partition_key} for r in records],
-            **self._target,
-        )
+        response = self._request(self._target, records)
         return [entry.get("ErrorCode") for entry in response.get("Records", [])]
