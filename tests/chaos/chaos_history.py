@@ -48,8 +48,10 @@ Invariants (each violation names the stream and the evidence):
       open together no later than the hand-off's end (the transfer and the giver's close, or
       the fallback) plus a close; after a decided transfer, whose write throttling can
       stretch, until the taker's own bound (``handoff_grace_seconds`` after its session
-      opened: it closes by then unless the COMMIT came, sent only once the giver closed);
-      with no end logged (the giver was killed), until the taker's bound after the PREPARE;
+      opened: it closes by then unless the COMMIT came, sent once the transfer landed, the
+      giver closing right after); with no end logged (the giver was killed), until the
+      taker's bound after the PREPARE; either side SIGSTOPped before its own bound, until
+      shortly after it resumed;
     * a taker's prepared session (of a hand-off naming that taker) and a later owner's
       session (of a later epoch than the hand-off's), while the prepared one was still only
       prepared: it owns nothing and writes nothing
@@ -439,8 +441,9 @@ def _pair_limit(
     the giver's decision (end unknown, the giver died: ``bound_seconds`` after the PREPARE).
     A giver that decided a transfer keeps its session through the transfer write (throttling
     retries can stretch it past the taker's wait): the taker closes its prepared session by
-    its own bound unless a COMMIT came (sent only once the giver closed), so that pair may
-    stay open together until ``bound_seconds`` after the taker's session opened. Either side
+    its own bound unless a COMMIT came (sent once the transfer landed; the giver closes
+    right after, within a close), so that pair may stay open together until
+    ``bound_seconds`` after the taker's session opened. Either side
     SIGSTOPped before its own bound runs no timer: its bound is then shortly after it resumed
     (it self-fences on its first tick)."""
     if handoff.ended_at is None:
