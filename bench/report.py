@@ -115,6 +115,17 @@ _PATH_INTROS = {
 }
 
 
+#: Why the overlap path's last step is a frame interval at 1 frame/s (docs/handoff.md).
+_CADENCE_NOTE = (
+    " At 1 frame/s adopted -> first stored is mostly the wait for the stream's next frame: "
+    "the first frame a taker stores is the first the upstream produces after the giver's last "
+    "stored one (the giver stores what it receives until it transfers), up to one frame "
+    "interval after the transfer; over uniform frame phases its p99 is about 0.99 s, so "
+    "SIGTERM -> first stored cannot reach p99 <= 0.5 s at 1 frame/s whatever the protocol "
+    "costs. The 20 frames/s row is the one that measures the protocol."
+)
+
+
 def _stage_tables(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Issue #26's stage tables: per path a row per run (p50 / p99 seconds after the SIGTERM
     per stage), then per step (one stage to the next, per connection)."""
@@ -142,7 +153,8 @@ def _stage_tables(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
                            _met(r.get("first_stored_target_met"))]
                           for name, r, timed in staged]),
                   "", "The same moves per step (seconds from one stage to the next for each "
-                  "connection, p50 / p99): where a connection spends its hand-off.", "",
+                  "connection, p50 / p99): where a connection spends its hand-off."
+                  + (_CADENCE_NOTE if path == "overlap" else ""), "",
                   _table(["run", *(step.replace("_", " ") for step in steps)],
                          [[name, *(cell(timed["steps"].get(step)) for step in steps)]
                           for name, _, timed in staged])]  # fmt: skip
@@ -471,7 +483,49 @@ def _sinks_section(document: dict[str, Any]) -> str:
                                  if k not in ("region", "checked")) + ".")  # fmt: skip
         parts += ["", table(r), ""]
     parts += _error_rows(items)
+    if items:
+        parts += [_SINK_CPU_NOTE, ""]
     return "\n".join(parts) if items else ""
+
+
+#: Issue #27's open row, measured beside the table (bench/throughput.py --sink kinesis
+#: --connections 100 --rate 20 --frame-bytes 200, MESSAGE_KINESIS_AGGREGATION=true; py-spy).
+_SINK_CPU_NOTE = (
+    "**Kinesis aggregated at 100 x 20 (target >= 30,000 frames per vCPU-second): not met.** "
+    "Before the changes of 2026-12-02 (commit 283b518; bench/throughput.py, 20 s window, load "
+    "0.4-1.4): 10,525 / 11,459 / 9,983 / 10,835 frames per vCPU-second (87-100 us of CPU per "
+    "frame, 91 % user time). Changed: PutRecords and PutRecordBatch bodies are built by the "
+    "sink (botocore validates and serialises a one-record skeleton, not 100 records: "
+    "wsfleet.sinks.base.PrebuiltBody, as the DynamoDB sink already did), a successful answer "
+    "is read as JSON instead of through botocore's per-record parser, KPL packing keyed by pk "
+    "with per-length record prefixes, frame_json as one f-string, and the flusher's collector "
+    "wakes once per batch instead of once per frame (a task switch and a timer per frame). "
+    "One put_batch of 200 frames in 100 records against the moto server (client thread CPU): "
+    "3.5 ms -> 2.3 ms. Where the CPU of a frame went after the first of these changes (commit "
+    "88d7f72, 81.3 us per frame, load 1.9-2.3; py-spy samples of the GIL-holding thread, "
+    "grouped by component, scaled to the measured CPU): receiving 27.5 us (epoll and the "
+    "event loop 12.0, the transport's read 5.3, websockets' frame parser 5.3, its message "
+    "queue and recv 4.9), the session 25.5 us (storing and checkpointing 11.2, parse_frame's "
+    "JSON 6.7, the rest of the session 6.5, metrics 1.1), the flusher 6.3 us, encoding and "
+    "packing the records 8.1 us, PutRecords in botocore 12.1 us, other 1.9 us; the later "
+    "changes (the JSON answer, frame_json) took about 5 us more off the sink's share. After "
+    "all of them: 14,231 frames per vCPU-second (70.3 us per frame) in the table above. What "
+    "is left is spread over per-frame Python calls, none above a few microseconds: each frame "
+    "arriving in its own socket read costs the event loop, websockets' parser and its message "
+    "queue, and the wake-up of the session's task (websockets alone, 100 clients at 20 "
+    "frames/s, no storage: 36 us per message with asyncio, 30 us if frames skipped the "
+    "message queue and the task wake-up, 18 us with uvloop; in the worker an uvloop run gave "
+    "74 instead of 78 us per frame, so neither was taken); the session's work is many small "
+    "calls (measured alone, hot in the cache: 0.4 us for the metrics counter under its lock, "
+    "0.9 us for the frozen Message, 1.5 us for parse_frame; in the worker, 100 connections "
+    "interleaved, each costs several times that), so those two were left as they are. The one "
+    "large lever left is the flush: at 100 ms a record carries about 2 frames and a request "
+    "100 records (one per connection), so the request's fixed cost (signing, HTTP, ~0.9 ms of "
+    "client CPU) is paid every 200 frames. MESSAGE_FLUSH_MS=250 measured 16,472 frames per "
+    "vCPU-second (60.7 us per frame; flush latency max 316 ms) beside 13,259 (75.4 us; 149 "
+    "ms) at the default 100, load 0.9-2.1; the default stays 100 ms (KPL's own default "
+    "buffering time): a feed's consumers pay the latency."
+)
 
 
 def _sink_replay_section(document: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.parsers import create_parser
 from hypothesis import given, settings, strategies as st
 
 from wsfleet.aws import client_config
@@ -19,7 +20,13 @@ from wsfleet.messages import Message, local_sk, seq_sk
 from wsfleet.sinks.base import PrebuiltBody
 from wsfleet.sinks.firehose import FirehoseSink
 from wsfleet.sinks.kinesis import KinesisSink
-from wsfleet.sinks.records import OutRecord, frame_json, frame_json_bytes, records_body
+from wsfleet.sinks.records import (
+    OutRecord,
+    frame_json,
+    frame_json_bytes,
+    read_json_results,
+    records_body,
+)
 
 
 def reference(message: Message) -> bytes:
@@ -160,15 +167,17 @@ def test_a_put_records_request_leaves_with_the_prebuilt_body_and_botocores_heade
     # GIVEN a sink whose client answers every request itself, recording what would be sent
     client = boto3.client("kinesis", region_name="us-east-1", config=client_config(),
                           aws_access_key_id="x", aws_secret_access_key="x")  # fmt: skip
-    sink = KinesisSink(client, "frames")
+    sink = KinesisSink(client, "frames", sleep=lambda _seconds: None)
     sent: list[Any] = []
 
     def answer(request: Any, **_kwargs: Any) -> AWSResponse:
         sent.append(request)
         count = len(json.loads(request.body)["Records"])
-        body = json.dumps({"FailedRecordCount": 0, "Records": [
-            {"SequenceNumber": "1", "ShardId": "shardId-000000000000"}] * count}).encode()
-        return AWSResponse(request.url, 200, {}, _Raw(body))  # fmt: skip
+        taken = {"SequenceNumber": "1", "ShardId": "shardId-000000000000"}
+        refused = {"ErrorCode": "ProvisionedThroughputExceededException", "ErrorMessage": "x"}
+        records = [taken] * count if sent[1:] else [refused] + [taken] * (count - 1)
+        body = json.dumps({"FailedRecordCount": 0, "Records": records}).encode()
+        return AWSResponse(request.url, 200, {}, _Raw(body))
 
     client.meta.events.register_first("before-send.kinesis.PutRecords", answer)
     serialised: list[int] = []  # records botocore validated and serialised, per request
@@ -183,16 +192,19 @@ def test_a_put_records_request_leaves_with_the_prebuilt_body_and_botocores_heade
     frames = [Message(f"CONN#c{i % 3}", seq_sk(i), f"d{i}", i, "w1", 1, seq=i) for i in range(1, 7)]
     # WHEN a batch is put
     result = sink.put_batch(frames)
-    # THEN one request carried every record, its body the prebuilt one (botocore serialised a
-    # one-record skeleton only), signed as usual
-    (request,) = sent
-    assert serialised == [1]
+    # THEN the first request carried every record, its body the prebuilt one (botocore
+    # serialised a one-record skeleton only), signed as usual; the record refused in its
+    # answer (read by the JSON hook) went again alone
+    request, retry = sent
+    assert serialised == [1, 1]
     records = sink._pack(frames, frame_json)
+    assert retry.body == records_body(records[:1], {"StreamName": "frames"},
+                                      records_first=True, keyed=True)  # fmt: skip
     assert request.body == records_body(records, {"StreamName": "frames"},
                                         records_first=True, keyed=True)  # fmt: skip
     assert request.headers["X-Amz-Target"] == b"Kinesis_20131202.PutRecords"
     assert b"Signature=" in request.headers["Authorization"]
-    assert (result.written, result.requests) == (6, 1)
+    assert (result.written, result.requests) == (6, 2)
 
 
 class _Raw:
@@ -203,3 +215,42 @@ class _Raw:
 
     def stream(self, **_kwargs: Any) -> Any:
         yield self._body
+
+
+PUT_RECORDS_ANSWER = {"FailedRecordCount": 1, "EncryptionType": "NONE", "Records": [
+    {"SequenceNumber": "4959033827149025660855969253836157", "ShardId": "shardId-000000000001"},
+    {"ErrorCode": "ProvisionedThroughputExceededException", "ErrorMessage": "Rate exceeded"},
+]}  # fmt: skip
+PUT_RECORD_BATCH_ANSWER = {"FailedPutCount": 1, "Encrypted": False, "RequestResponses": [
+    {"RecordId": "49543463076548007577105092703039560359975228518395012"},
+    {"ErrorCode": "ServiceUnavailableException", "ErrorMessage": "Slow down."},
+]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("service", "operation", "answer"),
+    [("kinesis", "PutRecords", PUT_RECORDS_ANSWER),
+     ("firehose", "PutRecordBatch", PUT_RECORD_BATCH_ANSWER)],
+)  # fmt: skip
+def test_a_write_answer_read_as_json_is_what_botocores_parser_makes_of_it(
+    service, operation, answer
+):
+    client = boto3.client(service, region_name="us-east-1", config=client_config())
+    model = client.meta.service_model.operation_model(operation)
+    body = json.dumps(answer).encode()
+    response = {"status_code": 200, "headers": {}, "body": body}
+    expected = create_parser("json").parse(dict(response), model.output_shape)
+    # the hook's values, merged into what botocore parses of the body it leaves
+    customized: dict[str, Any] = {}
+    read_json_results(response_dict=response, customized_response_dict=customized)
+    parsed = create_parser("json").parse(response, model.output_shape)
+    parsed.update(customized)
+    assert parsed == expected
+    assert response["body"] == b"{}"  # botocore's parser no longer walks the records
+
+
+def test_an_error_answer_is_left_to_botocore():
+    response = {"status_code": 400, "headers": {}, "body": b'{"__type": "ResourceNotFound"}'}
+    customized: dict[str, Any] = {}
+    read_json_results(response_dict=response, customized_response_dict=customized)
+    assert customized == {} and response["body"] == b'{"__type": "ResourceNotFound"}'

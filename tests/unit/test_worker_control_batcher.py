@@ -65,24 +65,27 @@ async def test_a_turns_worth_of_messages_goes_out_ten_per_request_per_queue():
 
 
 @sync
-async def test_messages_queued_while_a_send_is_out_share_the_next_request():
-    # GIVEN a READY on its way, its request not answered yet
+async def test_messages_that_come_one_at_a_time_go_at_once_until_three_sends_are_out():
+    # GIVEN READYs coming one at a time (sessions' first frames), no request answered yet
     queues = Queues()
     queues.gate.clear()
     batcher = ControlBatcher(queues.send)
-    first = asyncio.create_task(batcher.send("qg", ready(0)))
-    await until(lambda: len(queues.requests) == 1, "the first request")
-    # WHEN three more READYs come, one at a time (sessions' first frames)
+    first = []
+    for i in range(3):
+        first.append(asyncio.create_task(batcher.send("qg", ready(i))))
+        await until(lambda n=i + 1: len(queues.requests) == n, f"request {i + 1}")
+    # WHEN three more come while those three requests are out
     later = []
-    for i in range(1, 4):
+    for i in range(3, 6):
         later.append(asyncio.create_task(batcher.send("qg", ready(i))))
         await asyncio.sleep(0)
     await asyncio.sleep(0.01)
-    # THEN they wait for that request, then go together in one
-    assert len(queues.requests) == 1
+    # THEN the first three went at once, one request each, and the others wait for one of
+    # them to return, then go together in one
+    assert len(queues.requests) == 3
     queues.gate.set()
-    assert await first and all(await asyncio.gather(*later))
-    assert [len(pks) for _, pks in queues.requests] == [1, 3]
+    assert all(await asyncio.gather(*first, *later))
+    assert [len(pks) for _, pks in queues.requests] == [1, 1, 1, 3]
 
 
 @sync

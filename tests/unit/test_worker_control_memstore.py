@@ -177,6 +177,58 @@ def test_a_delete_still_out_does_not_hold_up_the_next_receive():
     asyncio.run(main())
 
 
+class _Waits(MemorySqs):
+    """Records each receive's WaitTimeSeconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[int] = []
+
+    def receive_message(self, **kwargs: Any) -> Any:
+        self.waits.append(kwargs.get("WaitTimeSeconds", 0))
+        return super().receive_message(**kwargs)
+
+
+def test_a_burst_of_hand_off_messages_is_received_beside_the_long_poll_until_it_ends():
+    # A drain's hundred PREPAREs (or its takers' READYs) were ten receives one after another
+    sqs = _Waits()
+    channel = channel_on(sqs, Logger(), WorkerMetrics("test", emit=lambda document: None))
+    handed: list[str] = []
+    after_burst: list[int] = []
+
+    async def on_stop(command: StopCommand) -> bool:
+        return False
+
+    async def on_handoff(message: object) -> None:
+        handed.append(message.pk)  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        await channel.open()
+        # GIVEN 35 hand-off messages waiting when the channel starts
+        for i in range(35):
+            body = HandoffHint(f"CONN#c{i}", 1).body()
+            sqs.send_message(QueueUrl=channel.queue_url, MessageBody=body)
+        task = asyncio.create_task(channel.run(on_stop, on_handoff))
+        try:
+            # WHEN it consumes them
+            await until(lambda: len(handed) == 35, "every hand-off")
+            await until(lambda: sqs.depth(channel.queue_url) == (0, 0), "every one deleted")
+            await until(lambda: sqs.polls_out == 1, "back to the long poll alone")
+            settled = len(sqs.waits)
+            await until(lambda: len(sqs.waits) >= settled + 2, "two more receives")
+            after_burst.extend(sqs.waits[settled:])
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    # THEN each was handed on once, and receives without a wait ran beside the long poll
+    assert sorted(handed) == sorted(f"CONN#c{i}" for i in range(35))
+    assert 0 in sqs.waits
+    # AND they ended with the burst: idle again, only the long poll receives
+    assert after_burst and set(after_burst) == {1}
+
+
 def test_a_failing_on_stop_costs_its_message_only():
     # GIVEN a STOP whose handling raises (a bug), then a good one
     sqs, logger = MemorySqs(), Logger()

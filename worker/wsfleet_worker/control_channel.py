@@ -14,8 +14,9 @@ Planned hand-offs use the same queue: a peer handing a connection over sends a
 once (:mod:`~wsfleet_worker.rebalancing`), and the make-before-break messages (``PREPARE``,
 ``READY``, ``DECLINE``, ``COMMIT``, docs/handoff.md) travel between giver and taker here too.
 Every message other than a STOP goes to the worker's hand-off callback, at once: a round's
-DeleteMessageBatch does not hold up the next receive. Hand-off messages to peers go through
-:class:`ControlBatcher` (ten per SendMessageBatch, per queue).
+DeleteMessageBatch does not hold up the next receive, and while receives come back full (a
+drain's burst) up to two more receives run beside the long poll until one is not full. Hand-off
+messages to peers go through :class:`ControlBatcher` (ten per SendMessageBatch, per queue).
 
 Who may send here: with ``CONTROL_QUEUE_SENDER_ARNS`` set (the stack passes the notifier's
 role and the worker role, for hand-offs), the queue is created with a policy denying
@@ -61,7 +62,7 @@ from wsfleet.record import connection_id_from_pk
 from .connector import describe_error
 from .observability import WorkerMetrics
 from .offload import Offloader
-from .sqs_consumer import Message, QueueConsumer
+from .sqs_consumer import RECEIVE_LIMIT, Message, QueueConsumer
 
 __all__ = ["ControlBatcher", "ControlChannel", "HandoffMessage", "by_type"]
 
@@ -85,16 +86,23 @@ def by_type(messages: Iterable[HandoffMessage]) -> dict[str, list[str]]:
     return named
 
 _RETENTION_SECONDS = 300
+#: Receives beside the long poll at most while messages come ten at a time (a drain's burst:
+#: a hundred PREPAREs or READYs were ten receives one after another). Idle, none run.
+_BURST_RECEIVES = 2
+#: A partial batch of hand-off messages goes out at once while fewer sends than this to its
+#: queue are out (one SQS thread of the four stays free for deletes and other queues).
+_PARTIAL_SENDS_OUT = 3
 
 
 class ControlBatcher:
     """Hand-off messages to peers' control queues, batched per queue: ten make a
     SendMessageBatch, which goes out at once; fewer go out at the end of the event loop's
-    turn if no send to that queue is out, else when one returns, with whatever was queued
-    meanwhile. So a drain's hundred PREPAREs to two peers are ten requests at once, not a
-    hundred one after another on the four SQS threads, and a taker's READYs, which come one
-    at a time as its sessions get their first frames, share requests instead of each paying
-    for one. Each caller learns whether its own message went out.
+    turn unless ``_PARTIAL_SENDS_OUT`` sends to that queue are out already, else when one
+    returns, with whatever was queued meanwhile. So a drain's hundred PREPAREs to two peers
+    are ten requests at once, not a hundred one after another on the four SQS threads, a
+    READY or COMMIT that comes alone goes at once, and a burst of them (a hundred sessions
+    getting their first frames) shares requests instead of queueing one per message on the
+    SQS threads. Each caller learns whether its own message went out.
 
     :param send: sends up to ten messages to one queue; returns the pks that went out (or
         raises: every caller of that batch gets the error).
@@ -122,7 +130,7 @@ class ControlBatcher:
         return await sent
 
     def _start_partial(self, queue_url: str) -> None:
-        if not self._out.get(queue_url):
+        if self._out.get(queue_url, 0) < _PARTIAL_SENDS_OUT:
             self._start(queue_url)
 
     def _start(self, queue_url: str) -> None:
@@ -160,7 +168,7 @@ class ControlBatcher:
                 del self._out[queue_url]
             while len(self._queued.get(queue_url, ())) >= SQS_BATCH_LIMIT:
                 self._start(queue_url)
-            if not self._out.get(queue_url):
+            if self._out.get(queue_url, 0) < _PARTIAL_SENDS_OUT:
                 self._start(queue_url)  # what was queued meanwhile
 
 
@@ -188,6 +196,7 @@ class ControlChannel:
         self._wait_seconds = wait_seconds
         self._sender_arns = sender_arns
         self._takes: set[asyncio.Task[None]] = set()  # hand-offs being acquired
+        self._bursts = 0  # receives running beside the loop (see run)
         self._queue = QueueConsumer(
             sqs,
             offloader,
@@ -249,8 +258,29 @@ class ControlChannel:
             # (a message whose delete is late only comes back after the visibility timeout,
             # which every message tolerates).
             self._spawn(self._queue.delete([m["ReceiptHandle"] for m in messages]))
+            if len(messages) >= RECEIVE_LIMIT and self._bursts < _BURST_RECEIVES:
+                # A full receive: a burst (a peer's drain: its PREPAREs; our drain: the
+                # takers' READYs). One more receive runs beside the loop while it lasts.
+                self._bursts += 1
+                self._spawn(self._burst(handle))
 
         await self._queue.run(handle)
+
+    async def _burst(self, handle: Callable[[list[Message]], Awaitable[None]]) -> None:
+        """Receive (without waiting) beside the long poll until a receive is not full; a
+        receive that fails ends it (the loop's backoff covers the queue)."""
+        try:
+            while not self._queue.stopped:
+                try:
+                    messages = await self._queue.receive(RECEIVE_LIMIT, wait_seconds=0)
+                except (ClientError, BotoCoreError):
+                    return
+                if messages:
+                    await handle(messages)
+                if len(messages) < RECEIVE_LIMIT:
+                    return
+        finally:
+            self._bursts -= 1
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

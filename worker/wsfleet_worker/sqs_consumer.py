@@ -124,6 +124,21 @@ class QueueConsumer:
                 return
             await handle(messages)
 
+    async def receive(self, limit: int, *, wait_seconds: int) -> list[Message]:
+        """One receive of at most ``limit`` messages beside :meth:`run`'s loop (errors
+        raise); what arrives after :meth:`stop` is given back and not returned."""
+        response = await self._offloader.poll(
+            self._sqs.receive_message,
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=min(limit, RECEIVE_LIMIT),
+            WaitTimeSeconds=wait_seconds,
+        )
+        messages: list[Message] = response.get("Messages", [])
+        if messages and self.stopped:
+            await self.give_back([m["ReceiptHandle"] for m in messages])
+            return []
+        return messages
+
     async def delete(self, receipts: list[str]) -> None:
         """Delete handled messages, one DeleteMessageBatch (at most 10 receipts)."""
         if not receipts:

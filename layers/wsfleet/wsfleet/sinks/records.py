@@ -58,6 +58,7 @@ __all__ = [
     "connection_id_of",
     "frame_json",
     "frame_json_bytes",
+    "read_json_results",
     "records_body",
     "take_request",
 ]
@@ -88,6 +89,17 @@ def frame_json(message: Message) -> bytes:
     b'{"connection_id":"a","key":"00000000000000000007","seq":7,"lease_epoch":2,\
 "received_at_ms":1000,"worker_id":"w1","data":"hi"}'
     """
+    data = message.message_data
+    seq = message.seq
+    if seq is not None and message.oversize_bytes is None and data.__class__ is str:
+        # The common frame, as one f-string (a third cheaper than the parts joined below).
+        return (
+            f'{{"connection_id":{_escape(connection_id_of(message))},'
+            f'"key":{_escape(message.sk)},"seq":{int.__repr__(seq)},'
+            f'"lease_epoch":{int.__repr__(message.lease_epoch)},'
+            f'"received_at_ms":{int.__repr__(message.received_at_ms)},'
+            f'"worker_id":{_escape(message.worker_id)},"data":{_escape(data)}}}'
+        ).encode("utf-8", "surrogatepass")
     parts = ['{"connection_id":', _escape(connection_id_of(message)), ',"key":',
              _escape(message.sk)]  # fmt: skip
     if message.seq is not None:
@@ -95,7 +107,6 @@ def frame_json(message: Message) -> bytes:
     parts += [',"lease_epoch":', int.__repr__(message.lease_epoch),
               ',"received_at_ms":', int.__repr__(message.received_at_ms),
               ',"worker_id":', _escape(message.worker_id)]  # fmt: skip
-    data = message.message_data
     if message.oversize_bytes is not None:
         parts += [',"oversize_bytes":', int.__repr__(message.oversize_bytes),
                   ',"data_sha256":', _escape(message.data_sha256 or "")]  # fmt: skip
@@ -173,6 +184,33 @@ def records_body(
     named = ", ".join(f"{quoted(name)}: {quoted(value)}" for name, value in target.items())
     text = f"{{{listed}, {named}}}" if records_first else f"{{{named}, {listed}}}"
     return text.encode("ascii")
+
+
+def read_json_results(
+    response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **_kwargs: Any
+) -> None:
+    """botocore ``before-parse`` hook of the sinks' write operations: a successful response's
+    JSON is read as it is, not walked through the service model record by record.
+
+    A PutRecords or PutRecordBatch answer holds one small object per record (sequence number
+    and shard, or error code and message: strings only) and two scalars; botocore's parser
+    produced the same values at a few microseconds per record, the largest share left of a
+    request's cost. The values go to ``customized_response_dict`` (which botocore merges into
+    its parsed response) and botocore parses an empty body for the rest (response metadata).
+    An error response, or a body that is not a JSON object, is left to botocore.
+    """
+    if response_dict.get("status_code") != 200:
+        return
+    body = response_dict.get("body")
+    if not isinstance(body, bytes | bytearray) or not body:
+        return
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return
+    if isinstance(parsed, dict):
+        customized_response_dict.update(parsed)
+        response_dict["body"] = b"{}"
 
 
 @dataclass(slots=True)
@@ -256,6 +294,14 @@ class RecordStreamSink(FrameSink):
         self._rng = rng
         self._send_guard = SendGuard(client, self.operation)
         self._prebuilt = PrebuiltBody.install(client)
+        meta = getattr(client, "meta", None)
+        if meta is not None:
+            service = meta.service_model.service_id.hyphenize()
+            meta.events.register(
+                f"before-parse.{service}.{self.operation}",
+                read_json_results,
+                unique_id=f"wsfleet-sink-results-{self.operation}",
+            )
 
     # ------------------------------------------------------------------ backend hooks
     @property
