@@ -148,9 +148,10 @@ def test_a_live_only_stream_through_a_move_and_a_drain(fleet, spawn, sim, mode):
             assert min(takers) == upto + 1, (stream_id, upto, min(takers))
             assert writers(items)[epoch + 1] == {b.worker_id}
         else:
-            # THEN the break loses the hand-off time in frames, and reports exactly that
+            # THEN the break reports exactly what it lost (at 20 frames/s a break as quick as
+            # the frame interval may lose nothing; that a break loses frames where overlap
+            # loses none is test_handoff_modes_bench's, at 100 frames/s)
             assert stream_id not in transfers
-            assert lost, (stream_id, "a break of a live-only stream lost nothing?")
             assert record.gap_frames == len(lost), (record.gap_frames, len(lost))
 
 
