@@ -29,25 +29,42 @@ Invariants (each violation names the stream and the evidence):
     (the sample time is after the real acquire, so this never accuses an innocent write); no
     seq is stored under an older epoch than a lower seq (an old owner overwrote a newer one's
     frame); checkpoints and epochs never go backwards.
+``attributed``
+    Every upstream session is attributed to the worker that opened it: the simulator logs each
+    session's client address (``peer``), and a worker logs its end of every upstream socket
+    (``local``, with its ``worker_id``, the ``connection_id``, the ``epoch`` and whether it is
+    a taker's ``prepared`` session) *before* it sends the handshake, so a session without
+    such a line is a broken promise of the worker's logging, and makes its overlaps
+    unexplainable.
 ``overlap``
-    Two upstream sessions of one stream are never open together, except while the older one's
-    worker was paused (SIGSTOP: the kernel keeps its socket open) and until shortly after it
-    resumed, or within a *planned* hand-off (:class:`PlannedHandoff`: make-before-break, issue
-    #26): the giver announced it (PREPARE) before the newer session opened, and the two were
-    open together no later than the hand-off's end (the transfer and the giver's close, or
-    the fallback) plus a close grace; after a decided transfer, whose write throttling can
-    stretch, until the taker's own bound (``handoff_grace_seconds`` after its session
-    opened: it closes by then unless the COMMIT came, sent only once the giver closed).
-    Each planned hand-off excuses one pair of sessions, so a third session in its window is
-    still a split brain, with one exception: the taker's prepared session of a hand-off that
-    did not decide a transfer (the giver fell back, or died or self-fenced before deciding)
-    can never own the stream (adopting needs the record to show the transfer to it), writes
-    nothing, and closes at the latest twice the prepare bound after it opened, plus its close
-    (``handoff_grace_seconds``); the next owner's session (the giver's lease expired or was
-    released meanwhile) may overlap it until then. There is no fencing-window
-    allowance: a worker fences every session at its deadline, before the lease can expire,
-    and a break-mode hand-off closes the socket before it releases, so any other overlap,
-    however short, is a violation.
+    Two upstream sessions of one stream are never open together, except:
+
+    * a paused owner: the older session's own worker was SIGSTOPped before the newer one
+      opened (the kernel keeps a stopped process's socket open), and the older closed by
+      shortly after that worker resumed (it self-fences on its first tick);
+    * a planned hand-off's pair (:class:`PlannedHandoff`: make-before-break, issue #26): the
+      older session is the giver's under the hand-off's epoch, the newer is the *prepared*
+      session of the taker the PREPARE named, opened after the PREPARE, and the two were
+      open together no later than the hand-off's end (the transfer and the giver's close, or
+      the fallback) plus a close; after a decided transfer, whose write throttling can
+      stretch, until the taker's own bound (``handoff_grace_seconds`` after its session
+      opened: it closes by then unless the COMMIT came, sent once the transfer landed, the
+      giver closing right after); with no end logged (the giver was killed), until the
+      taker's bound after the PREPARE; either side SIGSTOPped before its own bound, until
+      shortly after it resumed;
+    * a taker's prepared session (of a hand-off naming that taker) and a later owner's
+      session (of a later epoch than the hand-off's), while the prepared one was still only
+      prepared: it owns nothing and writes nothing
+      until its worker logs the adoption, and is closed by its bound
+      (``handoff_grace_seconds`` after it opened), or, if its worker was SIGSTOPped within
+      that bound, by shortly after that worker resumed. (The next owner of a stream whose
+      giver died or fell back may connect while it waits for a COMMIT that cannot come.)
+
+    Every rule is checked against the workers that opened the two sessions: another
+    worker's pause, or another worker's hand-off, explains nothing. There is no
+    fencing-window allowance: a worker fences every session at its deadline, before the lease
+    can expire, and a break-mode hand-off closes the socket before it releases, so any other
+    overlap, however short, is a violation.
 ``owner``
     Every stored message was written by the owner of its epoch: the ``worker_id`` on the item
     is the ``lease_owner`` the table showed under its ``lease_epoch`` (0 writes by a
@@ -93,10 +110,11 @@ Hostile-upstream track (:func:`check_hostile`):
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
@@ -105,10 +123,12 @@ from wsfleet.record import WorkerRecord, worker_base_id
 from wsfleet_local.simulator import hostile_frame_data
 
 __all__ = [
+    "Adoption",
     "ForgedStop",
     "Pause",
     "PlannedHandoff",
     "Sample",
+    "SocketOpen",
     "StopOutcome",
     "Verdict",
     "Violation",
@@ -158,6 +178,34 @@ class PlannedHandoff:
     ended_at: float | None = None
     decision: str | None = None
     taker: str | None = None
+    #: The worker that logged the PREPARE (None: not logged).
+    giver: str | None = None
+
+
+@dataclass(frozen=True)
+class SocketOpen:
+    """One "upstream socket opened" line a worker logged (before the handshake went out):
+    ``worker_id`` (its incarnation) opened ``local`` (the client address the upstream sees)
+    for ``stream_id`` under ``epoch`` at ``at``; ``prepared``: a taker's prepared session
+    (the epoch is then the giver's)."""
+
+    worker_id: str
+    stream_id: str
+    epoch: int
+    local: str
+    at: float
+    prepared: bool = False
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """A taker's "prepared session adopted" line: from ``at`` its prepared session of
+    ``stream_id`` is an owner's, under ``epoch`` (the transfer's)."""
+
+    worker_id: str
+    stream_id: str
+    epoch: int
+    at: float
 
 
 @dataclass(frozen=True)
@@ -334,50 +382,166 @@ def _check_duplicates(
     return sum(n - 1 for n in copies.values())
 
 
-def _planned(
-    handoffs: Sequence[PlannedHandoff],
-    used: set[PlannedHandoff],
-    newer_opened: float,
-    together_until: float,
-    bound_seconds: float,
+def _attribute(
+    sessions: Sequence[Any], opens: Sequence[SocketOpen]
+) -> dict[int, SocketOpen]:
+    """Which worker opened each upstream session: the session's client address (``peer`` at
+    the upstream) joined with the ``local`` address of the worker's "upstream socket opened"
+    line for the same stream, the latest one logged before the session opened (a worker logs
+    it before it sends the handshake, so the line always comes first; a port used again later
+    is told apart by time)."""
+    by_key: dict[tuple[str, str], list[SocketOpen]] = defaultdict(list)
+    for opened in opens:
+        by_key[(opened.stream_id, _address(opened.local))].append(opened)
+    for found in by_key.values():
+        found.sort(key=lambda o: o.at)
+    attribution: dict[int, SocketOpen] = {}
+    for session in sessions:
+        candidates = by_key.get((session.stream_id, _address(getattr(session, "peer", ""))), [])
+        before = [o for o in candidates if o.at <= session.opened_at + _LOG_CLOCK_SLACK]
+        if before:
+            attribution[session.session_id] = before[-1]
+    return attribution
+
+
+def _address(text: str) -> str:
+    """``ip:port`` with any IPv6 brackets dropped (the upstream's log and the worker's may
+    spell an IPv6 address differently)."""
+    host, _, port = str(text).rpartition(":")
+    return f"{host.strip('[]')}:{port}"
+
+
+def _handoff_pair(
+    handoffs: Sequence[PlannedHandoff], giver: SocketOpen, taker: SocketOpen, newer_opened: float
 ) -> PlannedHandoff | None:
-    """The unused planned hand-off whose window holds this overlap, if any: announced before
-    the newer session opened, and the two stopped being open together within a close of its
-    logged end (end unknown: within ``bound_seconds`` of the PREPARE). A giver that decided
-    a transfer keeps its session open through the transfer write (throttling retries can
-    stretch it past the taker's wait): the taker closes its prepared session by its own bound
-    unless a COMMIT came (sent only after the giver closed), so that pair may stay open
-    together until ``bound_seconds`` after the taker's session opened."""
-    for handoff in handoffs:
-        if handoff in used or handoff.prepared_at - _LOG_CLOCK_SLACK > newer_opened:
-            continue
-        if handoff.ended_at is not None:
-            limit = handoff.ended_at + HANDOFF_CLOSE_SECONDS
-            if handoff.decision == "transfer":
-                limit = max(limit, newer_opened + bound_seconds)
-        else:
-            limit = handoff.prepared_at + bound_seconds
-        if together_until <= limit:
-            return handoff
-    return None
+    """The planned hand-off whose giver and taker these two sessions are, if any: the older
+    session is the giver's under the hand-off's epoch, the newer the named taker's *prepared*
+    session, opened after the PREPARE (the latest such PREPARE is this hand-off)."""
+    if not taker.prepared or giver.prepared:
+        return None
+    matching = [
+        h for h in handoffs
+        if h.giver == giver.worker_id and h.taker == taker.worker_id
+        and h.epoch == giver.epoch == taker.epoch
+        and h.prepared_at - _LOG_CLOCK_SLACK <= newer_opened
+    ]  # fmt: skip
+    return max(matching, key=lambda h: h.prepared_at, default=None)
 
 
-def _abandoned_until(
+def _pair_limit(
     handoff: PlannedHandoff,
-    prepared: Any,
+    giver: SocketOpen,
+    taker: SocketOpen,
+    newer_opened: float,
     pauses: Sequence[Pause],
     bound_seconds: float,
     resume_grace_seconds: float,
 ) -> float:
-    """How long a taker's prepared session that can no longer be adopted may stay open: its
-    own bound (``bound_seconds`` after it opened: no COMMIT came), or, if its worker was
-    SIGSTOPped within that bound, until that worker resumed and self-fenced (a paused taker
-    runs no timer; it writes nothing and owns nothing either way)."""
-    until = prepared.opened_at + bound_seconds
-    for pause in pauses:
-        if pause.worker_id == handoff.taker and pause.stopped_at <= until:
+    """Until when a hand-off's giver and taker sessions may be open together: a close after
+    the giver's decision (end unknown, the giver died: ``bound_seconds`` after the PREPARE).
+    A giver that decided a transfer keeps its session through the transfer write (throttling
+    retries can stretch it past the taker's wait): the taker closes its prepared session by
+    its own bound unless a COMMIT came (sent once the transfer landed; the giver closes
+    right after, within a close), so that pair may stay open together until
+    ``bound_seconds`` after the taker's session opened. Either side
+    SIGSTOPped before its own bound runs no timer: its bound is then shortly after it resumed
+    (it self-fences on its first tick)."""
+    if handoff.ended_at is None:
+        giver_until = handoff.prepared_at + bound_seconds
+    else:
+        giver_until = handoff.ended_at + HANDOFF_CLOSE_SECONDS
+    limit = _paused_past(giver.worker_id, giver_until, pauses, resume_grace_seconds)
+    if handoff.decision in (None, "transfer"):  # (a fallback closes the giver's at once)
+        taker_until = _paused_past(taker.worker_id, newer_opened + bound_seconds, pauses,
+                                   resume_grace_seconds)  # fmt: skip
+        limit = max(limit, taker_until)
+    return limit
+
+
+def _paused_past(
+    worker_id: str, until: float, pauses: Sequence[Pause], resume_grace_seconds: float
+) -> float:
+    """``until``, a bound of something ``worker_id`` does by its own timer, or, if that worker
+    was SIGSTOPped before it (it runs no timer meanwhile), shortly after it resumed."""
+    base = worker_base_id(worker_id)
+    for pause in sorted(pauses, key=lambda p: p.stopped_at):
+        if pause.worker_id == base and pause.stopped_at <= until:
             until = max(until, pause.resumed_at + resume_grace_seconds)
     return until
+
+
+def _adoption_of(
+    session: Any, opened: SocketOpen, adoptions: Sequence[Adoption], end_time: float
+) -> Adoption | None:
+    """The adoption of ``session`` (a prepared one) its worker logged while it was open."""
+    if not opened.prepared:
+        return None
+    closed = session.closed_at if session.closed_at is not None else end_time
+    found = [
+        a for a in adoptions
+        if a.worker_id == opened.worker_id and session.opened_at <= a.at <= closed
+    ]  # fmt: skip
+    return min(found, key=lambda a: a.at, default=None)
+
+
+def _as_of(opened: SocketOpen, adopted: Adoption | None, at: float) -> SocketOpen:
+    """Who held the session at ``at``: once adopted, the taker as an owner of the new epoch."""
+    if adopted is None or adopted.at > at + _LOG_CLOCK_SLACK:
+        return opened
+    return replace(opened, epoch=adopted.epoch, prepared=False)
+
+
+def _prepared_until(
+    session: Any,
+    opened: SocketOpen,
+    adopted: Adoption | None,
+    handoffs: Sequence[PlannedHandoff],
+    pauses: Sequence[Pause],
+    bound_seconds: float,
+    resume_grace_seconds: float,
+) -> float:
+    """Until when ``session``, a taker's prepared session, was still only that: it owns
+    nothing and writes nothing (adopting needs the record to show the transfer to it) until
+    its worker logged the adoption; else it is closed by its own bound (``bound_seconds``
+    after it opened: no COMMIT came) or, if its worker was SIGSTOPped within that bound,
+    until that worker resumed and self-fenced (a paused taker runs no timer). -inf: not a
+    prepared session of a hand-off that named its worker as the taker."""
+    if not opened.prepared:
+        return -math.inf
+    if not any(
+        h.taker == opened.worker_id and h.epoch == opened.epoch
+        and h.prepared_at - _LOG_CLOCK_SLACK <= session.opened_at
+        for h in handoffs
+    ):  # fmt: skip
+        return -math.inf
+    if adopted is not None:
+        return adopted.at + _LOG_CLOCK_SLACK
+    return _paused_past(opened.worker_id, session.opened_at + bound_seconds, pauses,
+                        resume_grace_seconds)  # fmt: skip
+
+
+def _paused_zombie(
+    opened: SocketOpen, older_end: float, newer_opened: float, pauses: Sequence[Pause],
+    resume_grace_seconds: float,
+) -> bool:  # fmt: skip
+    """The older session's own worker was SIGSTOPped before the newer session opened (the
+    kernel keeps a stopped process's socket open) and the session closed by shortly after
+    that worker resumed (it self-fences on its first tick)."""
+    base = worker_base_id(opened.worker_id)
+    return any(
+        p.worker_id == base and p.stopped_at <= newer_opened
+        and older_end <= p.resumed_at + resume_grace_seconds
+        for p in pauses
+    )  # fmt: skip
+
+
+@dataclass
+class _OverlapCounts:
+    found: int = 0
+    paused: int = 0  # the older session's worker was paused (a zombie owner)
+    planned: int = 0  # a planned hand-off's giver + taker pair
+    prepared: int = 0  # a taker's prepared session within its bound, with another session
+    unattributed: int = 0  # a session no worker's log line names (a violation)
 
 
 def _check_overlaps(
@@ -385,18 +549,24 @@ def _check_overlaps(
     sessions: Sequence[Any],
     pauses: Sequence[Pause],
     *,
+    attribution: Mapping[int, SocketOpen],
     resume_grace_seconds: float,
     end_time: float,
     verdict: Verdict,
     handoffs: Sequence[PlannedHandoff] = (),
+    adoptions: Sequence[Adoption] = (),
     handoff_grace_seconds: float = 0.0,
-) -> tuple[int, int, int]:
-    """Returns (overlaps found, excused by a paused owner, planned hand-offs); every overlap
-    not excused is a violation."""
-    found = excused = planned = 0
-    used: set[PlannedHandoff] = set()
-    #: the newer session of each pair a planned hand-off excused (its taker's, prepared)
-    taker_of: dict[Any, PlannedHandoff] = {}
+) -> _OverlapCounts:
+    """Every pair of the stream's sessions open together, judged against the workers that
+    opened them (see ``overlap`` in the module docstring); an unexplained pair is a
+    violation."""
+    counts = _OverlapCounts()
+    adopted = {
+        s.session_id: found
+        for s in sessions
+        if s.session_id in attribution
+        and (found := _adoption_of(s, attribution[s.session_id], adoptions, end_time))
+    }  # fmt: skip
     ordered = sorted(sessions, key=lambda s: (s.opened_at, s.session_id))
     active: list[Any] = []
     for session in ordered:
@@ -404,42 +574,54 @@ def _check_overlaps(
         for older in active:
             older_end = older.closed_at if older.closed_at is not None else end_time
             newer_end = session.closed_at if session.closed_at is not None else end_time
-            length = min(older_end, newer_end) - session.opened_at
-            found += 1
-            zombie = any(
-                p.stopped_at <= session.opened_at
-                and older_end <= p.resumed_at + resume_grace_seconds
-                for p in pauses
-            )
-            if zombie:
-                excused += 1
+            together_until = min(older_end, newer_end)
+            counts.found += 1
+            first, second = attribution.get(older.session_id), attribution.get(session.session_id)
+            if first is None or second is None:
+                counts.unattributed += 1
+                why = "a session no worker logged opening"
+            elif _paused_zombie(first, older_end, session.opened_at, pauses,
+                                resume_grace_seconds):  # fmt: skip
+                counts.paused += 1
                 continue
-            window = _planned(handoffs, used, session.opened_at, min(older_end, newer_end),
-                              handoff_grace_seconds)  # fmt: skip
-            if window is not None:
-                used.add(window)
-                taker_of[session.session_id] = window
-                planned += 1
+            elif (pair := _handoff_pair(
+                handoffs, giver := _as_of(first, adopted.get(older.session_id),
+                                          session.opened_at),
+                second, session.opened_at,
+            )) is not None:  # fmt: skip
+                # (the pair's own bound only: a giver lingering after its fallback is no
+                # prepared session's excuse)
+                limit = _pair_limit(pair, giver, second, session.opened_at, pauses,
+                                    handoff_grace_seconds, resume_grace_seconds)  # fmt: skip
+                if together_until <= limit:
+                    counts.planned += 1
+                    continue
+                why = (f"the pair of hand-off e{pair.epoch} {pair.giver}->{pair.taker}, past "
+                       f"its end + close at {_clock_text(limit)}")  # fmt: skip
+            elif any(
+                # (a later owner's: the giver's is the pair's)
+                _as_of(other, adopted.get(o.session_id), session.opened_at).epoch > mine.epoch
+                and together_until <= _prepared_until(
+                    s, mine, adopted.get(s.session_id), handoffs, pauses,
+                    handoff_grace_seconds, resume_grace_seconds,
+                )
+                for s, mine, o, other in ((older, first, session, second),
+                                          (session, second, older, first))
+            ):  # fmt: skip
+                counts.prepared += 1
                 continue
-            handoff = taker_of.get(older.session_id)
-            if (
-                handoff is not None
-                and (handoff.ended_at is None  # the giver ended before it decided
-                     or handoff.decision not in (None, "transfer"))
-                and _abandoned_until(handoff, older, pauses, handoff_grace_seconds,
-                                     resume_grace_seconds) >= min(older_end, newer_end)
-            ):
-                planned += 1  # an abandoned prepared session and the next owner's
-                continue
+            else:
+                why = "no paused owner, planned hand-off or prepared session explains it"
+            length = together_until - session.opened_at
             verdict.add(
                 "overlap",
                 stream_id,
                 f"sessions {older.session_id} and {session.session_id} streamed together for "
-                f"{length:.3f} s (no paused owner or planned hand-off explains it); "
-                + _overlap_context(older, session, handoffs, used, pauses),
+                f"{length:.3f} s ({why}); "
+                + _overlap_context(older, session, attribution, handoffs, pauses),
             )
         active.append(session)
-    return found, excused, planned
+    return counts
 
 
 def _clock_text(at: float | None) -> str:
@@ -452,19 +634,24 @@ def _clock_text(at: float | None) -> str:
 def _overlap_context(
     older: Any,
     newer: Any,
+    attribution: Mapping[int, SocketOpen],
     handoffs: Sequence[PlannedHandoff],
-    used: set[PlannedHandoff],
     pauses: Sequence[Pause],
 ) -> str:
     """What an unexplained overlap needs to be read against the workers' logs once the run's
-    directory is gone: both sessions' times (UTC, as in the logs) and close codes, every
-    planned hand-off of the stream near them (epoch, PREPARE, logged end, already used), and
-    the pauses that began before the newer session opened."""
+    directory is gone: both sessions' times (UTC, as in the logs), close codes, client
+    addresses and the workers that opened them (epoch, prepared or not), every planned
+    hand-off of the stream near them (epoch, giver -> taker, PREPARE, logged end, decision),
+    and the pauses that began before the newer session opened."""
 
     def describe(s: Any) -> str:
         times = f"{_clock_text(s.opened_at)}-{_clock_text(s.closed_at)}"
+        opened = attribution.get(s.session_id)
+        by = "by ?" if opened is None else (
+            f"by {opened.worker_id} e{opened.epoch}{' prepared' if opened.prepared else ''}"
+        )  # fmt: skip
         return (f"#{s.session_id} {times} close={getattr(s, 'close_code', None)} "
-                f"peer={getattr(s, 'peer', '?')}")  # fmt: skip
+                f"peer={getattr(s, 'peer', '?')} {by}")  # fmt: skip
 
     near = [
         h for h in handoffs
@@ -472,8 +659,8 @@ def _overlap_context(
         and (h.ended_at or h.prepared_at) >= older.opened_at - HANDOFF_CLOSE_SECONDS
     ]  # fmt: skip
     planned = ", ".join(
-        f"e{h.epoch} PREPARE {_clock_text(h.prepared_at)} end {_clock_text(h.ended_at)}"
-        + (" (used)" if h in used else "")
+        f"e{h.epoch} {h.giver or '?'}->{h.taker or '?'} PREPARE {_clock_text(h.prepared_at)} "
+        f"end {_clock_text(h.ended_at)} {h.decision or '-'}"
         for h in near
     ) or "none"
     paused = ", ".join(
@@ -531,30 +718,37 @@ def check_history(
     pauses: Sequence[Pause],
     resume_grace_seconds: float,
     end_time: float,
+    opens: Sequence[SocketOpen],
     handoffs: Sequence[PlannedHandoff] = (),
+    adoptions: Sequence[Adoption] = (),
     handoff_grace_seconds: float = 0.0,
     windows: Mapping[str, set[tuple[int, int]]] | None = None,
 ) -> Verdict:
     """Check every invariant of the module docstring over one run's history.
 
+    ``opens``: every upstream socket the workers logged opening (who opened each session);
     ``handoffs``: the planned (make-before-break) hand-offs the workers announced;
-    ``handoff_grace_seconds``: how long after the PREPARE of a hand-off whose end was not
-    logged (its giver died) its two sessions may still be open together (the taker's wait
-    for COMMIT plus a close). ``windows``: the replay windows each stream's view reported
-    (an at-least-once sink; None: the table)."""
+    ``adoptions``: the prepared sessions their takers adopted; ``handoff_grace_seconds``: a
+    taker's bound (its wait for COMMIT plus a close), which also bounds a hand-off whose end
+    was not logged (its giver died). ``windows``: the replay windows each stream's view
+    reported (an at-least-once sink; None: the table)."""
     verdict = Verdict()
+    attribution = _attribute(sessions, opens)
+    adopted_by_stream: dict[str, list[Adoption]] = defaultdict(list)
+    for adoption in adoptions:
+        adopted_by_stream[adoption.stream_id].append(adoption)
     owners = _owners_by_epoch(samples)
     planned_by_stream: dict[str, list[PlannedHandoff]] = defaultdict(list)
     for handoff in handoffs:
         planned_by_stream[handoff.stream_id].append(handoff)
     writes = [0, 0, 0]
-    planned = 0
     by_stream: dict[str, list[Any]] = defaultdict(list)
     for session in sessions:
         by_stream[session.stream_id].append(session)
     first_seen = _first_seen(samples)
     _check_monotonic(samples, verdict)
-    checked = overlaps = excused = re_sent = 0
+    checked = re_sent = 0
+    overlaps = _OverlapCounts()
     now_ms = int(end_time * 1000)
     for stream_id, desired in sorted(expected_states.items()):
         record = final_records.get(stream_id)
@@ -588,14 +782,21 @@ def check_history(
             stream_id, stored, record.last_seq, first_seen.get(stream_id, {}), verdict,
             overwrites=windows is None,
         )  # fmt: skip
-        w, e, p = _check_overlaps(
-            stream_id, stream_sessions, pauses, resume_grace_seconds=resume_grace_seconds,
-            end_time=end_time, verdict=verdict, handoffs=planned_by_stream.get(stream_id, ()),
+        for session in stream_sessions:
+            if session.session_id not in attribution:
+                verdict.add("attributed", stream_id,
+                            f"session {session.session_id} from {getattr(session, 'peer', '?')} "
+                            f"at {_clock_text(session.opened_at)}: no worker logged opening "
+                            "it")  # fmt: skip
+        counts = _check_overlaps(
+            stream_id, stream_sessions, pauses, attribution=attribution,
+            resume_grace_seconds=resume_grace_seconds, end_time=end_time, verdict=verdict,
+            handoffs=planned_by_stream.get(stream_id, ()),
+            adoptions=adopted_by_stream.get(stream_id, ()),
             handoff_grace_seconds=handoff_grace_seconds,
         )  # fmt: skip
-        overlaps += w
-        excused += e
-        planned += p
+        for name in ("found", "paused", "planned", "prepared", "unattributed"):
+            setattr(overlaps, name, getattr(overlaps, name) + getattr(counts, name))
         for i, n in enumerate(_check_writers(stream_id, items.get(stream_id, ()), owners,
                                              verdict)):  # fmt: skip
             writes[i] += n
@@ -615,10 +816,13 @@ def check_history(
             "max_epoch": max(epochs, default=0),
             "messages_checked": checked,
             "checkpointed_total": sum(r.last_seq for r in final_records.values()),
-            "overlaps": overlaps,
-            "overlaps_of_paused_owners": excused,
+            "sessions_attributed": sum(1 for s in sessions if s.session_id in attribution),
+            "overlaps": overlaps.found,
+            "overlaps_of_paused_owners": overlaps.paused,
             "planned_handoffs_announced": len(handoffs),
-            "overlaps_of_planned_handoffs": planned,
+            "overlaps_of_planned_handoffs": overlaps.planned,
+            "overlaps_of_prepared_sessions": overlaps.prepared,
+            "overlaps_unattributed": overlaps.unattributed,
             "writes_owner_checked": writes[0],
             "writes_by_non_owner": writes[1],
             "writes_of_unsampled_epochs": writes[2],

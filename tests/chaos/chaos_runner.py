@@ -24,7 +24,8 @@ With ``handoffs`` (``WSFLEET_CHAOS_HANDOFFS``) the schedule also disrupts that m
 hand-offs midway (issue #26: SIGKILL of the giver or a taker, SIGSTOP of a taker, a partition
 from DynamoDB, a taker whose upstream sessions get no frame); the hand-offs the givers
 log (:data:`HANDOFF_PREPARED_LOG`, :data:`HANDOFF_DECIDED_LOG`) are the planned overlaps the
-checker tells from a split brain.
+checker tells from a split brain, and every upstream session is attributed to the worker that
+opened it (:data:`SOCKET_OPENED_LOG`: its client address, logged before the handshake).
 
 Configuration from the environment (defaults in :class:`ChaosConfig`): ``WSFLEET_CHAOS_SEED``,
 ``WSFLEET_CHAOS_WORKERS``, ``WSFLEET_CHAOS_STREAMS``, ``WSFLEET_CHAOS_SECONDS``,
@@ -53,10 +54,12 @@ from pathlib import Path
 from typing import Any
 
 from chaos_history import (
+    Adoption,
     ForgedStop,
     Pause,
     PlannedHandoff,
     Sample,
+    SocketOpen,
     StopOutcome,
     Verdict,
     WorkerExit,
@@ -95,6 +98,11 @@ TRAP_HOST = "127.0.0.2"
 #: planned-overlap windows: from the PREPARE to the decision (plus the giver's close).
 HANDOFF_PREPARED_LOG = "hand-off prepared"
 HANDOFF_DECIDED_LOG = "hand-off decided"
+#: What a worker logs of every upstream socket before its handshake (``local``: the client
+#: address the simulator logs as the session's ``peer``; ``prepared``: a taker's), and when a
+#: taker's prepared session becomes an owner's: the checker attributes sessions with them.
+SOCKET_OPENED_LOG = "upstream socket opened"
+ADOPTED_LOG = "prepared session adopted"
 #: HANDOFF_PREPARE_SECONDS in the run (the design's default).
 HANDOFF_PREPARE_SECONDS = 3.0
 
@@ -879,18 +887,21 @@ def _log_entries(slots: list[Any], marker: str) -> Iterator[dict[str, Any]]:
 
 
 def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
-    """Every make-before-break hand-off a giver announced, with when it ended (if logged)."""
-    prepared: dict[tuple[str, int], float] = {}
-    ended: dict[tuple[str, int], float] = {}
-    decisions: dict[tuple[str, int], str] = {}
-    takers: dict[tuple[str, int], str] = {}
+    """Every make-before-break hand-off a giver announced, with when it ended (if logged):
+    one per stream, giver's epoch and taker (both lines name the taker; the giver is the
+    worker that logged them)."""
+    prepared: dict[tuple[str, int, str], float] = {}
+    ended: dict[tuple[str, int, str], float] = {}
+    decisions: dict[tuple[str, int, str], str] = {}
+    givers: dict[tuple[str, int, str], str] = {}
     for entry in _log_entries(slots, "hand-off"):
-        stream, epoch = entry.get("connection_id"), entry.get("epoch")
+        stream, epoch, taker = entry.get("connection_id"), entry.get("epoch"), entry.get("taker")
         at = _log_time(entry.get("timestamp"))
-        if not isinstance(stream, str) or not isinstance(epoch, int) or at is None:
+        if (not isinstance(stream, str) or not isinstance(epoch, int)
+                or not isinstance(taker, str) or at is None):  # fmt: skip
             continue
         message = str(entry.get("message", ""))
-        key = (stream, epoch)
+        key = (stream, epoch, taker)
         if message.startswith(HANDOFF_DECIDED_LOG):
             ended[key] = max(at, ended.get(key, at))
             decisions[key] = str(entry.get("decision", ""))
@@ -901,14 +912,42 @@ def _planned_handoffs(slots: list[Any]) -> list[PlannedHandoff]:
                 continue
         elif not message.startswith(HANDOFF_PREPARED_LOG):
             continue
-        elif isinstance(entry.get("taker"), str):
-            takers[key] = entry["taker"]
+        if isinstance(entry.get("worker_id"), str):
+            givers[key] = entry["worker_id"]
         prepared[key] = min(at, prepared.get(key, at))
     return [
-        PlannedHandoff(*key, prepared_at=at, ended_at=ended.get(key), decision=decisions.get(key),
-                       taker=takers.get(key))
+        PlannedHandoff(stream, epoch, prepared_at=at, ended_at=ended.get(key),
+                       decision=decisions.get(key), taker=taker, giver=givers.get(key))
         for key, at in sorted(prepared.items())
+        for stream, epoch, taker in [key]
     ]
+
+
+def _socket_opens(slots: list[Any]) -> list[SocketOpen]:
+    """Every upstream socket the workers logged opening (:data:`SOCKET_OPENED_LOG`)."""
+    opens = []
+    for entry in _log_entries(slots, SOCKET_OPENED_LOG):
+        worker, stream = entry.get("worker_id"), entry.get("connection_id")
+        epoch, local = entry.get("epoch"), entry.get("local")
+        at = _log_time(entry.get("timestamp"))
+        if (entry.get("message") == SOCKET_OPENED_LOG and isinstance(worker, str)
+                and isinstance(stream, str) and isinstance(epoch, int)
+                and isinstance(local, str) and at is not None):  # fmt: skip
+            opens.append(SocketOpen(worker, stream, epoch, local, at,
+                                    prepared=entry.get("prepared") is True))  # fmt: skip
+    return opens
+
+
+def _adoptions(slots: list[Any]) -> list[Adoption]:
+    """Every prepared session a taker logged adopting (:data:`ADOPTED_LOG`)."""
+    found = []
+    for entry in _log_entries(slots, ADOPTED_LOG):
+        worker, stream = entry.get("worker_id"), entry.get("connection_id")
+        epoch, at = entry.get("epoch"), _log_time(entry.get("timestamp"))
+        if (isinstance(worker, str) and isinstance(stream, str) and isinstance(epoch, int)
+                and at is not None):  # fmt: skip
+            found.append(Adoption(worker, stream, epoch, at))
+    return found
 
 
 def _log_time(stamp: Any) -> float | None:
@@ -1041,7 +1080,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             resume_grace_seconds=config.heartbeat_seconds + 2.0,
             end_time=end_time,
             windows=windows,
+            opens=_socket_opens(chaos.all_slots),
             handoffs=_planned_handoffs(chaos.all_slots),
+            adoptions=_adoptions(chaos.all_slots),
             # a taker waits twice the prepare bound for COMMIT; a close takes up to 2 s more
             handoff_grace_seconds=2 * HANDOFF_PREPARE_SECONDS + 2.0,
         )

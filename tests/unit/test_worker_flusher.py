@@ -167,6 +167,21 @@ def test_frames_trickling_in_wake_the_collector_once_per_batch_not_once_per_fram
     run_with_flusher(scenario, flush_ms=60_000)
 
 
+def test_a_queue_smaller_than_a_batch_does_not_hold_producers_until_the_deadline():
+    async def scenario(flusher, store, metrics):
+        owner = Owner("a")
+        # GIVEN a queue of 5 frames and batches of 25, the deadline a minute away
+        # WHEN 12 frames arrive one at a time
+        for seq in range(1, 13):
+            await asyncio.wait_for(flusher.put(frame(owner, seq)), WAIT)
+        # THEN every put was admitted (the collector moved queued frames into its batch),
+        # and the batch goes, in order, once flushed
+        flusher.flush_now()
+        await until(lambda: owner.written == list(range(1, 13)))
+
+    run_with_flusher(scenario, flush_ms=60_000, capacity=5)
+
+
 def test_a_lone_frame_is_flushed_after_flush_ms():
     async def scenario(flusher, store, metrics):
         owner = Owner("a")

@@ -167,6 +167,7 @@ class MessageFlusher:
         """
         size = self._fit(frame)
         if self._room_waiters or not self._has_room(size):
+            self._not_empty.set()  # the collector moves queued frames into its batch
             await self._wait_for_room(size)
         frame.size = size
         self._held_bytes += size
@@ -313,9 +314,11 @@ class MessageFlusher:
         source = self._retry or self._frames
         return source[0] if source else None
 
-    async def _wait_for_frames(self, seconds: float | None) -> None:
-        if self._frames or self._retry:
-            return
+    async def _wait_for_frames(self) -> None:
+        if not (self._frames or self._retry):
+            await self._wait_not_empty(None)
+
+    async def _wait_not_empty(self, seconds: float | None) -> None:
         self._not_empty.clear()
         try:
             async with asyncio.timeout(seconds):
@@ -329,17 +332,14 @@ class MessageFlusher:
         A frame queued meanwhile waits in the queue: waking the collector for each one (a
         task switch and a timer per frame, at 20 frames/s on each of 100 connections) cost
         more CPU than writing the frame. The collector wakes when the queue holds enough to
-        fill the batch, on :meth:`flush_now`, or on a retry, else at the batch's deadline.
+        fill the batch, when a put waits for room in the queue (the frames it moves into the
+        batch make room), on :meth:`flush_now`, or on a retry, else at the batch's deadline.
         """
         limits = self._limits
         self._wake_frames = max(1, limits.batch_frames - len(batch))
         self._wake_bytes = max(0, limits.batch_bytes - used)
-        self._not_empty.clear()
         try:
-            async with asyncio.timeout(seconds):
-                await self._not_empty.wait()
-        except TimeoutError:
-            pass
+            await self._wait_not_empty(seconds)
         finally:
             self._wake_frames, self._wake_bytes = 1, 0
 
@@ -347,7 +347,7 @@ class MessageFlusher:
         batch: list[QueuedFrame] = []
         used = 0
         while not batch:
-            await self._wait_for_frames(None)
+            await self._wait_for_frames()
             used = self._take(batch, used)
         deadline = batch[0].enqueued_at + self._flush_seconds
         while not self._full(batch, used, self._next()):
