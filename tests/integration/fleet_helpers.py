@@ -117,6 +117,15 @@ FAST_WORKER_ENV: dict[str, str] = {
 #: Frames per second per stream of the ``sim`` fixture's simulator.
 SIMULATOR_RATE = 20.0
 
+#: Worker settings of the make-before-break tests: a lease long enough that a hand-off never
+#: races its expiry on a loaded machine, and the default prepare bound.
+HANDOFF_TIMING = {
+    "LEASE_SECONDS": "8",
+    "HEARTBEAT_EVERY": "2",
+    "LEASE_SAFETY_MARGIN_SECONDS": "2",
+    "HANDOFF_PREPARE_SECONDS": "3",
+}
+
 _names = itertools.count(1)
 
 

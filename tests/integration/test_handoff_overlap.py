@@ -32,13 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 fleet, spawn, sim = fleet_helpers.fleet, fleet_helpers.spawn, fleet_helpers.sim
 
-TIMING = {
-    "LEASE_SECONDS": "8",
-    "HEARTBEAT_EVERY": "2",
-    "LEASE_SAFETY_MARGIN_SECONDS": "2",
-    "REBALANCE_SECONDS": "3",
-    "HANDOFF_PREPARE_SECONDS": "3",
-}
+TIMING = fleet_helpers.HANDOFF_TIMING | {"REBALANCE_SECONDS": "3"}
 
 
 def live_only(mode: str | None) -> Any:
