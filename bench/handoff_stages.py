@@ -138,6 +138,20 @@ def _by_type(event: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
                 yield str(kind), str(stream_id)
 
 
+_CONTROL_LINES = ("control messages sent", "control messages received")
+
+
+def _control_stages(
+    event: Mapping[str, Any], sent: Mapping[str, str], seen: Mapping[str, str]
+) -> Iterable[tuple[str, str]]:
+    """(stage, connection id) of each message a ``control messages sent/received`` line
+    names, the stage being what ``sent`` (or ``seen``) maps its type to."""
+    table = sent if str(event["message"]).endswith("sent") else seen
+    for kind, stream_id in _by_type(event):
+        if kind in table:
+            yield table[kind], stream_id
+
+
 def _stamps(
     events: Sequence[Mapping[str, Any]], sessions: Sequence[Any], wanted: set[str], *,
     signalled_at: float, giver: str,
@@ -167,20 +181,16 @@ def _stamps(
             elif message == "hints sent":
                 for stream_id in several:
                     stamp("hint_sent", stream_id, at)
-            elif message in ("control messages sent", "control messages received"):
-                table = _SENT_BY_GIVER if message.endswith("sent") else _SEEN_BY_GIVER
-                for kind, stream_id in _by_type(event):
-                    if kind in table:
-                        stamp(table[kind], stream_id, at)
+            elif message in _CONTROL_LINES:
+                for stage, stream_id in _control_stages(event, _SENT_BY_GIVER, _SEEN_BY_GIVER):
+                    stamp(stage, stream_id, at)
             continue
         if message == "hints received":
             for stream_id in several:
                 stamp("hint_seen", stream_id, at)
-        elif message in ("control messages sent", "control messages received"):
-            table = _SENT_BY_TAKER if message.endswith("sent") else _SEEN_BY_TAKER
-            for kind, stream_id in _by_type(event):
-                if kind in table:
-                    stamp(table[kind], stream_id, at)
+        elif message in _CONTROL_LINES:
+            for stage, stream_id in _control_stages(event, _SENT_BY_TAKER, _SEEN_BY_TAKER):
+                stamp(stage, stream_id, at)
         elif message == "lease acquired":
             stamp("acquired", single, at)
         elif message == "prepared session adopted":

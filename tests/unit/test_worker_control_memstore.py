@@ -49,6 +49,18 @@ def channel_on(sqs: MemorySqs, logger: Logger, metrics: WorkerMetrics) -> Contro
     )  # fmt: skip
 
 
+async def run_handing_on(channel: ControlChannel, handed: list[str]) -> None:
+    """``channel.run`` refusing every STOP and recording each hand-off message's pk."""
+
+    async def on_stop(command: StopCommand) -> bool:
+        return False
+
+    async def on_handoff(message: object) -> None:
+        handed.append(message.pk)  # type: ignore[attr-defined]
+
+    await channel.run(on_stop, on_handoff)
+
+
 def consume(
     channel: ControlChannel,
     on_stop: Callable[[StopCommand], Awaitable[bool]],
@@ -147,15 +159,9 @@ def test_a_delete_still_out_does_not_hold_up_the_next_receive():
     channel = channel_on(sqs, Logger(), WorkerMetrics("test", emit=lambda document: None))
     handed: list[str] = []
 
-    async def on_stop(command: StopCommand) -> bool:
-        return False
-
-    async def on_handoff(message: object) -> None:
-        handed.append(message.pk)  # type: ignore[attr-defined]
-
     async def main() -> None:
         await channel.open()
-        task = asyncio.create_task(channel.run(on_stop, on_handoff))
+        task = asyncio.create_task(run_handing_on(channel, handed))
         try:
             # GIVEN a hand-off received, its delete still out
             url = channel.queue_url
@@ -196,19 +202,13 @@ def test_a_burst_of_hand_off_messages_is_received_beside_the_long_poll_until_it_
     handed: list[str] = []
     after_burst: list[int] = []
 
-    async def on_stop(command: StopCommand) -> bool:
-        return False
-
-    async def on_handoff(message: object) -> None:
-        handed.append(message.pk)  # type: ignore[attr-defined]
-
     async def main() -> None:
         await channel.open()
         # GIVEN 35 hand-off messages waiting when the channel starts
         for i in range(35):
             body = HandoffHint(f"CONN#c{i}", 1).body()
             sqs.send_message(QueueUrl=channel.queue_url, MessageBody=body)
-        task = asyncio.create_task(channel.run(on_stop, on_handoff))
+        task = asyncio.create_task(run_handing_on(channel, handed))
         try:
             # WHEN it consumes them
             await until(lambda: len(handed) == 35, "every hand-off")
