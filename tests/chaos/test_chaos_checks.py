@@ -96,6 +96,11 @@ def check(**overrides):
     return check_history(**base)
 
 
+def check_8s(**overrides):
+    """:func:`check` with the chaos run's taker bound (twice the prepare bound, plus a close)."""
+    return check(handoff_grace_seconds=8.0, **overrides)
+
+
 def invariants(verdict) -> set[str]:
     return {v.invariant for v in verdict.violations}
 
@@ -184,7 +189,7 @@ def test_a_planned_overlap_that_outlasts_its_handoff_is_a_violation():
     # taker's prepared session, within its own bound, is no excuse for the giver's
     lingering = [replace(GIVER, closed_at=205.0), TAKER]
     fell_back = replace(ANNOUNCED, ended_at=200.2, decision="no_ready")
-    verdict = check(sessions=lingering, handoffs=[fell_back], handoff_grace_seconds=8.0)
+    verdict = check_8s(sessions=lingering, handoffs=[fell_back])
     assert invariants(verdict) == {"overlap"}
     # a giver that died mid-hand-off (end unknown): bounded from the PREPARE instead
     unknown = replace(ANNOUNCED, ended_at=None, decision=None)
@@ -517,7 +522,7 @@ def test_an_abandoned_prepared_session_may_overlap_the_next_owner_within_the_tak
     fell_back = PlannedHandoff("s", epoch=1, prepared_at=200.0, ended_at=200.6,
                                decision="ended_fenced", taker="w1", giver="w0")  # fmt: skip
     # WHEN the taker's session closed within its bound (twice the prepare bound, plus a close)
-    verdict = check(sessions=sessions, handoffs=[fell_back], handoff_grace_seconds=8.0)
+    verdict = check_8s(sessions=sessions, handoffs=[fell_back])
     # THEN the pair is the hand-off's and the prepared session beside the next owner's is
     # allowed: it owned nothing
     assert verdict.ok, verdict.violations
@@ -525,20 +530,17 @@ def test_an_abandoned_prepared_session_may_overlap_the_next_owner_within_the_tak
     assert verdict.figures["overlaps_of_prepared_sessions"] == 1
     # once its worker adopted it, it is an owner's: beside another owner's, a split brain
     adopted = [Adoption("w1", "s", 2, 204.0)]
-    assert invariants(check(sessions=sessions, handoffs=[fell_back], adoptions=adopted,
-                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    assert invariants(check_8s(sessions=sessions, handoffs=[fell_back],
+                               adoptions=adopted)) == {"overlap"}  # fmt: skip
     # (an adoption by another worker, or outside the session, says nothing of this one)
     for other in (Adoption("w2", "s", 2, 204.0), Adoption("w1", "s", 2, 207.0)):
-        assert check(sessions=sessions, handoffs=[fell_back], adoptions=[other],
-                     handoff_grace_seconds=8.0).ok  # fmt: skip
+        assert check_8s(sessions=sessions, handoffs=[fell_back], adoptions=[other]).ok  # fmt: skip
     # nor may a taker's session stay open past its bound
     late = [*sessions[:1], replace(sessions[1], closed_at=209.0), sessions[2]]
-    assert invariants(check(sessions=late, handoffs=[fell_back],
-                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    assert invariants(check_8s(sessions=late, handoffs=[fell_back])) == {"overlap"}  # fmt: skip
     # nor does a prepared session of no hand-off naming its worker explain anything
     for handoffs in ([], [replace(fell_back, taker="w5")]):
-        assert invariants(check(sessions=sessions, handoffs=handoffs,
-                                handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+        assert invariants(check_8s(sessions=sessions, handoffs=handoffs)) == {"overlap"}
 
 
 def test_a_prepared_session_of_a_taker_paused_mid_hand_off_may_overlap_until_it_self_fences():
@@ -551,22 +553,19 @@ def test_a_prepared_session_of_a_taker_paused_mid_hand_off_may_overlap_until_it_
     killed = PlannedHandoff("s", epoch=2, prepared_at=202.75, taker="w1", giver="w0")
     paused_taker = [Pause("w1", 206.3, 215.2)]
     # WHEN checked with the taker's pause: THEN both overlaps are explained
-    verdict = check(sessions=sessions, handoffs=[killed], pauses=paused_taker,
-                    handoff_grace_seconds=8.0)  # fmt: skip
+    verdict = check_8s(sessions=sessions, handoffs=[killed], pauses=paused_taker)  # fmt: skip
     assert verdict.ok, verdict.violations
     # another worker's pause explains nothing (the next owner's, w2, included)
     for other in ("w2", "w9"):
-        assert invariants(check(sessions=sessions, handoffs=[killed],
-                                pauses=[Pause(other, 206.3, 215.2)],
-                                handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+        assert invariants(check_8s(sessions=sessions, handoffs=[killed],
+                                pauses=[Pause(other, 206.3, 215.2)])) == {"overlap"}  # fmt: skip
     # nor does a pause that began after the taker's own bound had passed
-    assert invariants(check(sessions=sessions, handoffs=[killed],
-                            pauses=[Pause("w1", 211.5, 215.2)],
-                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    assert invariants(check_8s(sessions=sessions, handoffs=[killed],
+                            pauses=[Pause("w1", 211.5, 215.2)])) == {"overlap"}  # fmt: skip
     # nor a session that stayed open past the resume and the self-fence
     late = [*sessions[:1], replace(sessions[1], closed_at=219.0), sessions[2]]
-    assert invariants(check(sessions=late, handoffs=[killed], pauses=paused_taker,
-                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    assert invariants(check_8s(sessions=late, handoffs=[killed],
+                               pauses=paused_taker)) == {"overlap"}  # fmt: skip
 
 
 def test_a_transfer_slowed_by_throttling_overlaps_until_the_takers_bound():
@@ -580,18 +579,16 @@ def test_a_transfer_slowed_by_throttling_overlaps_until_the_takers_bound():
     transfer = PlannedHandoff("s", epoch=4, prepared_at=37.762, ended_at=38.227,
                               decision="transfer", taker="w1", giver="w0")  # fmt: skip
     # WHEN checked: THEN the pair is the planned hand-off's (the taker's bound holds it)
-    verdict = check(sessions=sessions, handoffs=[transfer], handoff_grace_seconds=8.0)
+    verdict = check_8s(sessions=sessions, handoffs=[transfer])
     assert verdict.ok, verdict.violations
     assert verdict.figures["overlaps_of_planned_handoffs"] == 1
     # a fallback closes the giver's session at once: the same overlap is a violation there
     fallback = replace(transfer, decision="no_ready")
-    assert invariants(check(sessions=sessions, handoffs=[fallback],
-                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    assert invariants(check_8s(sessions=sessions, handoffs=[fallback])) == {"overlap"}  # fmt: skip
     # and a taker's session open together with the giver past its bound is one too
     late = [replace(sessions[0], closed_at=47.0), replace(sessions[1], closed_at=46.5),
             replace(sessions[2], opened_at=47.5)]  # fmt: skip
-    assert invariants(check(sessions=late, handoffs=[transfer],
-                            handoff_grace_seconds=8.0)) == {"overlap"}  # fmt: skip
+    assert invariants(check_8s(sessions=late, handoffs=[transfer])) == {"overlap"}  # fmt: skip
 
 
 def test_an_adopted_session_is_its_takers_as_an_owner_and_may_give_the_stream_on():
@@ -606,20 +603,20 @@ def test_an_adopted_session_is_its_takers_as_an_owner_and_may_give_the_stream_on
                             decision="transfer", taker="w4", giver="w0")  # fmt: skip
     adopted = [Adoption("w0", "s", 2, 125.4)]
     # WHEN checked with w0's adoption: THEN both pairs are planned hand-offs
-    verdict = check(sessions=sessions, handoffs=[first, second], adoptions=adopted,
-                    handoff_grace_seconds=8.0, final_records={"s": Rec(lease_owner="w4")},
+    verdict = check_8s(sessions=sessions, handoffs=[first, second], adoptions=adopted,
+                    final_records={"s": Rec(lease_owner="w4")},
                     worker_records={"w4": LIVE_W1}, live_workers={"w4"})  # fmt: skip
     assert verdict.ok, verdict.violations
     assert verdict.figures["overlaps_of_planned_handoffs"] == 2
     # without the adoption, session 2 is still only a prepared one: it gives nothing on
-    verdict = check(sessions=sessions, handoffs=[first, second], handoff_grace_seconds=8.0,
+    verdict = check_8s(sessions=sessions, handoffs=[first, second],
                     final_records={"s": Rec(lease_owner="w4")},
                     worker_records={"w4": LIVE_W1}, live_workers={"w4"})  # fmt: skip
     assert invariants(verdict) == {"overlap"}
     # nor does an adoption logged only after the next hand-off's session opened
     late = [Adoption("w0", "s", 2, 134.5)]
-    verdict = check(sessions=sessions, handoffs=[first, second], adoptions=late,
-                    handoff_grace_seconds=8.0, final_records={"s": Rec(lease_owner="w4")},
+    verdict = check_8s(sessions=sessions, handoffs=[first, second], adoptions=late,
+                    final_records={"s": Rec(lease_owner="w4")},
                     worker_records={"w4": LIVE_W1}, live_workers={"w4"})  # fmt: skip
     assert invariants(verdict) == {"overlap"}
 
@@ -636,8 +633,7 @@ def test_a_handoffs_pair_stays_open_while_both_sides_are_paused_until_they_self_
     both = [Pause("w4-r1", 111.2, 118.6), Pause("w2", 112.7, 121.5)]
 
     def judged(pauses: list[Pause]) -> set[str]:
-        return invariants(check(sessions=sessions, handoffs=[transfer], pauses=pauses,
-                                handoff_grace_seconds=8.0))  # fmt: skip
+        return invariants(check_8s(sessions=sessions, handoffs=[transfer], pauses=pauses))
 
     # WHEN checked with the two pauses: THEN the pair is the hand-off's
     assert judged(both) == set()

@@ -101,12 +101,7 @@ class QueueConsumer:
             if limit <= 0:
                 return
             try:
-                response = await self._offloader.poll(
-                    self._sqs.receive_message,
-                    QueueUrl=self.queue_url,
-                    MaxNumberOfMessages=limit,
-                    WaitTimeSeconds=self.wait_seconds,
-                )
+                messages = await self.receive(limit, wait_seconds=self.wait_seconds)
             except (ClientError, BotoCoreError) as exc:
                 self._logger.warning(f"{self._queue} receive failed", extra={"error": str(exc)})
                 if delays is None:
@@ -116,17 +111,12 @@ class QueueConsumer:
                 await asyncio.sleep(next(delays))
                 continue
             delays = None
-            messages: list[Message] = response.get("Messages", [])
-            if not messages:
-                continue
-            if self.stopped:  # received after stop: give them straight back
-                await self.give_back([m["ReceiptHandle"] for m in messages])
-                return
-            await handle(messages)
+            if messages:  # (none when received after stop: given straight back)
+                await handle(messages)
 
     async def receive(self, limit: int, *, wait_seconds: int) -> list[Message]:
-        """One receive of at most ``limit`` messages beside :meth:`run`'s loop (errors
-        raise); what arrives after :meth:`stop` is given back and not returned."""
+        """One receive of at most ``limit`` messages (:meth:`run`'s, or one beside its loop;
+        errors raise); what arrives after :meth:`stop` is given back and not returned."""
         response = await self._offloader.poll(
             self._sqs.receive_message,
             QueueUrl=self.queue_url,
