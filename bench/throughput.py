@@ -58,6 +58,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,19 @@ def serve(rate: float, frame_bytes: int = 0) -> None:
             await asyncio.sleep(max(0.0, ahead))
 
     serve_upstream(handler, compression=None)
+
+
+def start_upstream(rate: float, frame_bytes: int) -> tuple[ChildProcess, str]:
+    """:func:`serve` in its own process (this script, ``--serve``), and its URL. Shared with
+    bench/receive_floor.py, whose bare client reads from the same upstream."""
+    upstream = spawn("upstream", [sys.executable, __file__, "--serve", "--rate", str(rate),
+                                  "--frame-bytes", str(frame_bytes)],
+                     capture_stdout=True, inherit_stderr=True)  # fmt: skip
+    try:
+        return upstream, str(upstream.read_json_line(60)["url"])
+    except BaseException:
+        upstream.stop(timeout_seconds=10)
+        raise
 
 
 # ---------------------------------------------------------------------------- measurement
@@ -279,26 +293,45 @@ def measure_pass(
     wait_until(lambda: (tail.poll(), len(tail.samples) >= 2)[1], timeout=120, interval=0.5,
                message="the worker's first metrics")  # fmt: skip
     hint()
+    spies: list[ChildProcess] = []
+
+    def start_py_spy() -> None:
+        binary = py_spy_binary() if py_spy_raw is not None else None
+        if binary is not None and py_spy_raw is not None:
+            spies.append(spawn("py-spy", [
+                binary, "record", "--pid", str(worker.pid), "--duration", str(int(window)),
+                "--rate", "200", "--nonblocking", "--gil", "--format", "raw",
+                "--output", str(py_spy_raw),
+            ]))  # fmt: skip
+
+    figures = steady_window(tail, args.connections, warmup=warmup, window=window,
+                            at_start=start_py_spy)  # fmt: skip
+    for spy in spies:
+        if spy.wait(30) is None:
+            spy.stop(signal.SIGKILL)
+    return figures, worker
+
+
+def steady_window(
+    tail: EmfTail, connections: int, *, warmup: float, window: float,
+    at_start: Callable[[], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Wait until the measured process reports ``connections`` active, follow it ``warmup``
+    seconds, then measure ``window`` seconds between two of its documents
+    (:func:`window_figures`; ``at_start`` runs as the window opens). Shared with
+    bench/receive_floor.py, which measures a bare websockets client the same way."""
     wait_until(
-        lambda: tail.poll() is not None and tail.last("ActiveConnections") >= args.connections,
+        lambda: tail.poll() is not None and tail.last("ActiveConnections") >= connections,
         timeout=120, interval=0.2, message="every connection streaming",
     )  # fmt: skip
     tail.follow(warmup)
     first = len(tail.samples) - 1
-    spy: ChildProcess | None = None
-    binary = py_spy_binary() if py_spy_raw is not None else None
-    if binary is not None and py_spy_raw is not None:
-        spy = spawn("py-spy", [
-            binary, "record", "--pid", str(worker.pid), "--duration", str(int(window)),
-            "--rate", "200", "--nonblocking", "--gil", "--format", "raw",
-            "--output", str(py_spy_raw),
-        ])  # fmt: skip
+    if at_start is not None:
+        at_start()
     tail.follow(window)
     figures = window_figures(tail.samples[first:])
     figures["active_connections"] = int(tail.last("ActiveConnections"))
-    if spy is not None and spy.wait(30) is None:
-        spy.stop(signal.SIGKILL)
-    return figures, worker
+    return figures
 
 
 def drain(worker: ChildProcess) -> int:
@@ -471,15 +504,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("dynalite is not installed (python -m bench.dynalite --install)")
     workdir = Path(args.out or tempfile.mkdtemp(prefix="wsfleet-throughput-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    upstream = spawn("upstream", [sys.executable, __file__, "--serve", "--rate", str(args.rate),
-                                  "--frame-bytes", str(args.frame_bytes)],
-                     capture_stdout=True, inherit_stderr=True)  # fmt: skip
+    upstream, url = start_upstream(args.rate, args.frame_bytes)
     backend = EmbeddedBackend().start()
     dynalite = Dynalite(log_path=workdir / "dynalite.log")
     workers: list[ChildProcess] = []
     helpers: list[ChildProcess] = []
     try:
-        url = upstream.read_json_line(60)["url"]
         resources = backend.create_resources(f"tp-{uuid.uuid4().hex[:6]}")
         dynalite.start()
         dynalite.create_tables(resources)
