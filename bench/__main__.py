@@ -16,7 +16,8 @@ tradeoffs (the operator's tuning table and plot, docs/tradeoffs.md and .png; ben
 handoff-modes (issue #26: make-before-break beside break-before-make in one run, live-only,
 one-session and replaying upstreams through SIGTERM drains and a 3 -> 6 rebalance;
 bench/handoff_modes.py), sinks (issue #27: every frame sink's frames per worker vCPU-second and
-cost per million frames, bench/sink_bench.py).
+cost per million frames, bench/sink_bench.py, beside the receive floor of a bare websockets
+client at the same loads, bench/receive_floor.py).
 Loss/duplicate figures come with crash and handoff (each run STOPs its streams and audits the
 messages table afterwards). ``cost`` includes ``coordination-cost-1000`` (issue #12's target:
 coordination writes and reads per connection-hour at 1,000 connections per worker, every

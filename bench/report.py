@@ -445,7 +445,7 @@ def _throughput_section(document: dict[str, Any]) -> str:
 
 def _sinks_section(document: dict[str, Any]) -> str:
     """Issue #27: throughput and cost per frame sink (bench/sink_bench.py)."""
-    from .sink_bench import table
+    from .sink_bench import floor_verdict, table
 
     items = _results(document, "sinks")
     parts = ["## 6f. Frame sinks: frames per worker vCPU-second and cost per million frames "
@@ -472,7 +472,16 @@ def _sinks_section(document: dict[str, Any]) -> str:
              "per frame and a request per 100 ms flush, where 10 x 1,000 reads ~50 frames at a "
              "time. Where frames/s is below the offered rate the backend set the pace (dynalite, "
              "or the moto server, which serialises every request and is slow on PutRecords of "
-             "500 plain records) and the worker held the rest back (backpressure, no loss).", ""]
+             "500 plain records) and the worker held the rest back (backpressure, no loss). "
+             "The receive-floor rows, measured first in the same run (bench/receive_floor.py): "
+             "a bare client in its own process opens the same number of connections with "
+             "websockets' asyncio client to the same upstream, at the same rate and frame "
+             "size, and only counts frames (`async for msg in ws: count += 1`); "
+             "receive-floor+parse also runs the worker's parse_frame on each. Its CPU is "
+             "measured as the worker's (/proc, user + system, between two of its once-a-second "
+             "count lines after the same warm-up, over the same window). No worker can store "
+             "frames for less CPU than that; '% of receive floor' is each sink's frames per "
+             "vCPU-second over the floor's at the same load.", ""]
     for _name, r in items:
         if "error" in r:
             continue
@@ -482,6 +491,9 @@ def _sinks_section(document: dict[str, Any]) -> str:
                      + ", ".join(f"{k} {v}" for k, v in prices.items()
                                  if k not in ("region", "checked")) + ".")  # fmt: skip
         parts += ["", table(r), ""]
+        verdict = floor_verdict(r)
+        if verdict:
+            parts += [verdict, ""]
     parts += _error_rows(items)
     if items:
         parts += [_SINK_CPU_NOTE, ""]
@@ -492,6 +504,8 @@ def _sinks_section(document: dict[str, Any]) -> str:
 #: --connections 100 --rate 20 --frame-bytes 200, MESSAGE_KINESIS_AGGREGATION=true; py-spy).
 _SINK_CPU_NOTE = (
     "**Kinesis aggregated at 100 x 20 (target >= 30,000 frames per vCPU-second): not met.** "
+    "The figures of this note were measured on the machine before the one the table above ran "
+    "on (about 3x faster per CPU): compare them with each other, not with the table. "
     "Before the changes of 2026-12-02 (commit 283b518; bench/throughput.py, 20 s window, load "
     "0.4-1.4): 10,525 / 11,459 / 9,983 / 10,835 frames per vCPU-second (87-100 us of CPU per "
     "frame, 91 % user time). Changed: PutRecords and PutRecordBatch bodies are built by the "
@@ -509,13 +523,15 @@ _SINK_CPU_NOTE = (
     "JSON 6.7, the rest of the session 6.5, metrics 1.1), the flusher 6.3 us, encoding and "
     "packing the records 8.1 us, PutRecords in botocore 12.1 us, other 1.9 us; the later "
     "changes (the JSON answer, frame_json) took about 5 us more off the sink's share. After "
-    "all of them: 14,231 frames per vCPU-second (70.3 us per frame) in the table above. What "
+    "all of them: 14,231 frames per vCPU-second (70.3 us per frame) in the sinks run of "
+    "2026-12-02 09:42 UTC. What "
     "is left is spread over per-frame Python calls, none above a few microseconds: each frame "
     "arriving in its own socket read costs the event loop, websockets' parser and its message "
     "queue, and the wake-up of the session's task (websockets alone, 100 clients at 20 "
     "frames/s, no storage: 36 us per message with asyncio, 30 us if frames skipped the "
     "message queue and the task wake-up, 18 us with uvloop; in the worker an uvloop run gave "
-    "74 instead of 78 us per frame, so neither was taken); the session's work is many small "
+    "74 instead of 78 us per frame, so neither was taken; the receive-floor rows above now "
+    "measure the first of these in the same run as the sinks); the session's work is many small "
     "calls (measured alone, hot in the cache: 0.4 us for the metrics counter under its lock, "
     "0.9 us for the frozen Message, 1.5 us for parse_frame; in the worker, 100 connections "
     "interleaved, each costs several times that), so those two were left as they are. The one "
@@ -762,8 +778,21 @@ def _targets(document: dict[str, Any]) -> str:
                          f"({r.get('frames_stored_per_second')} frames/s on "
                          f"{r.get('worker_cores_used')} cores)",
                          _met(r.get("target_met"))])  # fmt: skip
+    from .sink_bench import FLOOR, TARGET_KINESIS_AGGREGATED, TARGET_LOADS
+
     for name, r in _results(document, "sinks"):
         for row in r.get("rows", []):
+            if row.get("sink") == FLOOR and row.get("frames_per_cpu_second") \
+                    and row["load"] in TARGET_LOADS:
+                rows.append(["sinks: receive floor (websockets on asyncio, counting only) "
+                             f">= {TARGET_KINESIS_AGGREGATED:,} frames/s per vCPU, i.e. #27's "
+                             "target reachable",
+                             f"{name} {row['load']}",
+                             f"{_n(row['frames_per_cpu_second'], 0)} frames/s per vCPU "
+                             f"({row.get('cpu_us_per_frame')} us per frame) at load "
+                             f"{row['load_average_after'][0]}",
+                             _met(row["frames_per_cpu_second"]
+                                  >= TARGET_KINESIS_AGGREGATED)])  # fmt: skip
             if "target" in row:
                 rows.append([f"sinks: Kinesis aggregated {row['target']} (#27)",
                              f"{name} {row['load']}",

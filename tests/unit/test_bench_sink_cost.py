@@ -99,3 +99,82 @@ def test_the_sinks_step_is_registered_and_its_rows_reach_results_md(monkeypatch)
     targets = text.split("## Targets", 1)[1].split("\n## ", 1)[0]
     assert "sinks 10x1000-200B | 31,000 frames/s per vCPU at load 2.5" in targets
     assert targets.count("Kinesis aggregated >= 30,000") == 2 and "**NO**" in targets
+
+
+def _floor_row(sink: str, load: str, per_cpu: float) -> dict:
+    return {"sink": sink, "load": load, "connections": 100, "rate": 20.0, "frame_bytes": 200,
+            "load_average_before": [0.5, 1, 1], "load_average_after": [0.6, 1, 1],
+            "frames_per_cpu_second": per_cpu, "cpu_us_per_frame": round(1e6 / per_cpu, 1),
+            "frames_stored_per_second": 2000.0, "frames_counted": 40_000,
+            "floor": "bare websockets client on asyncio: frames counted"}  # fmt: skip
+
+
+def test_the_sinks_step_measures_the_receive_floor_at_every_load_first(monkeypatch, tmp_path):
+    # GIVEN the floor and the sinks' runs replaced by figures (the real ones are processes)
+    from bench import receive_floor, sink_bench
+
+    calls: list[str] = []
+
+    def floor(*, connections, rate, frame_bytes, warmup, window, run_dir):
+        calls.append(f"floor {connections}x{rate:g}-{frame_bytes}")
+        figures = {"frames_per_cpu_second": 20_000.0, "cpu_us_per_frame": 50.0,
+                   "frames_stored_per_second": connections * rate, "frames_stored": 4000,
+                   "load_average_before": [1.0], "load_average_after": [1.0]}  # fmt: skip
+        return {sink_bench.FLOOR: figures,
+                sink_bench.FLOOR_PARSE: {**figures, "frames_per_cpu_second": 16_000.0}}
+
+    def one(config, load, **_):
+        calls.append(f"{config.name} {load.name}")
+        return {"sink": config.name, "load": load.name, "connections": load.connections,
+                "rate": load.rate, "frame_bytes": load.frame_bytes,
+                "frames_per_cpu_second": 5_000.0, "cpu_us_per_frame": 200.0,
+                "load_average_before": [1.0], "load_average_after": [1.0]}  # fmt: skip
+
+    monkeypatch.setattr(receive_floor, "run_floor", floor)
+    monkeypatch.setattr(sink_bench, "run_one", one)
+    result = sink_bench.run_sinks(tmp_path, window=1, warmup=0, sinks=sink_bench.SINKS[1:2])
+    # THEN the floor ran at each load before any sink, two rows per load
+    assert calls == ["floor 100x20-200", "floor 10x1000-200", "floor 100x20-1024",
+                     "kinesis-aggregated 100x20-200B", "kinesis-aggregated 10x1000-200B",
+                     "kinesis-aggregated 100x20-1KB"]  # fmt: skip
+    floors = [r for r in result["rows"] if r.get("floor")]
+    assert [(r["sink"], r["load"]) for r in floors][:2] == [
+        ("receive-floor", "100x20-200B"), ("receive-floor+parse", "100x20-200B")]
+    assert len(floors) == 6
+    # AND each sink row is a percentage of its own load's floor (counting only)
+    sinks = [r for r in result["rows"] if not r.get("floor")]
+    assert {r["percent_of_floor"] for r in sinks} == {25.0}
+    assert all("percent_of_floor" not in r for r in floors)
+
+
+def test_floor_rows_reach_results_md_with_a_plain_verdict_on_the_target():
+    # GIVEN a floor below 30,000 at 100 x 20 and above it at 10 x 1,000, and the sinks beside
+    from bench.report import render
+
+    rows = [
+        _floor_row("receive-floor", "100x20-200B", 20_000.0),
+        _floor_row("receive-floor+parse", "100x20-200B", 16_000.0),
+        {**_floor_row("receive-floor", "10x1000-200B", 60_000.0), "connections": 10,
+         "rate": 1000.0},
+        {"sink": "kinesis-aggregated", "load": "100x20-200B", "connections": 100, "rate": 20.0,
+         "frame_bytes": 200, "load_average_before": [0.5, 1, 1],
+         "load_average_after": [0.6, 1, 1], "frames_per_cpu_second": 5_000.0,
+         "cpu_us_per_frame": 200.0, "percent_of_floor": 25.0, "no_loss": True,
+         "cost": kinesis_cost({25_000: 8}, frames=1000),
+         "target": ">= 30,000 frames/s per vCPU", "target_met": False},
+    ]  # fmt: skip
+    text = render({"results": {"sinks": {"group": "sinks", "prices": {}, "rows": rows}}})
+    section = text.split("## 6f. Frame sinks", 1)[1].split("\n## ", 1)[0]
+    # THEN the floor's rows are in the table and the sink's figure is a percentage of it
+    assert "| receive-floor | 100 x 20, 200 B | 20,000 | (floor) | 50.0 |" in section
+    assert "| receive-floor+parse | 100 x 20, 200 B | 16,000 | - | 62.5 |" in section
+    assert "| kinesis-aggregated | 100 x 20, 200 B | 5,000 | 25 % | 200.0 |" in section
+    # AND the section says plainly where 30,000 is out of reach and where it is not
+    assert ("**100 x 20 frames/s, 200 B: 30,000 frames per vCPU-second is not reachable with "
+            "websockets on asyncio on this machine.**") in section
+    assert "kinesis-aggregated 5,000 (200.0 us, 25 % of the floor)" in section
+    assert "**10 x 1000 frames/s, 200 B: the floor leaves room for 30,000" in section
+    # AND the target table carries the floor's answer per target load
+    targets = text.split("## Targets", 1)[1].split("\n## ", 1)[0]
+    assert targets.count("receive floor (websockets on asyncio") == 2
+    assert "sinks 100x20-200B | 20,000 frames/s per vCPU (50.0 us per frame)" in targets
