@@ -13,11 +13,14 @@ for DynamoDB: a concurrent implementation that shows what the serialised moto se
   ``first_frame_at``) is the failover time. A crash is noticed through the dead worker's
   *worker lease* (lease model v2: one ``WORKER#`` item per worker, no expiry on connection
   items): it expires a lease after its last renewal, the reconciler's early hints land in its
-  last second and the peers take over at the expiry. A hand-off releases every connection and
-  hints it at once. With ``task_events`` the fleet publishes the killed process's exit as its
-  ECS task state change event (as ECS does when a container stops): the task exit function
-  kills the worker's lease at once and hints its connections, so a crash fails over in about a
-  second instead of a lease (``crash-default-100-dynalite-exit`` beside the lease-bound
+  last second and the peers take over at the expiry. A hand-off moves every connection at
+  once (make-before-break where it can, docs/handoff.md); its run also probes the rig's SQS
+  hop floor (:mod:`bench.hop_probe`) and times each stream's store stall
+  (:func:`bench.handoff_stages.store_stalls`). With ``task_events`` the fleet publishes the
+  killed process's exit as its ECS task state change event (as ECS does when a container
+  stops): the task exit function kills the worker's lease at once and hints its connections,
+  so a crash fails over in about a second instead of a lease
+  (``crash-default-100-dynalite-exit`` beside the lease-bound
   ``crash-default-100-dynalite``). Afterwards every connection is STOPped through the API (the
   STOP writes the final checkpoint, so the audit covers every frame up to the STOP, not only up
   to the last periodic checkpoint, which is every ``CHECKPOINT_SECONDS``) and the messages table is
@@ -34,6 +37,7 @@ for DynamoDB: a concurrent implementation that shows what the serialised moto se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -61,6 +65,8 @@ EXIT_EVENT_TARGET_SECONDS = 2.0
 #: Issue #26: a graceful hand-off stores each stream's first frame on the taker within this
 #: (p99, K = 100, from the giver's SIGTERM).
 HANDOFF_TARGET_SECONDS = 0.5
+#: How long the hop probe measures the idle rig before a hand-off run starts its streams.
+PROBE_IDLE_SECONDS = 5.0
 
 
 def store_worker(fleet: Any, worker_id: str) -> Any:
@@ -273,22 +279,33 @@ def stop_all(fleet: Any, ids: list[str], timeout: float = 120) -> None:
     wait_until(settled, timeout=timeout, interval=0.5, message="every stream STOPPED and released")
 
 
-def audit_streams(
-    fleet: Any, ids: list[str], records: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Each stream's :class:`wsfleet_local.audit.StreamAudit`: every seq up to its record's
-    checkpoint (``records`` if given, else the table's now) against the messages table and the
-    upstream's session log."""
+def stored_items(fleet: Any, ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every stored frame of each stream in ``ids`` (the messages table, consistent reads)."""
     from wsfleet.messages import MessageStore
     from wsfleet.record import connection_pk
-    from wsfleet_local.audit import audit_stream
 
     from .harness import aws_client
 
     messages = MessageStore(
         aws_client("dynamodb", fleet.dynamodb_endpoint_url), fleet.resources.messages_table
     )
+    return {stream_id: messages.read_all(connection_pk(stream_id)) for stream_id in ids}
+
+
+def audit_streams(
+    fleet: Any,
+    ids: list[str],
+    records: Mapping[str, Any] | None = None,
+    items: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Each stream's :class:`wsfleet_local.audit.StreamAudit`: every seq up to its record's
+    checkpoint (``records`` if given, else the table's now) against the messages table
+    (``items`` if given: :func:`stored_items` read after the streams settled) and the
+    upstream's session log."""
+    from wsfleet_local.audit import audit_stream
+
     records = records if records is not None else records_by_id(fleet)
+    items = items if items is not None else stored_items(fleet, ids)
     sessions = by_stream(fleet.simulator.sessions())
     return {
         stream_id: audit_stream(
@@ -296,19 +313,21 @@ def audit_streams(
             final_seq=records[stream_id].last_seq,
             ended=False,
             checkpointed=records[stream_id].last_seq,
-            items=messages.read_all(connection_pk(stream_id)),
+            items=items[stream_id],
             sessions=sessions.get(stream_id, []),
         )
         for stream_id in ids
     }
 
 
-def audit(fleet: Any, ids: list[str]) -> dict[str, Any]:
+def audit(
+    fleet: Any, ids: list[str], items: Mapping[str, list[dict[str, Any]]] | None = None
+) -> dict[str, Any]:
     """Loss and duplicates over ``ids`` (:func:`audit_streams`), summed."""
     totals: dict[str, Any] = {"streams": len(ids), "checkpointed": 0, "stored": 0, "lost": 0,
               "wrong_content": 0, "stale_epoch": 0, "overlapping_sessions": 0,
               "replay_gaps": 0, "streams_with_problems": []}  # fmt: skip
-    for stream_id, result in audit_streams(fleet, ids).items():
+    for stream_id, result in audit_streams(fleet, ids, items=items).items():
         totals["checkpointed"] += result.checkpointed
         totals["stored"] += result.stored
         totals["lost"] += result.lost
@@ -375,9 +394,23 @@ def run_disruption(
     with fleet_for_bench(
         workers=1, timings=timings, rate=rate, run_dir=run_dir, worker_env=worker_env,
         dynamodb=dynamodb, task_events=task_events,
-    ) as faulty:
+    ) as faulty, contextlib.ExitStack() as stack:
         fleet = faulty.fleet
         victim = fleet.workers[0]
+        # A hand-off's SQS hop floor (bench/hop_probe.py): probed on the idle rig (before any
+        # stream starts), on the steady fleet (before the signal) and during the hand-off.
+        windows: dict[str, tuple[float, float]] = {}
+        probe = None
+        if handoff:
+            from .hop_probe import HopProbe
+
+            probe = stack.enter_context(
+                HopProbe(fleet.endpoint_url, fleet.resources.region, run_dir)
+            )
+            time.sleep(1.0)  # past the probe's first requests (its connections)
+            idle_from = time.time()
+            time.sleep(PROBE_IDLE_SECONDS)
+            windows["idle"] = (idle_from, time.time())
         _start_streams(fleet, ids)
         wait_until(
             lambda: _all_streaming(fleet, ids, {victim.worker_id}),
@@ -387,8 +420,10 @@ def run_disruption(
         )
         for _ in range(peers):
             fleet.add_worker()
+        steady_from = time.time()
         time.sleep(2 * timings.heartbeat_seconds)  # steady: peers polling, renewals spread
         signalled_at = time.time()
+        windows["steady"] = (steady_from, signalled_at)
         fleet.kill_worker(0, signum)
 
         try:
@@ -401,8 +436,11 @@ def run_disruption(
         result["victim_exit_code"] = fleet.wait_worker_exit(0, timings.drain_timeout_seconds + 5)
         # The new owners stream a while; then STOP writes every final checkpoint.
         time.sleep(2 * timings.heartbeat_seconds + 1)
+        if probe is not None:  # every probe message of the hand-off is received by now
+            probe.stop()
         owners_after = {r.lease_owner for i, r in records_by_id(fleet).items() if i in ids}
         stop_all(fleet, ids, timeout=60 + connections)
+        items = stored_items(fleet, ids)  # read once: the audit and the hand-off's stall
         stats = percentiles(gaps.values())
         assert stats is not None
         result["seconds"] = stats.to_dict()
@@ -418,7 +456,10 @@ def run_disruption(
         result["target"] = f"p99 {'<=' if kind == 'crash' else '<'} {target:g} s"
         result["target_met"] = stats.p99 <= target if kind == "crash" else stats.p99 < target
         if handoff:
-            _handoff_stages(result, fleet, run_dir, ids, signalled_at, victim.worker_id)
+            _handoff_stages(result, fleet, run_dir, ids, signalled_at, victim.worker_id,
+                            items=items)  # fmt: skip
+            if probe is not None:
+                _hop_floor(result, probe, windows, signalled_at)
         if task_events:
             killed = store_worker(fleet, victim.worker_id)
             # The victim died by the exit event's write (before its last renewal's lease ran
@@ -428,20 +469,22 @@ def run_disruption(
                 and killed.dead_at_ms < killed.heartbeat_at_ms + lease * 1000
             )
         result["owners_after"] = sorted(owners_after)
-        result["audit"] = audit(fleet, ids)
+        result["audit"] = audit(fleet, ids, items=items)
     return result
 
 
 def _handoff_stages(
     result: dict[str, Any], fleet: Any, run_dir: Path, ids: list[str], signalled_at: float,
-    giver: str,
+    giver: str, *, items: Mapping[str, list[dict[str, Any]]],
 ) -> None:
-    """Issue #26's figure (signal -> each stream's first frame stored by its taker) and each
-    stage's time (:mod:`bench.handoff_stages`), into ``result``."""
-    from .handoff_stages import log_events, stage_times
+    """Issue #26's figure (signal -> each stream's first frame stored by its taker), each
+    stage's time and the store stall per stream (:mod:`bench.handoff_stages`; ``items``: every
+    stored frame per stream), into ``result``."""
+    from .handoff_stages import first_stored_frames, log_events, stage_times, store_stalls
 
+    events = log_events(sorted(Path(run_dir).glob("worker-*.log")))
     timed = stage_times(
-        log_events(sorted(Path(run_dir).glob("worker-*.log"))),
+        events,
         fleet.simulator.sessions(),
         ids,
         signalled_at=signalled_at,
@@ -450,6 +493,12 @@ def _handoff_stages(
     result["stages_seconds"] = timed["stages"]
     result["stage_moves"] = timed["moves"]
     result["stage_paths"] = timed["paths"]
+    firsts = first_stored_frames(events, ids, signalled_at=signalled_at, giver=giver)
+    result["store_stall_seconds"] = store_stalls(items, firsts, signalled_at=signalled_at,
+                                                 giver=giver)  # fmt: skip
+    if firsts:  # the hand-off window: the signal -> the last stream's first stored frame
+        result["handoff_window_seconds"] = round(
+            max(at for at, _ in firsts.values()) - signalled_at, 3)
     stored = timed["stages"].get("first_stored")
     if stored is None or stored["n"] < len(ids):
         result["first_stored_target_met"] = False
@@ -457,6 +506,17 @@ def _handoff_stages(
     result["first_stored_seconds"] = stored
     result["first_stored_target"] = f"p99 <= {HANDOFF_TARGET_SECONDS:g} s"
     result["first_stored_target_met"] = stored["p99"] <= HANDOFF_TARGET_SECONDS
+
+
+def _hop_floor(
+    result: dict[str, Any], probe: Any, windows: dict[str, tuple[float, float]],
+    signalled_at: float,
+) -> None:
+    """The probe's windows (:class:`bench.hop_probe.HopProbe`), the hand-off's included once
+    its end is known (``handoff_window_seconds``), into ``result["hop_probe"]``."""
+    if (window := result.get("handoff_window_seconds")) is not None:
+        windows = {**windows, "handoff": (signalled_at, signalled_at + window)}
+    result["hop_probe"] = probe.result(windows)
 
 
 def run_stop_latency(

@@ -48,6 +48,11 @@ path's stage percentiles over the connections that took it and, per connection, 
 one stage to the next (the stage a connection spends its time in), so a run says *where* its
 p99 comes from; ``stages`` has every stage over all connections (``first_stored`` is issue
 #26's figure).
+
+What a reader of the stream feels is another figure: :func:`store_stalls` gives, per
+connection, the pause in the messages table from the giver's last stored frame (its last
+item's ``received_at_ms``) to the taker's first (its ``first frame stored`` line, found by
+:func:`first_stored_frames`), from the items the run's audit reads anyway.
 """
 
 from __future__ import annotations
@@ -66,8 +71,10 @@ __all__ = [
     "BREAK_STEPS",
     "OVERLAP_STAGES",
     "OVERLAP_STEPS",
+    "first_stored_frames",
     "log_events",
     "stage_times",
+    "store_stalls",
 ]
 
 #: A make-before-break move's stages, in the order a connection passes them.
@@ -264,4 +271,71 @@ def stage_times(
             fallbacks[decision] = fallbacks.get(decision, 0) + 1
     if fallbacks:
         result["moves"]["fallbacks"] = dict(sorted(fallbacks.items()))
+    return result
+
+
+def first_stored_frames(
+    events: Sequence[Mapping[str, Any]], ids: Sequence[str], *, signalled_at: float, giver: str
+) -> dict[str, tuple[float, int | None]]:
+    """Per connection, when a taker logged ``first frame stored`` after the signal (epoch
+    seconds) and the seq it names (None if the line has none); the earliest line counts."""
+    wanted = set(ids)
+    found: dict[str, tuple[float, int | None]] = {}
+    for event in events:
+        at = float(event["at"])
+        stream_id = event.get("connection_id")
+        if (event["message"] != "first frame stored" or event.get("worker_id") == giver
+                or stream_id not in wanted or at < signalled_at - 0.001):
+            continue
+        if stream_id not in found or at < found[stream_id][0]:
+            seq = event.get("seq")
+            found[stream_id] = (at, seq if isinstance(seq, int) else None)
+    return found  # fmt: skip
+
+
+def store_stalls(
+    items: Mapping[str, Sequence[Mapping[str, Any]]],
+    first_stored: Mapping[str, tuple[float, int | None]],
+    *,
+    signalled_at: float,
+    giver: str,
+) -> dict[str, Any]:
+    """What a reader of the messages table feels during a hand-off, per connection, from its
+    stored items (``seq``, ``worker_id``, ``received_at_ms``) and its taker's ``first frame
+    stored`` (:func:`first_stored_frames`); percentiles in seconds:
+
+    * ``store_stall``: the giver's last stored frame -> the taker's first stored frame. The
+      giver's side is its last item's ``received_at_ms`` (items carry no write time): its
+      write landed up to a flush wait plus one write later, so this is an upper bound;
+    * ``giver_last_received``: that frame's receipt, after the signal (the giver stores until
+      its transfer, or its close on the break path);
+    * ``first_frame_age``: the taker's first stored frame (the seq its line names) from its
+      receipt to that line: how late that frame reached the table (a prepared taker receives
+      and buffers before the transfer; the steady store delay is the flush wait plus a write).
+
+    A connection without a taker's line, or without a giver's item, is counted in
+    ``missing`` and left out of the figures."""
+    stalls, giver_last, ages = [], [], []
+    missing = 0
+    for stream_id, (stored_at, seq) in sorted(first_stored.items()):
+        stream_items = items.get(stream_id, ())
+        givers = [int(i["received_at_ms"]) for i in stream_items
+                  if i.get("worker_id") == giver and "received_at_ms" in i]  # fmt: skip
+        if not givers:
+            missing += 1
+            continue
+        last = max(givers) / 1000
+        stalls.append(stored_at - last)
+        giver_last.append(last - signalled_at)
+        taken = [int(i["received_at_ms"]) for i in stream_items
+                 if seq is not None and i.get("seq") == seq and i.get("worker_id") != giver
+                 and "received_at_ms" in i]  # fmt: skip
+        if taken:
+            ages.append(stored_at - min(taken) / 1000)
+    missing += sum(1 for stream_id in items if stream_id not in first_stored)
+    result: dict[str, Any] = {"missing": missing}
+    for name, values in (("store_stall", stalls), ("giver_last_received", giver_last),
+                         ("first_frame_age", ages)):  # fmt: skip
+        if (stats := _stats(values)) is not None:
+            result[name] = stats
     return result

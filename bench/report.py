@@ -94,6 +94,8 @@ def _latency_section(title: str, items: list[tuple[str, dict[str, Any]]], *, kin
                   _table(["run", "old session closed", "new session opened", "first frame"],
                          breakdown)]  # fmt: skip
     parts += _stage_tables(items)
+    parts += _stall_table(items)
+    parts += _hop_floor_table(items)
     parts += _error_rows(items)
     return "\n".join(parts)
 
@@ -159,6 +161,90 @@ def _stage_tables(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
                          [[name, *(cell(timed["steps"].get(step)) for step in steps)]
                           for name, _, timed in staged])]  # fmt: skip
     return parts
+
+
+def _p(stats: dict[str, Any] | None) -> str:
+    """``p50 / p99`` of a percentiles dict, "-" without one."""
+    return f"{_s(stats['p50'])} / {_s(stats['p99'])}" if stats else "-"
+
+
+def _stall_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Issue #26: what a reader of the messages table feels (bench/handoff_stages.py,
+    ``store_stalls``) beside the SIGTERM -> first stored figure."""
+    rows = [[name, r["settings"]["frames_per_second_per_stream"],
+             _p(r.get("first_stored_seconds") or r.get("stages_seconds", {}).get("first_stored")),
+             _p(stall.get("store_stall")), _p(stall.get("giver_last_received")),
+             _p(stall.get("first_frame_age")), stall.get("missing", 0)]
+            for name, r in items if (stall := r.get("store_stall_seconds"))]  # fmt: skip
+    if not rows:
+        return []
+    return ["", "What a reader of the stream feels (issue #26; p50 / p99 over the connections, "
+            "seconds; bench/handoff_stages.py `store_stalls`, from the stored items and each "
+            "taker's `first frame stored` line). **Store stall**: the giver's last stored frame "
+            "-> the taker's first stored frame, i.e. the pause in the messages table around "
+            "the hand-off (the giver keeps storing until its transfer); the giver's side is "
+            "its last item's receipt time (items carry no write time), so the stall is an "
+            "upper bound by the giver's flush wait and one write. At 1 frame/s a frame "
+            "interval (1 s) of it is the stream's own cadence. **Giver's last frame**: that "
+            "frame's receipt, seconds after the SIGTERM. **Taker's first frame, received -> "
+            "stored**: how late that frame reached the table (the taker received and buffered "
+            "it before the transfer).", "",
+            _table(["run", "frames/s/stream", "SIGTERM -> first stored",
+                    "store stall (giver's last stored -> taker's first stored)",
+                    "giver's last frame (after SIGTERM)", "taker's first frame, received -> "
+                    "stored", "streams without figures"], rows)]  # fmt: skip
+
+
+#: The stage table's steps that are one SQS hop each on the overlap path.
+_HOP_STEPS = ("prepare_sent->prepare_seen", "ready_sent->ready_seen", "commit_sent->commit_seen")
+_WINDOWS = {"idle": "idle rig (fleet up, no stream yet)",
+            "steady": "steady (K streams, peers up, before the SIGTERM)",
+            "handoff": "hand-off (SIGTERM -> last first stored)"}  # fmt: skip
+
+
+def _hop_floor_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Issue #26: the rig's SQS hop floor (bench/hop_probe.py) per window, the path floor
+    (3 hops) against the target, and the hand-off's own three hops from its stage table."""
+    rows = []
+    for name, r in items:
+        probe = r.get("hop_probe")
+        if not probe:
+            continue
+        floors = probe.get("path_floor_seconds", {})
+        steps = (r.get("stage_paths", {}).get("overlap") or {}).get("steps", {})
+        own = [steps[k]["p50"] for k in _HOP_STEPS if k in steps]
+        for window, label in _WINDOWS.items():
+            w = probe["windows"].get(window)
+            if w is None:
+                continue
+            floor = floors.get(window)
+            hops = _s(round(3 * w["hop"]["p50"], 3)) if w.get("hop") else "-"
+            if window == "handoff" and len(own) == 3:
+                hops += f" (own: {_s(round(sum(own), 3))})"
+            rows.append([name, label, _s(w["window_seconds"]), f"{w['received']} / {w['sent']}",
+                         _p(w.get("send_call")), _p(w.get("send_to_receive")), _p(w.get("hop")),
+                         _s(floor), "-" if floor is None else
+                         ("below" if floor < 0.5 else "**at or above**"), hops])  # fmt: skip
+    if not rows:
+        return []
+    return ["", "The rig's SQS hop floor (issue #26; bench/hop_probe.py): a child process sends "
+            "a small message every 0.1 s to a queue of its own on the same moto server and "
+            "long-polls it as the workers' control channels do (WaitTimeSeconds 20, deletes "
+            "beside the next receive); p50 / p99 seconds over the messages sent in each window. "
+            "**Send call**: the SendMessage request; **send -> receive**: its start -> the "
+            "ReceiveMessage that returned it; **hop**: the send's return -> that receive (what "
+            "the stage table's `x sent->x seen` steps measure; below 0 when the receive "
+            "returned before the send's response reached the sender). **Path floor**: 3 x the "
+            "send -> receive p50, the three hops on a make-before-break hand-off's critical "
+            "path (PREPARE, READY, COMMIT) alone, against the 0.5 s target. **3 x hop**: the "
+            "same without the send calls, and in brackets on the hand-off row the hand-off's "
+            "own three hops measured the same way (the p50s of the stage steps prepare "
+            "sent->seen, ready sent->seen and commit sent->seen, summed). The hand-off window "
+            "is short (the signal -> the last first stored), so its p99 is the maximum of few "
+            "samples.", "",
+            _table(["run", "window", "length", "received / sent", "send call",
+                    "send -> receive", "hop", "path floor (3 x send -> receive p50)",
+                    "vs 0.5 s", "3 x hop p50 (hand-off's own)"], rows)]  # fmt: skip
 
 
 def _loss_section(document: dict[str, Any]) -> str:

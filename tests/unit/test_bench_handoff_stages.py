@@ -13,8 +13,10 @@ from bench.handoff_stages import (
     BREAK_STEPS,
     OVERLAP_STAGES,
     OVERLAP_STEPS,
+    first_stored_frames,
     log_events,
     stage_times,
+    store_stalls,
 )
 
 SIGNAL = 1_800_000_000.0
@@ -161,3 +163,66 @@ def test_an_overlap_move_is_timed_on_its_own_path_from_the_control_messages(tmp_
     # counted as a hint seen there either
     assert timed["stages"]["first_stored"]["max"] == 0.4
     assert timed["stages"]["hint_seen"]["n"] == 1
+
+
+def item(seq: int, worker: str, received_after: float) -> dict[str, object]:
+    """A stored frame as MessageStore.read_all returns it, received ``received_after`` the
+    signal."""
+    return {"pk": "CONN#x", "sk": f"{seq:020d}", "seq": seq, "worker_id": worker,
+            "lease_epoch": 1 if worker == "w0" else 2,
+            "received_at_ms": round((SIGNAL + received_after) * 1000)}  # fmt: skip
+
+
+def test_the_store_stall_runs_from_the_givers_last_stored_frame_to_the_takers_first(
+    tmp_path: Path,
+):
+    # GIVEN two streams handed from w0: the giver stored "a" up to seq 12 (received 0.30 s
+    # after the signal) and "b" up to seq 7 (0.10 s); the takers logged their first stored
+    # frames (seq 13 at 0.70 s, seq 8 at 0.50 s), a frame each had received (buffered) at
+    # 0.35 s and 0.15 s; the giver also logged a "first frame stored" before the signal
+    (tmp_path / "worker-w0.log").write_text("\n".join([
+        line("w0", "first frame stored", -30.0, connection_id="a", seq=1),
+    ]) + "\n")  # fmt: skip
+    (tmp_path / "worker-w1.log").write_text("\n".join([
+        line("w1", "first frame stored", 0.700, connection_id="a", seq=13),
+    ]) + "\n")  # fmt: skip
+    (tmp_path / "worker-w2.log").write_text("\n".join([
+        line("w2", "first frame stored", 0.500, connection_id="b", seq=8),
+        line("w2", "first frame stored", 0.900, connection_id="c", seq=1),  # not handed off
+    ]) + "\n")  # fmt: skip
+    items = {
+        "a": [item(11, "w0", 0.25), item(12, "w0", 0.30), item(13, "w1", 0.35),
+              item(14, "w1", 0.40)],
+        "b": [item(6, "w0", 0.05), item(7, "w0", 0.10), item(8, "w2", 0.15)],
+    }  # fmt: skip
+    events = log_events(sorted(tmp_path.glob("worker-*.log")))
+
+    # WHEN the takers' first stored frames are found and the stalls computed
+    firsts = first_stored_frames(events, ["a", "b"], signalled_at=SIGNAL, giver="w0")
+    stalls = store_stalls(items, firsts, signalled_at=SIGNAL, giver="w0")
+
+    # THEN each stream's first stored frame is its taker's line, with the seq it names
+    assert {k: (round(at - SIGNAL, 3), seq) for k, (at, seq) in firsts.items()} == {
+        "a": (0.7, 13), "b": (0.5, 8)}
+    # AND the stall is the giver's last frame -> the taker's first stored: a 0.40 s, b 0.40 s
+    assert stalls["missing"] == 0
+    assert stalls["store_stall"]["n"] == 2
+    assert (stalls["store_stall"]["min"], stalls["store_stall"]["max"]) == (0.4, 0.4)
+    # AND the giver stored until 0.10 s (b) and 0.30 s (a) after the signal
+    assert (stalls["giver_last_received"]["min"],
+            stalls["giver_last_received"]["max"]) == (0.1, 0.3)  # fmt: skip
+    # AND each taker's first frame reached the table 0.35 s after it was received
+    assert stalls["first_frame_age"] == {"n": 2, "p50": 0.35, "p95": 0.35, "p99": 0.35,
+                                         "max": 0.35, "min": 0.35}  # fmt: skip
+
+
+def test_a_stream_without_a_takers_line_or_a_givers_frame_is_counted_missing():
+    # GIVEN "a" with a taker's line but no frame the giver stored, "b" with no taker's line
+    firsts = {"a": (SIGNAL + 0.5, 3)}
+    items = {"a": [item(3, "w1", 0.2)], "b": [item(1, "w0", 0.1)]}
+
+    # WHEN the stalls are computed
+    stalls = store_stalls(items, firsts, signalled_at=SIGNAL, giver="w0")
+
+    # THEN both are missing, and no figure is made up for them
+    assert stalls == {"missing": 2}
