@@ -1154,9 +1154,13 @@ def render(document: dict[str, Any]) -> str:
             _results(document, "crash"), kind="failover"),
         _latency_section(
             "## 2. Graceful hand-off (SIGTERM a worker holding K connections)\n\n"
-            "The worker closes each socket, writes the final checkpoint with the release and sends "
-            "a hint per connection; peers acquire at once (no expiry, no reconcile pass). Issue "
-            "#12's target is the K = 100 run on dynalite tables.",
+            "The worker hands each connection to a peer: make-before-break where the stream "
+            "has a seq (PREPARE, the taker's own session, READY, one transfer write, COMMIT; "
+            "docs/handoff.md section 2), else it closes the socket, writes the final "
+            "checkpoint with the release and sends a hint, and the peer acquires at once (no "
+            "expiry, no reconcile pass). Issue #12's target is the K = 100 run on dynalite "
+            "tables; issue #26's (first frame stored by the taker) is in the stage tables "
+            "below.",
             _results(document, "handoff"), kind="failover"),
         _latency_section(
             "## 3. STOP latency (API STOP -> upstream socket closed)\n\n"
