@@ -480,7 +480,13 @@ def _handoff_stages(
     """Issue #26's figure (signal -> each stream's first frame stored by its taker), each
     stage's time and the store stall per stream (:mod:`bench.handoff_stages`; ``items``: every
     stored frame per stream), into ``result``."""
-    from .handoff_stages import first_stored_frames, log_events, stage_times, store_stalls
+    from .handoff_stages import (
+        first_stored_frames,
+        giver_ends,
+        log_events,
+        stage_times,
+        store_stalls,
+    )
 
     events = log_events(sorted(Path(run_dir).glob("worker-*.log")))
     timed = stage_times(
@@ -494,8 +500,10 @@ def _handoff_stages(
     result["stage_moves"] = timed["moves"]
     result["stage_paths"] = timed["paths"]
     firsts = first_stored_frames(events, ids, signalled_at=signalled_at, giver=giver)
-    result["store_stall_seconds"] = store_stalls(items, firsts, signalled_at=signalled_at,
-                                                 giver=giver)  # fmt: skip
+    result["store_stall_seconds"] = store_stalls(
+        items, firsts, signalled_at=signalled_at, giver=giver,
+        giver_ended=giver_ends(events, ids, signalled_at=signalled_at, giver=giver),
+    )  # fmt: skip
     if firsts:  # the hand-off window: the signal -> the last stream's first stored frame
         result["handoff_window_seconds"] = round(
             max(at for at, _ in firsts.values()) - signalled_at, 3)

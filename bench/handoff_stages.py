@@ -72,6 +72,7 @@ __all__ = [
     "OVERLAP_STAGES",
     "OVERLAP_STEPS",
     "first_stored_frames",
+    "giver_ends",
     "log_events",
     "stage_times",
     "store_stalls",
@@ -293,12 +294,34 @@ def first_stored_frames(
     return found  # fmt: skip
 
 
+def giver_ends(
+    events: Sequence[Mapping[str, Any]], ids: Sequence[str], *, signalled_at: float, giver: str
+) -> dict[str, float]:
+    """Per connection, when the giver's lease write that ended its session landed after the
+    signal (epoch seconds): ``session transferred`` (overlap) or ``session finished`` with the
+    release (break). The giver writes no frame after it (the transfer follows its quiesce; the
+    release its flush), so its last stored frame landed before."""
+    wanted = set(ids)
+    found: dict[str, float] = {}
+    for event in events:
+        at = float(event["at"])
+        stream_id = event.get("connection_id")
+        ended = event["message"] == "session transferred" or (
+            event["message"] == "session finished" and event.get("released"))
+        if (not ended or event.get("worker_id") != giver or stream_id not in wanted
+                or at < signalled_at - 0.001):
+            continue
+        _first(found, stream_id, at)
+    return found  # fmt: skip
+
+
 def store_stalls(
     items: Mapping[str, Sequence[Mapping[str, Any]]],
     first_stored: Mapping[str, tuple[float, int | None]],
     *,
     signalled_at: float,
     giver: str,
+    giver_ended: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """What a reader of the messages table feels during a hand-off, per connection, from its
     stored items (``seq``, ``worker_id``, ``received_at_ms``) and its taker's ``first frame
@@ -306,7 +329,10 @@ def store_stalls(
 
     * ``store_stall``: the giver's last stored frame -> the taker's first stored frame. The
       giver's side is its last item's ``received_at_ms`` (items carry no write time): its
-      write landed up to a flush wait plus one write later, so this is an upper bound;
+      write landed the giver's store delay later (a flush wait plus one write; seconds when
+      the giver's writes fall behind), so this is an upper bound;
+    * ``store_stall_lower``: the same from the giver's end (``giver_ended``,
+      :func:`giver_ends`: its last frame was stored before it), a lower bound;
     * ``giver_last_received``: that frame's receipt, after the signal (the giver stores until
       its transfer, or its close on the break path);
     * ``first_frame_age``: the taker's first stored frame (the seq its line names) from its
@@ -315,7 +341,8 @@ def store_stalls(
 
     A connection without a taker's line, or without a giver's item, is counted in
     ``missing`` and left out of the figures."""
-    stalls, giver_last, ages = [], [], []
+    stalls, lower, giver_last, ages = [], [], [], []
+    giver_ended = giver_ended or {}
     missing = 0
     for stream_id, (stored_at, seq) in sorted(first_stored.items()):
         stream_items = items.get(stream_id, ())
@@ -327,6 +354,8 @@ def store_stalls(
         last = max(givers) / 1000
         stalls.append(stored_at - last)
         giver_last.append(last - signalled_at)
+        if stream_id in giver_ended:
+            lower.append(stored_at - giver_ended[stream_id])
         taken = [int(i["received_at_ms"]) for i in stream_items
                  if seq is not None and i.get("seq") == seq and i.get("worker_id") != giver
                  and "received_at_ms" in i]  # fmt: skip
@@ -334,7 +363,8 @@ def store_stalls(
             ages.append(stored_at - min(taken) / 1000)
     missing += sum(1 for stream_id in items if stream_id not in first_stored)
     result: dict[str, Any] = {"missing": missing}
-    for name, values in (("store_stall", stalls), ("giver_last_received", giver_last),
+    for name, values in (("store_stall", stalls), ("store_stall_lower", lower),
+                         ("giver_last_received", giver_last),
                          ("first_frame_age", ages)):  # fmt: skip
         if (stats := _stats(values)) is not None:
             result[name] = stats

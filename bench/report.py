@@ -173,7 +173,8 @@ def _stall_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
     ``store_stalls``) beside the SIGTERM -> first stored figure."""
     rows = [[name, r["settings"]["frames_per_second_per_stream"],
              _p(r.get("first_stored_seconds") or r.get("stages_seconds", {}).get("first_stored")),
-             _p(stall.get("store_stall")), _p(stall.get("giver_last_received")),
+             _p(stall.get("store_stall_lower")), _p(stall.get("store_stall")),
+             _p(stall.get("giver_last_received")),
              _p(stall.get("first_frame_age")), stall.get("missing", 0)]
             for name, r in items if (stall := r.get("store_stall_seconds"))]  # fmt: skip
     if not rows:
@@ -182,15 +183,19 @@ def _stall_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
             "seconds; bench/handoff_stages.py `store_stalls`, from the stored items and each "
             "taker's `first frame stored` line). **Store stall**: the giver's last stored frame "
             "-> the taker's first stored frame, i.e. the pause in the messages table around "
-            "the hand-off (the giver keeps storing until its transfer); the giver's side is "
-            "its last item's receipt time (items carry no write time), so the stall is an "
-            "upper bound by the giver's flush wait and one write. At 1 frame/s a frame "
+            "the hand-off (the giver keeps storing until its transfer). Items carry no write "
+            "time, so it is bracketed: **from** the giver's transfer (or release) write, "
+            "which its last frame's write preceded (a lower bound), **to** the giver's last "
+            "item's receipt time (an upper bound, by the giver's store delay: a flush wait "
+            "and one write, seconds when its writes fall behind). At 1 frame/s a frame "
             "interval (1 s) of it is the stream's own cadence. **Giver's last frame**: that "
-            "frame's receipt, seconds after the SIGTERM. **Taker's first frame, received -> "
+            "frame's receipt, seconds after the SIGTERM (below 0: the giver's writes were "
+            "that far behind at the signal). **Taker's first frame, received -> "
             "stored**: how late that frame reached the table (the taker received and buffered "
             "it before the transfer).", "",
             _table(["run", "frames/s/stream", "SIGTERM -> first stored",
-                    "store stall (giver's last stored -> taker's first stored)",
+                    "store stall from (giver's transfer or release -> taker's first stored)",
+                    "store stall to (giver's last frame received -> taker's first stored)",
                     "giver's last frame (after SIGTERM)", "taker's first frame, received -> "
                     "stored", "streams without figures"], rows)]  # fmt: skip
 

@@ -14,6 +14,7 @@ from bench.handoff_stages import (
     OVERLAP_STAGES,
     OVERLAP_STEPS,
     first_stored_frames,
+    giver_ends,
     log_events,
     stage_times,
     store_stalls,
@@ -180,8 +181,14 @@ def test_the_store_stall_runs_from_the_givers_last_stored_frame_to_the_takers_fi
     # after the signal) and "b" up to seq 7 (0.10 s); the takers logged their first stored
     # frames (seq 13 at 0.70 s, seq 8 at 0.50 s), a frame each had received (buffered) at
     # 0.35 s and 0.15 s; the giver also logged a "first frame stored" before the signal
+    # (the giver transferred "a" at 0.45 s and released "b" at 0.20 s, after a release of "b"
+    # before the signal and a session of "b" that ended without a release)
     (tmp_path / "worker-w0.log").write_text("\n".join([
         line("w0", "first frame stored", -30.0, connection_id="a", seq=1),
+        line("w0", "session finished", -20.0, connection_id="b", released=True),
+        line("w0", "session finished", 0.150, connection_id="b", released=False),
+        line("w0", "session finished", 0.200, connection_id="b", released=True),
+        line("w0", "session transferred", 0.450, connection_id="a"),
     ]) + "\n")  # fmt: skip
     (tmp_path / "worker-w1.log").write_text("\n".join([
         line("w1", "first frame stored", 0.700, connection_id="a", seq=13),
@@ -199,7 +206,8 @@ def test_the_store_stall_runs_from_the_givers_last_stored_frame_to_the_takers_fi
 
     # WHEN the takers' first stored frames are found and the stalls computed
     firsts = first_stored_frames(events, ["a", "b"], signalled_at=SIGNAL, giver="w0")
-    stalls = store_stalls(items, firsts, signalled_at=SIGNAL, giver="w0")
+    ends = giver_ends(events, ["a", "b"], signalled_at=SIGNAL, giver="w0")
+    stalls = store_stalls(items, firsts, signalled_at=SIGNAL, giver="w0", giver_ended=ends)
 
     # THEN each stream's first stored frame is its taker's line, with the seq it names
     assert {k: (round(at - SIGNAL, 3), seq) for k, (at, seq) in firsts.items()} == {
@@ -208,6 +216,11 @@ def test_the_store_stall_runs_from_the_givers_last_stored_frame_to_the_takers_fi
     assert stalls["missing"] == 0
     assert stalls["store_stall"]["n"] == 2
     assert (stalls["store_stall"]["min"], stalls["store_stall"]["max"]) == (0.4, 0.4)
+    # AND from the giver's end (its transfer of a at 0.45 s, its release of b at 0.20 s) the
+    # stall is at least 0.25 s (a) and 0.30 s (b)
+    assert {k: round(at - SIGNAL, 3) for k, at in ends.items()} == {"a": 0.45, "b": 0.2}
+    assert (stalls["store_stall_lower"]["min"], stalls["store_stall_lower"]["max"]) == (
+        0.25, 0.3)
     # AND the giver stored until 0.10 s (b) and 0.30 s (a) after the signal
     assert (stalls["giver_last_received"]["min"],
             stalls["giver_last_received"]["max"]) == (0.1, 0.3)  # fmt: skip
