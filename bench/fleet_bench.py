@@ -520,10 +520,17 @@ def _hop_floor(
     result: dict[str, Any], probe: Any, windows: dict[str, tuple[float, float]],
     signalled_at: float,
 ) -> None:
-    """The probe's windows (:class:`bench.hop_probe.HopProbe`), the hand-off's included once
-    its end is known (``handoff_window_seconds``), into ``result["hop_probe"]``."""
+    """The probe's windows (:class:`bench.hop_probe.HopProbe`) into ``result["hop_probe"]``,
+    with two of the hand-off: ``control`` from the signal to the last hand-off message seen
+    (PREPARE, READY, COMMIT or a break's hint: while the hops of the hand-off fly) and
+    ``handoff`` to the last stream's first stored frame (``handoff_window_seconds``)."""
+    windows = dict(windows)
+    seen = [stats["max"] for stage in ("prepare_seen", "ready_seen", "commit_seen", "hint_seen")
+            if (stats := result.get("stages_seconds", {}).get(stage))]  # fmt: skip
+    if seen:
+        windows["control"] = (signalled_at, signalled_at + max(seen))
     if (window := result.get("handoff_window_seconds")) is not None:
-        windows = {**windows, "handoff": (signalled_at, signalled_at + window)}
+        windows["handoff"] = (signalled_at, signalled_at + window)
     result["hop_probe"] = probe.result(windows)
 
 

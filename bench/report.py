@@ -204,6 +204,7 @@ def _stall_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
 _HOP_STEPS = ("prepare_sent->prepare_seen", "ready_sent->ready_seen", "commit_sent->commit_seen")
 _WINDOWS = {"idle": "idle rig (fleet up, no stream yet)",
             "steady": "steady (K streams, peers up, before the SIGTERM)",
+            "control": "hand-off's messages (SIGTERM -> last PREPARE/READY/COMMIT/hint seen)",
             "handoff": "hand-off (SIGTERM -> last first stored)"}  # fmt: skip
 
 
@@ -224,7 +225,7 @@ def _hop_floor_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
                 continue
             floor = floors.get(window)
             hops = _s(round(3 * w["hop"]["p50"], 3)) if w.get("hop") else "-"
-            if window == "handoff" and len(own) == 3:
+            if window == "control" and len(own) == 3:
                 hops += f" (own: {_s(round(sum(own), 3))})"
             rows.append([name, label, _s(w["window_seconds"]), f"{w['received']} / {w['sent']}",
                          _p(w.get("send_call")), _p(w.get("send_to_receive")), _p(w.get("hop")),
@@ -242,11 +243,11 @@ def _hop_floor_table(items: list[tuple[str, dict[str, Any]]]) -> list[str]:
             "returned before the send's response reached the sender). **Path floor**: 3 x the "
             "send -> receive p50, the three hops on a make-before-break hand-off's critical "
             "path (PREPARE, READY, COMMIT) alone, against the 0.5 s target. **3 x hop**: the "
-            "same without the send calls, and in brackets on the hand-off row the hand-off's "
+            "same without the send calls, and in brackets on the messages row the hand-off's "
             "own three hops measured the same way (the p50s of the stage steps prepare "
-            "sent->seen, ready sent->seen and commit sent->seen, summed). The hand-off window "
-            "is short (the signal -> the last first stored), so its p99 is the maximum of few "
-            "samples.", "",
+            "sent->seen, ready sent->seen and commit sent->seen, summed). The hand-off's "
+            "windows are short (a few seconds: 10 samples a second), so their p99 is close to "
+            "the maximum.", "",
             _table(["run", "window", "length", "received / sent", "send call",
                     "send -> receive", "hop", "path floor (3 x send -> receive p50)",
                     "vs 0.5 s", "3 x hop p50 (hand-off's own)"], rows)]  # fmt: skip
