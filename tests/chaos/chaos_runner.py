@@ -162,6 +162,8 @@ class ChaosReport:
     events: list[str] = field(default_factory=list)
     verdict: Verdict = field(default_factory=Verdict)
     converged_after_seconds: float | None = None
+    #: the wait, right before the end check, for the fleet to be converged again
+    settled_after_seconds: float | None = None
     proxy: dict[str, int] = field(default_factory=dict)
     wall_seconds: float = 0.0
     error: str | None = None
@@ -182,6 +184,8 @@ class ChaosReport:
             *(f"  {event}" for event in self.events),
             f"converged {self.converged_after_seconds:.1f} s after healing"
             if self.converged_after_seconds is not None else "did NOT converge",
+            f"settled again {self.settled_after_seconds:.1f} s before the end check"
+            if self.settled_after_seconds is not None else "did NOT settle before the end check",
             "figures: " + json.dumps(self.verdict.figures),
             "proxy: " + json.dumps(self.proxy),
         ]  # fmt: skip
@@ -1057,6 +1061,17 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         except TimeoutError:
             chaos.log("checkpoints did not all advance in time (the loss check covers less)")
         depths = _wait_drained(chaos)
+        # The end state is checked on a settled fleet: the replaced workers may still be
+        # evening out, and a rebalancing move in flight has 0 (break: the giver closed, the
+        # taker not yet open) or 2 (overlap) sessions open at that instant. Bounded: a stream
+        # that never settles stays unconverged and the check below flags it.
+        settling = time.monotonic()
+        try:
+            wait_until(lambda: _is_converged(chaos, client), timeout=60, interval=0.5,
+                       message="convergence before the end check")  # fmt: skip
+            report.settled_after_seconds = time.monotonic() - settling
+        except TimeoutError:
+            chaos.log("not converged again before the end check")
         sampler.stop()
         end_time = time.time()
         sessions = fleet.simulator.sessions()
